@@ -1,0 +1,131 @@
+"""Built-in data: GPUs, models and clouds, each number with its source in the YAML files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+import yaml
+
+from shoal import units
+from shoal.errors import SpecError, close_match
+from shoal.specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU type, in SI units."""
+
+    name: str
+    memory_bytes: float
+    flops_16: float  # dense fp16/bf16 tensor-core peak, FLOP/s
+    flops_32: float
+    mem_bw_Bps: float
+    intra_node_bw_Bps: float
+    gpus_per_node: int
+    price_usd_per_h: float | None
+
+
+def _read(name: str) -> dict:
+    text = resources.files("shoal.catalog").joinpath(name).read_text()
+    return yaml.safe_load(text)
+
+
+class Registry:
+    """Name -> entry with aliases; rejects duplicate names or aliases when built."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.entries: dict[str, object] = {}
+        self.alias: dict[str, str] = {}
+
+    def add(self, name: str, entry: object, aliases: list[str]) -> None:
+        for key in [name, *aliases]:
+            k = _norm(key)
+            if k in self.alias and self.alias[k] != name:
+                raise ValueError(f"catalog {self.kind}: {key!r} names both {self.alias[k]} and {name}")
+            self.alias[k] = name
+        self.entries[name] = entry
+
+    def canonical(self, name: str, *, field: str | None = None, file: str | None = None) -> str:
+        hit = self.alias.get(_norm(name))
+        if hit is None:
+            raise SpecError(
+                f"unknown {self.kind}",
+                file=file,
+                field=field,
+                value=name,
+                allowed=f"one of the catalog's {self.kind}s (`shoal catalog {self.kind.lower()}s` lists them)",
+                suggestion=self._suggest(name),
+            )
+        return hit
+
+    def _suggest(self, name: str) -> str | None:
+        # Match against every alias (normalised), but always suggest the canonical name.
+        hit = close_match(_norm(name), list(self.alias))
+        return self.alias[hit] if hit else None
+
+    def get(self, name: str, **kw):
+        return self.entries[self.canonical(name, **kw)]
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+@cache
+def gpus() -> Registry:
+    reg = Registry("GPU")
+    for name, e in _read("gpus.yaml")["gpus"].items():
+        f16 = e.get("flops_bf16_dense") or e.get("flops_fp16_dense")
+        gpu = GPU(
+            name=name,
+            memory_bytes=units.parse_bytes(e["memory"]),
+            flops_16=units.parse_flops(f16),
+            flops_32=units.parse_flops(e["flops_fp32"]),
+            mem_bw_Bps=units.parse_bandwidth(e["mem_bandwidth"]),
+            intra_node_bw_Bps=units.parse_bandwidth(e["intra_node_bandwidth"]),
+            gpus_per_node=int(e["gpus_per_node"]),
+            price_usd_per_h=e.get("price_usd_per_h"),
+        )
+        reg.add(name, gpu, list(e.get("aliases", [])))
+    reg.add("cpu", _CPU, ["CPU"])
+    return reg
+
+
+# CPU processes for runtime tests: a nominal desktop core (no vendor datasheet applies).
+_CPU = GPU("cpu", 8e9, 1e11, 1e11, 2e10, 1e10, 4, None)
+
+
+@cache
+def models() -> Registry:
+    reg = Registry("model")
+    fields = set(ModelSpec.model_fields)
+    for name, e in _read("models.yaml")["models"].items():
+        spec = ModelSpec(name=name, **{k: v for k, v in e.items() if k in fields and k != "name"})
+        reg.add(name, spec, list(e.get("aliases", [])))
+    reg.add("tiny", TINY, [])
+    return reg
+
+
+TINY = ModelSpec(
+    name="tiny", num_layers=4, hidden_size=64, num_heads=4, vocab_size=256, max_seq_len=32,
+    source="shoal's CPU test model (DESIGN §6)",
+)
+
+
+@cache
+def clouds() -> dict:
+    return _read("clouds.yaml")["clouds"]
+
+
+@cache
+def zone_geo() -> dict[str, tuple[str, str]]:
+    """Catalog zone -> (region, geo)."""
+    out: dict[str, tuple[str, str]] = {}
+    for cloud in clouds().values():
+        for region, r in cloud.get("regions", {}).items():
+            for z in r.get("zones", []):
+                out[z] = (region, r.get("geo", "unknown"))
+    return out

@@ -1,0 +1,341 @@
+"""The command line (DESIGN §6): readable tables by default, the stable JSON contract with ``--json``.
+
+Planning and estimating live elsewhere; this module only reads arguments, calls them and prints.
+Errors a person can act on (``ShoalError``) are printed without a traceback: exit 2 for bad input,
+3 when nothing is feasible.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import asdict
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from shoal.errors import InfeasibleError, ShoalError, SpecError
+
+EXIT_BAD_INPUT = 2
+EXIT_INFEASIBLE = 3
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Plan and estimate LLM training on mixed, scattered GPU pools.")
+import_app = typer.Typer(no_args_is_help=True, help="Convert other tools' files into shoal's formats.")
+catalog_app = typer.Typer(no_args_is_help=True, help="The built-in GPU and model catalog.")
+app.add_typer(import_app, name="import")
+app.add_typer(catalog_app, name="catalog")
+
+
+def _out() -> Console:
+    # Made per call, so that the console writes to whatever sys.stdout is now (tests swap it).
+    # Piped output has no terminal width: give tables room rather than 80 columns.
+    con = Console(highlight=False)
+    if not con.is_terminal and "COLUMNS" not in os.environ:
+        con = Console(highlight=False, width=160)
+    return con
+
+
+def _err() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    _err().print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
+    return typer.Exit(code)
+
+
+def handles_errors(fn):
+    """Turn shoal's errors (and pydantic's, as bad input) into a message and an exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except InfeasibleError as exc:
+            raise _fail(str(exc), EXIT_INFEASIBLE) from None
+        except ShoalError as exc:  # SpecError and any other bad-input error
+            raise _fail(str(exc), EXIT_BAD_INPUT) from None
+        except ValidationError as exc:
+            raise _fail(str(_spec_error(exc, None)), EXIT_BAD_INPUT) from None
+
+    return wrapper
+
+
+def _spec_error(exc: ValidationError, file: str | None) -> SpecError:
+    from shoal.specs.scenario import spec_error_from_validation
+
+    return spec_error_from_validation(exc, file)
+
+
+def load_plan(path: Path):
+    """A TrainingPlan from a JSON or YAML file; every problem is a SpecError naming the file."""
+    from shoal.specs.plan import TrainingPlan
+    from shoal.specs.scenario import read_document
+
+    data = read_document(path)
+    try:
+        return TrainingPlan.model_validate(data)
+    except ValidationError as exc:
+        raise _spec_error(exc, str(path)) from None
+
+
+# ---------------------------------------------------------------------------------------- estimate
+
+
+@app.command()
+@handles_errors
+def estimate(
+    scenario: Annotated[Path, typer.Argument(metavar="SCENARIO", help="scenario file (YAML or JSON)")],
+    plan: Annotated[Path, typer.Option("--plan", "-p", metavar="PLAN", help="training plan file (JSON or YAML)")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON only")] = False,
+    timeline: Annotated[Path | None, typer.Option("--timeline", help="write a timeline PNG here")] = None,
+) -> None:
+    """Time, memory and money of one plan: per stage, per worker and in total."""
+    from shoal.estimate import estimate as run_estimate
+    from shoal.problem import load_problem
+
+    problem = load_problem(scenario)
+    tplan = load_plan(plan)
+    est = run_estimate(problem, tplan, file=str(plan))
+    if timeline is not None:
+        _draw_timeline(problem, tplan, timeline)
+    if as_json:
+        typer.echo(json.dumps(est.to_json()))
+        return
+    out = _out()
+    out.print(_stage_table(est))
+    out.print(_worker_table(est))
+    out.print(_summary_table(est, problem))
+    if timeline is not None:
+        out.print(f"timeline written to {timeline}")
+
+
+def _draw_timeline(problem, plan, path: Path) -> None:
+    try:
+        from shoal.training.schedule import draw_timeline
+    except ImportError as exc:
+        raise _fail(f"--timeline is not available in this install ({exc})", 1) from None
+    draw_timeline(problem, plan, path)
+
+
+def _table(title: str, columns: list[str], left: tuple[str, ...] = ()) -> Table:
+    # Narrow terminals wrap cells (fold) rather than cut them: no value is ever shown truncated.
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold",
+              pad_edge=False, collapse_padding=True)
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right", overflow="fold")
+    return t
+
+
+def _s(t: float) -> str:
+    from shoal.units import fmt_seconds
+
+    return fmt_seconds(t) if t > 0 else "0"
+
+
+def _stage_table(est) -> Table:
+    t = _table("Stages (per-microbatch times of the slowest replica)",
+               ["stage", "layers", "replicas", "fwd\n/mb", "bwd\n/mb", "send/recv\n/mb", "grad\nsync",
+                "update", "busy", "bubble", "profile"], left=("layers", "profile"))
+    t.caption = "* straggler: the stage whose per-microbatch time sets the pipeline's pace"
+    t.caption_justify = "left"
+    for s in est.stages:
+        a, b = s.layers
+        t.add_row(
+            Text(f"{s.stage}*", style="bold yellow") if s.straggler else Text(f"{s.stage} "),
+            f"[{a}, {b})", str(s.replicas), _s(s.compute_fwd_s), _s(s.compute_bwd_s),
+            _s(s.send_recv_s), _s(s.gradient_sync_s), _s(s.update_s), _s(s.busy_s), _s(s.bubble_s),
+            s.profile_source,
+        )
+    return t
+
+
+def _worker_table(est) -> Table:
+    from shoal.units import fmt_bytes
+
+    t = _table("Workers (peak memory per GPU; in flight = microbatches whose activations are held; "
+               "identical neighbouring replicas share a row)",
+               ["stage", "replica", "gpu", "zone", "tp", "peak\nmemory", "capacity", "used",
+                "in flight", "memory"], left=("gpu", "zone"))
+    for first, last in _runs(est.workers):
+        w = first
+        used = w.peak_memory_bytes / w.capacity_bytes if w.capacity_bytes else float("inf")
+        reps = str(w.replica) if first is last else f"{first.replica}-{last.replica}"
+        t.add_row(
+            str(w.stage), reps, w.gpu, w.zone, str(w.tp), fmt_bytes(w.peak_memory_bytes),
+            fmt_bytes(w.capacity_bytes), f"{used:.0%}", str(w.microbatches_in_flight),
+            Text("OOM", style="bold red") if w.oom else "ok", style="red" if w.oom else None,
+        )
+    return t
+
+
+def _runs(workers):
+    """(first, last) of each run of consecutive replicas of a stage that would print the same."""
+    def key(w):
+        return (w.stage, w.gpu, w.zone, w.tp, round(w.peak_memory_bytes), round(w.capacity_bytes),
+                w.microbatches_in_flight, w.oom)
+
+    runs: list[list] = []
+    for w in workers:
+        if runs and key(runs[-1][1]) == key(w) and runs[-1][1].replica + 1 == w.replica:
+            runs[-1][1] = w
+        else:
+            runs.append([w, w])
+    return [tuple(r) for r in runs]
+
+
+def _summary_table(est, problem) -> Table:
+    from shoal.units import fmt_bytes, fmt_seconds
+
+    t = Table(title="Summary", show_header=False, box=box.SIMPLE, title_justify="left",
+              title_style="bold")
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    n_oom = sum(w.oom for w in est.workers)
+    t.add_row("GPUs", str(est.num_gpus))
+    t.add_row("iteration time", fmt_seconds(est.iteration_time_s))
+    t.add_row("iterations/s", f"{est.throughput_iters_per_s:.4g}")
+    t.add_row("tokens/s", f"{est.tokens_per_s:,.0f}")
+    t.add_row("MFU", f"{est.mfu:.1%}")
+    t.add_row("$/iteration compute", f"{est.cost_compute_usd:.4f}")
+    t.add_row("$/iteration egress", f"{est.cost_egress_usd:.4f}")
+    t.add_row("$/iteration total", f"{est.cost_per_iteration_usd:.4f}")
+    t.add_row("peak memory", fmt_bytes(est.peak_memory_bytes))
+    t.add_row("memory", Text(f"OOM on {n_oom} of {len(est.workers)} workers", style="bold red")
+              if est.oom else Text("fits on every worker", style="green"))
+    return t
+
+
+# ------------------------------------------------------------------------------------------ schema
+
+
+class SchemaKind(str, Enum):
+    scenario = "scenario"
+    plan = "plan"
+
+
+@app.command()
+@handles_errors
+def schema(
+    kind: Annotated[SchemaKind, typer.Argument(help="which file format")] = SchemaKind.scenario,
+) -> None:
+    """Print the JSON Schema of the scenario or the training-plan format."""
+    from shoal.specs.plan import TrainingPlan
+    from shoal.specs.scenario import Scenario
+
+    model = Scenario if kind is SchemaKind.scenario else TrainingPlan
+    typer.echo(json.dumps(model.model_json_schema(by_alias=True), indent=2))
+
+
+# ------------------------------------------------------------------------------------------ import
+
+
+@import_app.command("sailor")
+@handles_errors
+def import_sailor_cmd(
+    training_config: Annotated[Path, typer.Option("--training-config", help="Sailor training_config_*.json")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="directory to write into")],
+    cluster_config: Annotated[Path | None, typer.Option(
+        "--cluster-config", help="Sailor cluster config (GPUs per node)")] = None,
+    profiles: Annotated[Path | None, typer.Option(
+        "--profiles", help="directory of <GPU>/profile.json measured profiles")] = None,
+    profiles_training_config: Annotated[Path | None, typer.Option(
+        "--profiles-training-config",
+        help="training config of the model the profiles were measured on, if another")] = None,
+    network: Annotated[Path | None, typer.Option(
+        "--network", help="directory of Sailor's fitted network curves")] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="availability trace CSV")] = None,
+    step: Annotated[int | None, typer.Option("--step", help="row of the trace to use as the pool")] = None,
+    plan: Annotated[Path | None, typer.Option("--plan", help="Sailor plan_config_*.json")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
+) -> None:
+    """Write a shoal scenario (and profile, plan) from Sailor's files."""
+    from shoal.io.sailor import import_sailor
+
+    if step is not None and trace is None:
+        raise SpecError("--step needs --trace", field="--step", value=step)
+    written = import_sailor(
+        training_config=training_config, cluster_config=cluster_config, profiles=profiles,
+        network=network, out_dir=out_dir, trace=trace, step=step, plan=plan,
+        profiles_training_config=profiles_training_config,
+    )
+    if as_json:
+        typer.echo(json.dumps({"written": {k: str(v) for k, v in written.items()}}))
+        return
+    t = _table("Written", ["file", "path"], left=("file", "path"))
+    for name, path in written.items():
+        t.add_row(name, str(path))
+    _out().print(t)
+
+
+# ----------------------------------------------------------------------------------------- catalog
+
+
+@catalog_app.command("gpus")
+@handles_errors
+def catalog_gpus(
+    as_json: Annotated[bool, typer.Option("--json", help="print the catalog as JSON")] = False,
+) -> None:
+    """GPU types: memory, peak FLOP/s, bandwidths, node size and price."""
+    from shoal import catalog
+    from shoal.units import fmt_bytes
+
+    entries = list(catalog.gpus().entries.values())
+    if as_json:
+        typer.echo(json.dumps({"gpus": [asdict(g) for g in entries]}))
+        return
+    t = _table("GPUs (dense peak FLOP/s; $/h on demand, '-' where no public price)",
+               ["name", "memory", "bf16\nTFLOPS", "fp32\nTFLOPS", "mem\nGB/s", "intra-node\nGB/s",
+                "GPUs/\nnode", "$/h"], left=("name",))
+    for g in entries:
+        t.add_row(
+            g.name, fmt_bytes(g.memory_bytes), f"{g.flops_16 / 1e12:.1f}", f"{g.flops_32 / 1e12:.1f}",
+            f"{g.mem_bw_Bps / 1e9:.0f}", f"{g.intra_node_bw_Bps / 1e9:.0f}", str(g.gpus_per_node),
+            "-" if g.price_usd_per_h is None else f"{g.price_usd_per_h:.2f}",
+        )
+    _out().print(t)
+
+
+@catalog_app.command("models")
+@handles_errors
+def catalog_models(
+    as_json: Annotated[bool, typer.Option("--json", help="print the catalog as JSON")] = False,
+) -> None:
+    """Model architectures: layers, widths, vocabulary and parameter count."""
+    from shoal import catalog
+    from shoal.profiles.layers import layer_sizes
+
+    rows = []
+    for m in catalog.models().entries.values():
+        params = float(layer_sizes(m, 2048).params.sum())
+        rows.append({"name": m.name, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
+                     "num_heads": m.num_heads, "num_kv_heads": m.kv_heads, "ffn_hidden_size": m.ffn,
+                     "vocab_size": m.vocab_size, "params_billions": params / 1e9})
+    if as_json:
+        typer.echo(json.dumps({"models": rows}))
+        return
+    t = _table("Models (layers = transformer blocks; params at sequence length 2048)",
+               ["name", "layers", "hidden", "heads", "kv heads", "ffn", "vocab", "params (B)"],
+               left=("name",))
+    for r in rows:
+        t.add_row(r["name"], str(r["num_layers"]), str(r["hidden_size"]), str(r["num_heads"]),
+                  str(r["num_kv_heads"]), str(r["ffn_hidden_size"]), str(r["vocab_size"]),
+                  f"{r['params_billions']:,.2f}")
+    _out().print(t)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""One hierarchy of errors a person can act on (DESIGN §4)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ShoalError(Exception):
+    """Base of every error shoal raises on purpose."""
+
+
+class SpecError(ShoalError):
+    """Bad input: names the file, the field path, the bad value and what is allowed."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        field: str | None = None,
+        value: object = None,
+        allowed: str | None = None,
+        suggestion: str | None = None,
+    ) -> None:
+        self.file = file
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        self.suggestion = suggestion
+        self.reason = message
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = []
+        if self.file:
+            where.append(str(self.file))
+        if self.field:
+            where.append(self.field)
+        head = ": ".join(where)
+        text = f"{head}: {self.reason}" if head else self.reason
+        if self.value is not None:
+            text += f" (got {self.value!r})"
+        if self.allowed:
+            text += f"; allowed: {self.allowed}"
+        if self.suggestion:
+            text += f"; did you mean {self.suggestion!r}?"
+        return text
+
+    def located(self, file: str | None = None, prefix: str | None = None) -> SpecError:
+        """Return a copy that also names the file and a field-path prefix."""
+        field = self.field
+        if prefix:
+            field = f"{prefix}.{field}" if field else prefix
+        return SpecError(
+            self.reason,
+            file=file or self.file,
+            field=field,
+            value=self.value,
+            allowed=self.allowed,
+            suggestion=self.suggestion,
+        )
+
+
+class InfeasibleError(ShoalError):
+    """Nothing fits: says the binding constraint and the nearest relaxation that would work."""
+
+    def __init__(self, message: str, *, binding: str | None = None, relaxation: str | None = None):
+        self.binding = binding
+        self.relaxation = relaxation
+        text = message
+        if binding:
+            text += f"; binding constraint: {binding}"
+        if relaxation:
+            text += f"; would work with: {relaxation}"
+        super().__init__(text)
+
+
+def close_match(name: str, choices: Iterable[str]) -> str | None:
+    """The closest known name to a misspelt one, compared case-insensitively."""
+    choices = list(choices)
+    lowered = {c.lower(): c for c in choices}
+    hits = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.5)
+    return lowered[hits[0]] if hits else None

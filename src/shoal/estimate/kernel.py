@@ -1,0 +1,188 @@
+"""The estimator's one set of formulas, vectorised over a batch of candidate plans.
+
+A batch holds B plans padded to S stages and R replicas per stage. Replica r of every stage
+belongs to pipeline r (Sailor's plan shape, §4.2: D pipelines, each a chain of one replica per
+stage), and pipeline r runs ``m[r]`` microbatches.
+
+Time (Sailor §4.3, with Narayanan et al. 2021's 1F1B): per microbatch, stage s of pipeline r
+takes ``t[s,r] = fwd + bwd + send activations to s+1 + send gradients to s-1`` (sends are blocking,
+as in Megatron-LM's and DeepSpeed's pipeline engines). A pipeline's schedule takes
+``(m-1) * max_s t[s] + sum_s t[s]`` (1F1B; GPipe applies it to forward and backward separately).
+Stage s finishes its last backward ``sum_{j<s} (bwd + send)`` before stage 0 does, then
+all-reduces its gradients over its replicas (ring over the slowest link of the ring: 2(D-1)/D of
+the bytes), then updates. The iteration ends when the last stage has updated.
+
+Memory (Sailor §4.3, per worker): weights, gradients and optimizer state of the worker's layers at
+its TP degree (ZeRO shards optimizer state, and at stage 2 gradients, over the stage's replicas),
+gradient buckets, activations for the microbatches the stage keeps in flight (1F1B: stage s of
+P holds P - s; GPipe: all), one rebuilt block under recompute, and a fixed framework part.
+
+Money (Sailor §4.3): GPU $/s x used GPUs x iteration time, plus egress bytes x $/byte per zone pair
+for pipeline and gradient traffic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shoal.estimate.tables import CostTables
+from shoal.problem import MemoryConstants, TimeConstants
+from shoal.profiles.network import bandwidth
+
+
+@dataclass
+class Batch:
+    """B candidate plans, padded. Replica arrays are (B, S, R); masks mark real entries."""
+
+    mbs_idx: np.ndarray  # (B,) index into tables.mbs
+    ls: np.ndarray  # (B, S) first layer
+    le: np.ndarray  # (B, S) end layer (exclusive)
+    smask: np.ndarray  # (B, S)
+    g: np.ndarray  # (B, S, R) GPU index
+    t: np.ndarray  # (B, S, R) TP index
+    z: np.ndarray  # (B, S, R) zone index
+    m: np.ndarray  # (B, S, R) microbatches
+    rmask: np.ndarray  # (B, S, R)
+    recompute: np.ndarray  # (B,) bool
+    zero: np.ndarray  # (B,) int
+    gpipe: np.ndarray  # (B,) bool
+
+    @property
+    def size(self) -> int:
+        return len(self.mbs_idx)
+
+
+def pipeline_makespan(f_all: np.ndarray, b_all: np.ndarray, m: np.ndarray,
+                      gpipe: np.ndarray | bool = False) -> np.ndarray:
+    """Time from the first forward to the last backward of a pipeline (stages on axis -2).
+
+    1F1B: ``(m-1) * max_s(f_s + b_s) + sum_s(f_s + b_s)``; GPipe: the same bound for the forward
+    and backward waves separately. Exact for identical stages; for unequal stages it is an upper
+    bound on the event-simulated schedule (it never promises a faster pipeline than it is).
+    """
+    t = f_all + b_all
+    mm1 = np.maximum(m - 1.0, 0.0)
+    sum_t = t.sum(axis=-2)
+    one_f1b = mm1 * t.max(axis=-2) + sum_t
+    gp = mm1 * (f_all.max(axis=-2) + b_all.max(axis=-2)) + sum_t
+    return np.where(gpipe, gp, one_f1b) * (m > 0)
+
+
+def _take(a: np.ndarray, idx: np.ndarray, axis: int) -> np.ndarray:
+    return np.take_along_axis(a, idx, axis=axis)
+
+
+def run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
+        bytes_per_grad: float = 2.0, state_bytes: tuple[float, float, float] = (2.0, 2.0, 12.0),
+        detail: bool = False) -> dict[str, np.ndarray]:
+    B, S, R = bt.g.shape
+    rm = bt.rmask
+    rmf = rm.astype(float)
+    mbs = np.asarray(tb.mbs)[bt.mbs_idx].astype(float)  # (B,)
+    mi = bt.mbs_idx[:, None, None]
+    ls = bt.ls[:, :, None]
+    le = bt.le[:, :, None]
+    g, t, z = bt.g, bt.t, bt.z
+    tpv = np.asarray(tb.tps)[t].astype(float)
+
+    # ---- compute per microbatch -------------------------------------------------------------
+    # Gathers go through flat indices: one take per table instead of 4-D fancy indexing.
+    L1 = tb.cum_f.shape[-1]
+    T_, M_ = tb.cum_f.shape[1], tb.cum_f.shape[2]
+    row = ((g * T_ + t) * M_ + mi) * L1
+    cf, cb = tb.cum_f.ravel(), tb.cum_b.ravel()
+    f = (cf.take(row + le) - cf.take(row + ls)) * tc.compute_scale
+    bw_ = (cb.take(row + le) - cb.take(row + ls)) * tc.compute_scale
+    bw_ = bw_ + np.where(bt.recompute[:, None, None], f, 0.0)
+    urow = (g * T_ + t) * L1
+    cu = tb.cum_u.ravel()
+    upd = cu.take(urow + le) - cu.take(urow + ls)
+    stage_d = rm.sum(axis=2)  # (B, S) replicas per stage
+    zero_div = np.where(bt.zero[:, None] >= 1, np.maximum(stage_d, 1), 1)[:, :, None]
+    upd = upd / zero_div
+
+    # ---- pipeline sends: stage s -> s+1 on the same pipeline -------------------------------
+    msg = tb.boundary_bytes * mbs[:, None, None]  # (B,1,1) bytes per microbatch
+    send = np.zeros((B, S, R))
+    if S > 1:
+        lid = tb.link_id(g[:, :-1], z[:, :-1], g[:, 1:], z[:, 1:], t[:, :-1])
+        pair = rm[:, :-1] & rm[:, 1:]
+        tt = tb.p2p_time[bt.mbs_idx][np.arange(B)[:, None, None], lid] + tc.p2p_overhead_s
+        send[:, :-1] = np.where(pair, tt, 0.0)
+    send_fwd = send  # activations s -> s+1
+    send_bwd = np.zeros_like(send)  # gradients s -> s-1 (same link, same size)
+    send_bwd[:, 1:] = send[:, :-1]
+    f_all = (f + send_fwd) * rmf
+    b_all = (bw_ + send_bwd) * rmf
+    t_mb = f_all + b_all  # (B, S, R)
+
+    m_pipe = bt.m[:, 0, :].astype(float)  # (B, R) microbatches per pipeline
+    pipe_T = pipeline_makespan(f_all, b_all, m_pipe, bt.gpipe[:, None])  # (B, R)
+
+    # stage s ends its last backward this much before stage 0 does
+    lead = np.cumsum(b_all, axis=1) - b_all  # sum_{j<s} b_all[j]
+    stage_end = (pipe_T[:, None, :] - lead) * rmf
+    stage_end = stage_end.max(axis=2)  # (B, S)
+
+    # ---- data-parallel gradient sync per stage: ring all-reduce -----------------------------
+    params_stage = tb.cum_params[bt.le] - tb.cum_params[bt.ls]  # (B, S)
+    grad_bytes = params_stage * bytes_per_grad
+    d = np.maximum(stage_d, 1)[:, :, None]
+    nxt = (np.arange(R)[None, None, :] + 1) % d  # ring successor inside the stage
+    gn, zn = _take(g, nxt, 2), _take(z, nxt, 2)
+    rid = tb.link_id(g, z, gn, zn, t)
+    rcurve = tb.flat_curve[rid]
+    rdiv = tb.flat_div.take(rid)
+    rlat = tb.flat_lat.take(rid)
+    gbytes = grad_bytes[:, :, None]
+    vol = 2.0 * (d - 1) / d * gbytes
+    ring = (vol / (rdiv * bandwidth(rcurve, gbytes / rdiv)) + 2.0 * (d - 1) * rlat) * tc.sync_scale
+    sync = np.where(rm & (d > 1), ring, 0.0).max(axis=2)  # (B, S)
+
+    upd_stage = (upd * rmf).max(axis=2)
+    iter_T = (stage_end + sync + upd_stage).max(axis=1) + tc.step_overhead_s  # (B,)
+
+    # ---- memory per worker -------------------------------------------------------------------
+    w_b, g_b, o_b = state_bytes
+    params_w = params_stage[:, :, None] / tpv
+    dd = np.maximum(stage_d, 1)[:, :, None].astype(float)
+    z1 = (bt.zero >= 1)[:, None, None]
+    z2 = (bt.zero >= 2)[:, None, None]
+    per_param = w_b + np.where(z2, g_b / dd, g_b) + np.where(z1, o_b / dd, o_b)
+    states = params_w * per_param * mem.state_factor
+    buffers = params_w * mem.comm_buffer_bytes_per_param
+    cum_a = np.where(bt.recompute[:, None, None], tb.cum_act_rc[t, le] - tb.cum_act_rc[t, ls],
+                     tb.cum_act[t, le] - tb.cum_act[t, ls])
+    s_idx = np.arange(S)[None, :, None]
+    n_stages = bt.smask.sum(axis=1)[:, None, None]
+    m_rep = bt.m.astype(float)
+    inflight = np.where(bt.gpipe[:, None, None], m_rep, np.minimum(n_stages - s_idx, m_rep))
+    act = cum_a * mbs[:, None, None] * inflight
+    act = act + np.where(bt.recompute[:, None, None], tb.rc_work[t] * mbs[:, None, None], 0.0)
+    act = act * mem.activation_factor
+    peak = (mem.framework_bytes + states + buffers + act) * rmf
+    cap = tb.mem_capacity[g]
+    oom_w = (peak > cap) & rm
+    oom = oom_w.any(axis=(1, 2))
+
+    # ---- money -------------------------------------------------------------------------------
+    gpu_s = (tpv * tb.price_per_s[g, z] * rmf).sum(axis=(1, 2))  # USD per second of the plan
+    cost_compute = gpu_s * iter_T
+    eg = np.zeros(B)
+    if S > 1:
+        per_b = tb.egress_per_byte[z[:, :-1], z[:, 1:]]
+        pair = (rm[:, :-1] & rm[:, 1:]).astype(float)
+        eg += (2.0 * msg * m_pipe[:, None, :] * per_b * pair).sum(axis=(1, 2))
+    ring_b = tb.egress_per_byte[z, zn]
+    eg += (np.where(rm & (d > 1), vol * ring_b, 0.0)).sum(axis=(1, 2))
+
+    out = {"iteration_time_s": iter_T, "cost_compute_usd": cost_compute, "cost_egress_usd": eg,
+           "oom": oom, "peak_bytes": peak, "capacity_bytes": cap * rmf}
+    if detail:
+        out.update(fwd=f * rmf, bwd=bw_ * rmf, send_fwd=send_fwd * rmf, send_bwd=send_bwd * rmf,
+                   t_mb=t_mb, pipe_T=pipe_T, stage_end=stage_end, sync=sync, update=upd * rmf,
+                   states=states * rmf, buffers=buffers * rmf, activations=act * rmf,
+                   oom_workers=oom_w, inflight=inflight * rmf, egress=eg, gpu_usd_per_s=gpu_s)
+    return out

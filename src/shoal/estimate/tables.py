@@ -1,0 +1,132 @@
+"""Lookup tables the batched estimator kernel gathers from, built once per problem.
+
+Layer times, parameters and activations are stored as prefix sums over the layer list, so that any
+stage's total is one subtraction, whatever its layer range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shoal.problem import Problem
+from shoal.profiles.layers import activation_bytes, recompute_working_bytes
+
+
+def _prefix(x: np.ndarray) -> np.ndarray:
+    return np.concatenate([np.zeros(x.shape[:-1] + (1,)), np.cumsum(x, axis=-1)], axis=-1)
+
+
+def default_tp_values(problem: Problem) -> list[int]:
+    most = max((g.gpus_per_node for g in problem.gpus.values()), default=1)
+    return [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= most]
+
+
+@dataclass
+class CostTables:
+    gpus: list[str]
+    zones: list[str]
+    tps: list[int]
+    mbs: list[int]
+    cum_f: np.ndarray  # (G, T, M, L+1) seconds
+    cum_b: np.ndarray
+    cum_u: np.ndarray  # (G, T, L+1)
+    cum_params: np.ndarray  # (L+1,)
+    cum_act: np.ndarray  # (T, L+1) bytes per sample, no recompute
+    cum_act_rc: np.ndarray  # (T, L+1) with full recompute
+    rc_work: np.ndarray  # (T,) bytes per sample of one block rebuilt in backward
+    boundary_bytes: float  # per sample
+    link_curve: np.ndarray  # (G, Z, G, Z, T, 5) aggregate curve for k = tps[t] flows
+    link_div: np.ndarray  # (G, Z, G, Z, T) size divisor (k when built from the single flow)
+    link_lat: np.ndarray  # (G, Z, G, Z)
+    price_per_s: np.ndarray  # (G, Z) USD per GPU-second
+    egress_per_byte: np.ndarray  # (Z, Z)
+    mem_capacity: np.ndarray  # (G,)
+    peak_flops: np.ndarray  # (G,)
+    sources: dict[tuple[str, int], str]
+
+    def __post_init__(self) -> None:
+        G, Z, _, _, T, _ = self.link_curve.shape
+        self._dims = (G, Z, T)
+        self.flat_curve = self.link_curve.reshape(-1, 5)
+        self.flat_div = self.link_div.ravel()
+        self.flat_lat = np.broadcast_to(self.link_lat[..., None], self.link_div.shape).ravel().copy()
+        # pipeline send time per microbatch for every link and microbatch size: (M, links)
+        msg = self.boundary_bytes * np.asarray(self.mbs, dtype=float)[:, None]
+        from shoal.profiles.network import bandwidth
+
+        self.p2p_time = self.flat_lat[None, :] + msg / (
+            self.flat_div[None, :] * bandwidth(self.flat_curve[None, :, :], msg / self.flat_div[None, :]))
+
+    def link_id(self, ga, za, gb, zb, t):
+        G, Z, T = self._dims
+        return (((ga * Z + za) * G + gb) * Z + zb) * T + t
+
+    def gi(self, gpu: str) -> int:
+        return self.gpus.index(gpu)
+
+    def ti(self, tp: int) -> int:
+        return self.tps.index(tp)
+
+    def mi(self, mbs: int) -> int:
+        return self.mbs.index(mbs)
+
+
+def build_tables(problem: Problem, mbs_values: list[int], tp_values: list[int] | None = None,
+                 gpus: list[str] | None = None) -> CostTables:
+    gpus = gpus or sorted(problem.gpus)
+    zones = problem.zones
+    tps = tp_values or default_tp_values(problem)
+    mbs_values = sorted(set(mbs_values))
+    L = problem.n_layers
+    G, Z, T, M = len(gpus), len(zones), len(tps), len(mbs_values)
+    f = np.zeros((G, T, M, L))
+    b = np.zeros((G, T, M, L))
+    u = np.zeros((G, T, L))
+    sources = {}
+    prof = problem.profile
+    for gi, g in enumerate(gpus):
+        for ti, t in enumerate(tps):
+            src = prof.source(g, t) if hasattr(prof, "source") else prof.name
+            sources[(g, t)] = src
+            for mi, m in enumerate(mbs_values):
+                lt = prof.layer_times(g, t, m)
+                f[gi, ti, mi] = lt[:, 0]
+                b[gi, ti, mi] = lt[:, 1]
+            u[gi, ti] = lt[:, 2]
+    model, s = problem.model, problem.job.seq_len
+    fa = problem.flash_attention
+    act = np.stack([activation_bytes(model, s, t, recompute=False, flash_attention=fa) for t in tps])
+    act_rc = np.stack([activation_bytes(model, s, t, recompute=True, flash_attention=fa) for t in tps])
+    # With recompute, embedding and head keep their full activations (only blocks recompute).
+    act_rc[:, 0], act_rc[:, -1] = act[:, 0], act[:, -1]
+    work = np.array([recompute_working_bytes(model, s, t, fa) for t in tps])
+
+    curve = np.zeros((G, Z, G, Z, T, 5))
+    div = np.ones((G, Z, G, Z, T))
+    lat = np.zeros((G, Z, G, Z))
+    for a, ga in enumerate(gpus):
+        for za_i, za in enumerate(zones):
+            for c, gb in enumerate(gpus):
+                for zb_i, zb in enumerate(zones):
+                    link = problem.network.link(za, zb, ga, gb)
+                    lat[a, za_i, c, zb_i] = link.latency_s
+                    for ti, t in enumerate(tps):
+                        cv, d = link.aggregate_curve(t)
+                        curve[a, za_i, c, zb_i, ti] = cv
+                        div[a, za_i, c, zb_i, ti] = d
+    price = np.array([[problem.prices.get((g, z), np.nan) / 3600.0 for z in zones] for g in gpus])
+    egress = np.array([[problem.network.egress_usd_per_byte(za, zb) for zb in zones] for za in zones])
+    fp32 = problem.job.precision == "fp32"
+    return CostTables(
+        gpus=gpus, zones=zones, tps=tps, mbs=mbs_values,
+        cum_f=_prefix(f), cum_b=_prefix(b), cum_u=_prefix(u),
+        cum_params=_prefix(problem.sizes.params), cum_act=_prefix(act), cum_act_rc=_prefix(act_rc),
+        rc_work=work, boundary_bytes=problem.sizes.boundary_bytes * (2.0 if fp32 else 1.0),
+        link_curve=curve, link_div=div, link_lat=lat, price_per_s=price, egress_per_byte=egress,
+        mem_capacity=np.array([problem.gpus[g].memory_bytes for g in gpus]),
+        peak_flops=np.array([problem.gpus[g].flops_32 if fp32 else problem.gpus[g].flops_16
+                             for g in gpus]),
+        sources=sources,
+    )

@@ -1,0 +1,91 @@
+"""Check a TrainingPlan against a Problem; every failure is a SpecError naming the field."""
+
+from __future__ import annotations
+
+from shoal import catalog
+from shoal.errors import SpecError
+from shoal.problem import Problem
+from shoal.specs.plan import TrainingPlan
+
+
+def validate_plan(problem: Problem, plan: TrainingPlan, file: str | None = None) -> None:
+    n = problem.n_layers
+    job = problem.job
+    reg = catalog.gpus()
+    start = 0
+    for i, st in enumerate(plan.stages):
+        a, b = st.layers
+        if a != start or b <= a:
+            raise SpecError(
+                "layer ranges must tile the model: each stage starts where the previous ended "
+                "and holds at least one layer",
+                file=file, field=f"stages.{i}.layers", value=[a, b],
+                allowed=f"[{start}, e] with {start} < e <= {n}",
+            )
+        start = b
+    if start != n:
+        raise SpecError("layer ranges must cover the whole model", file=file,
+                        field=f"stages.{len(plan.stages) - 1}.layers",
+                        value=list(plan.stages[-1].layers),
+                        allowed=f"last range ending at {n} ({problem.model.num_layers} blocks + "
+                                "embedding + head)")
+    if job.global_batch % plan.microbatch_size:
+        raise SpecError("microbatch size must divide the global batch", file=file,
+                        field="microbatch_size", value=plan.microbatch_size,
+                        allowed=f"a divisor of {job.global_batch}")
+    total_mb = job.global_batch // plan.microbatch_size
+    if plan.recompute not in job.recompute:
+        raise SpecError("recompute setting not allowed by the job", file=file, field="recompute",
+                        value=plan.recompute, allowed=str(job.recompute))
+    if plan.zero_stage not in job.zero_stage:
+        raise SpecError("ZeRO stage not allowed by the job", file=file, field="zero_stage",
+                        value=plan.zero_stage, allowed=str(job.zero_stage))
+    used: dict[tuple[str, str], int] = {}
+    d0 = len(plan.stages[0].replicas)
+    heads, kv = problem.model.num_heads, problem.model.kv_heads
+    for i, st in enumerate(plan.stages):
+        if len(st.replicas) != d0:
+            raise SpecError(
+                f"schedule {plan.schedule} runs one pipeline per replica index, so every stage "
+                "needs the same number of replicas",
+                file=file, field=f"stages.{i}.replicas", value=len(st.replicas), allowed=str(d0))
+        if sum(r.microbatches for r in st.replicas) != total_mb:
+            raise SpecError(
+                "replica microbatches of a stage must sum to global batch / microbatch size",
+                file=file, field=f"stages.{i}.replicas",
+                value=sum(r.microbatches for r in st.replicas), allowed=str(total_mb))
+        for j, r in enumerate(st.replicas):
+            f = f"stages.{i}.replicas.{j}"
+            g = reg.canonical(r.gpu, field=f"{f}.gpu", file=file)
+            if r.zone not in problem.zone_region:
+                raise SpecError("zone not in the pool", file=file, field=f"{f}.zone", value=r.zone,
+                                allowed=", ".join(problem.zones))
+            if (g, r.zone) not in problem.avail:
+                have = sorted({gg for (gg, zz) in problem.avail if zz == r.zone})
+                raise SpecError(f"the pool has no {g} in {r.zone}", file=file, field=f"{f}.gpu",
+                                value=r.gpu, allowed=", ".join(have) or "none")
+            gpn = problem.gpus[g].gpus_per_node
+            if r.tp > gpn:
+                raise SpecError("TP must fit inside one node", file=file, field=f"{f}.tp",
+                                value=r.tp, allowed=f"<= {gpn} GPUs per node of {g}")
+            if heads % r.tp or kv % r.tp and r.tp % kv:
+                raise SpecError("TP must divide the number of attention heads", file=file,
+                                field=f"{f}.tp", value=r.tp,
+                                allowed=f"a divisor of {heads} heads ({kv} KV heads)")
+            if i > 0 and r.microbatches != plan.stages[0].replicas[j].microbatches:
+                raise SpecError(
+                    "pipeline j (replica j of every stage) must run the same microbatches in "
+                    "every stage", file=file, field=f"{f}.microbatches", value=r.microbatches,
+                    allowed=str(plan.stages[0].replicas[j].microbatches))
+            used[(g, r.zone)] = used.get((g, r.zone), 0) + r.tp
+    for (g, z), k in used.items():
+        if k > problem.avail[(g, z)]:
+            raise SpecError(f"plan uses more {g} in {z} than the pool has", file=file,
+                            field="stages", value=k, allowed=f"<= {problem.avail[(g, z)]}")
+    per_type: dict[str, int] = {}
+    for (g, _), k in used.items():
+        per_type[g] = per_type.get(g, 0) + k
+    for g, q in problem.quotas.items():
+        if per_type.get(g, 0) > q:
+            raise SpecError(f"plan uses more {g} than its quota", file=file, field="stages",
+                            value=per_type[g], allowed=f"<= {q}")

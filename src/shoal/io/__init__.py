@@ -1,0 +1,1 @@
+"""Peer formats in and out (Sailor, HuggingFace, ...)."""

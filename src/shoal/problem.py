@@ -1,0 +1,212 @@
+"""Problem: a scenario resolved against the catalog, with its profile and network model.
+
+This is what the estimator and every planner are given (DESIGN §3). Building it checks everything
+that needs more than one field: GPU and model names, zones and links, profiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from shoal import catalog
+from shoal.catalog import GPU
+from shoal.errors import SpecError
+from shoal.profiles.analytic import AnalyticConstants, AnalyticProfile
+from shoal.profiles.compute import load_profile
+from shoal.profiles.layers import LayerSizes, layer_sizes
+from shoal.profiles.network import NetworkModel
+from shoal.specs.job import Constraints, JobSpec
+from shoal.specs.model import ModelSpec
+from shoal.specs.scenario import HFModelRef, Scenario, load_scenario
+
+
+@dataclass(frozen=True)
+class MemoryConstants:
+    """Framework constants of the memory model (see shoal.estimate.memory).
+
+    Defaults were fitted to the peak memory measured on Sailor's GH200 runs (OPT-350M) by
+    ``benchmarks/validate_sailor.py --fit`` and are reported there with leave-one-out error.
+    """
+
+    framework_bytes: float = 4.20e9  # CUDA context, NCCL communicators, library workspaces
+    state_factor: float = 1.265  # on weights + gradients + optimizer state (fp32 grad copies, buckets)
+    activation_factor: float = 1.049  # allocator fragmentation and temporaries over stored activations
+    comm_buffer_bytes_per_param: float = 2.0  # fp16 flat gradient buckets for the DP all-reduce
+
+
+@dataclass(frozen=True)
+class TimeConstants:
+    """Framework constants of the time model (see shoal.estimate.kernel).
+
+    Defaults fitted by ``benchmarks/validate_sailor.py --fit``: ``sync_scale`` is the median
+    ratio of the measured gradient-reduction times of Sailor's GH200 runs to the modelled ring
+    all-reduce; the others minimise the log error of the OPT-350M iteration times.
+    """
+
+    compute_scale: float = 1.0  # multiplier on profiled layer times inside a running pipeline
+    p2p_overhead_s: float = 2.13e-3  # per pipeline send: handshake and synchronisation
+    sync_scale: float = 6.28  # achieved / modelled time of the data-parallel gradient all-reduce
+    step_overhead_s: float = 0.0  # per iteration: scheduler, loss reduction, logging
+
+
+@dataclass(frozen=True)
+class Problem:
+    model: ModelSpec
+    job: JobSpec
+    gpus: dict[str, GPU]
+    avail: dict[tuple[str, str], int]  # (gpu, zone) -> count
+    zones: list[str]
+    zone_region: dict[str, str]
+    region_geo: dict[str, str]
+    quotas: dict[str, int]
+    prices: dict[tuple[str, str], float]  # (gpu, zone) -> USD per GPU-hour
+    network: NetworkModel
+    profile: object
+    sizes: LayerSizes
+    constraints: Constraints
+    objective: str
+    memory: MemoryConstants = field(default_factory=MemoryConstants)
+    timing: TimeConstants = field(default_factory=TimeConstants)
+    flash_attention: bool = False
+    file: str | None = None
+
+    @property
+    def n_layers(self) -> int:
+        return self.model.num_layer_slots
+
+    def price_usd_per_h(self, gpu: str, zone: str) -> float:
+        return self.prices[(gpu, zone)]
+
+    def with_constants(self, memory: MemoryConstants | None = None,
+                       timing: TimeConstants | None = None) -> Problem:
+        return replace(self, memory=memory or self.memory, timing=timing or self.timing)
+
+
+def resolve_model(ref, file: str | None, base: Path) -> ModelSpec:
+    if isinstance(ref, str):
+        return catalog.models().get(ref, field="model", file=file)
+    if isinstance(ref, HFModelRef):
+        from shoal.io.hf import model_from_hf_config
+
+        p = Path(ref.hf_config)
+        return model_from_hf_config(p if p.is_absolute() else base / p)
+    return ref
+
+
+def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Path | None = None,
+                  analytic_constants: AnalyticConstants | None = None) -> Problem:
+    base = Path(base_dir) if base_dir else (Path(file).parent if file else Path.cwd())
+    model = resolve_model(scn.model, file, base)
+    job = scn.job
+    reg = catalog.gpus()
+    geo_of = catalog.zone_geo()
+
+    zone_region: dict[str, str] = {}
+    region_geo: dict[str, str] = {}
+    avail: dict[tuple[str, str], int] = {}
+    used: set[str] = set()
+    for rname, region in scn.pool.regions.items():
+        region_geo[rname] = region.geo or next(
+            (g for z, (r, g) in geo_of.items() if r == rname), "unknown")
+        for zname, zone in region.zones.items():
+            if zname in zone_region:
+                raise SpecError("zone listed in two regions", file=file,
+                                field=f"pool.regions.{rname}.zones.{zname}",
+                                value=zone_region[zname])
+            zone_region[zname] = rname
+            for gname, count in zone.gpus.items():
+                g = reg.canonical(gname, field=f"pool.regions.{rname}.zones.{zname}.gpus.{gname}",
+                                  file=file)
+                avail[(g, zname)] = avail.get((g, zname), 0) + count
+                used.add(g)
+    gpus: dict[str, GPU] = {}
+    for g in sorted(used):
+        spec = reg.get(g)
+        gpn = _lookup(scn.pool.gpus_per_node, g, "pool.gpus_per_node", file)
+        gpus[g] = replace(spec, gpus_per_node=gpn) if gpn else spec
+    quotas = {reg.canonical(k, field=f"pool.quotas.{k}", file=file): v
+              for k, v in scn.pool.quotas.items()}
+
+    prices: dict[tuple[str, str], float] = {}
+    typed = {reg.canonical(k, field=f"prices.gpu_usd_per_h.{k}", file=file): v
+             for k, v in scn.prices.gpu_usd_per_h.items()}
+    for z, per in scn.prices.zone_gpu_usd_per_h.items():
+        if z not in zone_region:
+            raise SpecError("zone not in the pool", file=file, field=f"prices.zone_gpu_usd_per_h.{z}",
+                            value=z, allowed=", ".join(sorted(zone_region)))
+    for (g, z) in avail:
+        zone_over = {reg.canonical(k, field=f"prices.zone_gpu_usd_per_h.{z}.{k}", file=file): v
+                     for k, v in scn.prices.zone_gpu_usd_per_h.get(z, {}).items()}
+        p = zone_over.get(g, typed.get(g, gpus[g].price_usd_per_h))
+        if p is None:
+            raise SpecError(f"no price for {g}: the catalog has no public price for it", file=file,
+                            field=f"prices.gpu_usd_per_h.{g}", allowed="a number of USD per GPU-hour")
+        prices[(g, z)] = float(p)
+
+    network = NetworkModel(scn.network, zone_region, region_geo, file=file)
+    zones = sorted(zone_region)
+    in_zone = {z: sorted({g for (g, zz) in avail if zz == z}) for z in zones}
+    for i, za in enumerate(zones):  # every pair of zones (and GPU types there) needs a link
+        for zb in zones[i:]:
+            for ga in in_zone[za] or [None]:
+                for gb in in_zone[zb] or [None]:
+                    network.link(za, zb, ga, gb)
+
+    flash = False
+    analytic = AnalyticProfile(model, job.seq_len, {**reg.entries, **gpus}, analytic_constants,
+                               optimizer=job.optimizer, precision=job.precision,
+                               flash_attention=flash)
+    profile: object = analytic
+    if scn.profiles.compute != "analytic":
+        p = Path(scn.profiles.compute)
+        p = p if p.is_absolute() else base / p
+        try:
+            profile = _measured_or_transfer(p, model, job, reg, gpus, analytic, analytic_constants)
+        except SpecError as exc:
+            raise exc.located(prefix=None if exc.file else "profiles.compute",
+                              file=exc.file or file) from None
+    return Problem(
+        model=model, job=job, gpus=gpus, avail=avail, zones=zones, zone_region=zone_region,
+        region_geo=region_geo, quotas=quotas, prices=prices, network=network, profile=profile,
+        sizes=layer_sizes(model, job.seq_len), constraints=scn.constraints,
+        objective=scn.objective.goal, flash_attention=flash, file=file,
+    )
+
+
+def _measured_or_transfer(path: Path, model: ModelSpec, job: JobSpec, reg, gpus, analytic,
+                          constants):
+    """The measured profile, or (when it was measured on another model whose architecture it
+    records) that profile scaled to this model by FLOPs and bytes."""
+    import json
+
+    from shoal.profiles.transfer import TransferProfile
+
+    try:
+        head = json.loads(path.read_text())
+    except (OSError, ValueError):
+        head = {}
+    spec = head.get("model_spec") if isinstance(head, dict) else None
+    if spec:
+        src_model = ModelSpec(**spec)
+        same = src_model.model_dump(exclude={"name", "source", "family"}) == model.model_dump(
+            exclude={"name", "source", "family"})
+        if not same:
+            measured = load_profile(path, src_model.num_layer_slots)
+            src_analytic = AnalyticProfile(src_model, job.seq_len, {**reg.entries, **gpus},
+                                           constants, optimizer=job.optimizer,
+                                           precision=job.precision)
+            return TransferProfile(measured, src_analytic, analytic, src_model.name)
+    return load_profile(path, model.num_layer_slots, fallback=analytic)
+
+
+def _lookup(mapping: dict, gpu: str, field: str, file: str | None):
+    reg = catalog.gpus()
+    for k, v in mapping.items():
+        if reg.canonical(k, field=f"{field}.{k}", file=file) == gpu:
+            return v
+    return None
+
+
+def load_problem(path: str | Path, **kw) -> Problem:
+    return build_problem(load_scenario(path), file=str(path), **kw)

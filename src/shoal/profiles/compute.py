@@ -1,0 +1,131 @@
+"""Per-layer compute times: forward, backward and optimizer update per (GPU, TP, microbatch size).
+
+A profile is a table ``(gpu, tp, mbs) -> array (layers, 3)`` of seconds per microbatch on one GPU
+of a TP group. Measured profiles (imported from files) and the analytic profile share this type; a
+measured profile falls back to the analytic one for (GPU, TP) pairs it has no measurement for, and
+says so in ``source``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from shoal.errors import SpecError
+
+PROFILE_SCHEMA = "shoal/profile@1"
+
+
+@dataclass
+class ComputeProfile:
+    """Layer times with a fallback for what was not measured."""
+
+    n_layers: int
+    tables: dict[tuple[str, int], dict[int, np.ndarray]] = field(default_factory=dict)
+    fallback: ComputeProfile | AnalyticLike | None = None
+    name: str = "measured"
+    model_spec: dict | None = None  # architecture of the profiled model, when recorded
+
+    def has(self, gpu: str, tp: int) -> bool:
+        return (gpu, tp) in self.tables
+
+    def source(self, gpu: str, tp: int) -> str:
+        return self.name if self.has(gpu, tp) else (self.fallback.name if self.fallback else "none")
+
+    def layer_times(self, gpu: str, tp: int, mbs: int) -> np.ndarray:
+        per_mbs = self.tables.get((gpu, tp))
+        if per_mbs is None:
+            if self.fallback is None:
+                raise SpecError(f"the profile has no measurement for {gpu} at TP {tp}",
+                                allowed=", ".join(f"{g}/TP{t}" for g, t in sorted(self.tables)))
+            return self.fallback.layer_times(gpu, tp, mbs)
+        return _interpolate(per_mbs, mbs)
+
+    def to_json(self, model: str) -> dict:
+        gpus: dict[str, dict] = {}
+        for (gpu, tp), per in sorted(self.tables.items()):
+            gpus.setdefault(gpu, {})[str(tp)] = {str(m): t.round(9).tolist() for m, t in sorted(per.items())}
+        return {"schema": PROFILE_SCHEMA, "model": model, "n_layers": self.n_layers,
+                "units": "seconds per microbatch: [forward, backward, update] per layer",
+                "gpus": gpus}
+
+
+class AnalyticLike:  # typing aid: anything with name and layer_times
+    name: str
+
+    def layer_times(self, gpu: str, tp: int, mbs: int) -> np.ndarray: ...
+
+
+def _interpolate(per_mbs: dict[int, np.ndarray], mbs: int) -> np.ndarray:
+    """Times at ``mbs``: measured, else linear between the two nearest measured sizes; beyond the
+    largest, scaled by size (compute grows linearly with the batch once the GPU is busy)."""
+    if mbs in per_mbs:
+        return per_mbs[mbs]
+    sizes = sorted(per_mbs)
+    if mbs > sizes[-1]:
+        t = per_mbs[sizes[-1]].copy()
+        t[:, :2] *= mbs / sizes[-1]
+        return t
+    if mbs < sizes[0]:
+        return per_mbs[sizes[0]]  # a smaller batch is never slower than a bigger one
+    hi = next(s for s in sizes if s > mbs)
+    lo = max(s for s in sizes if s < mbs)
+    w = (mbs - lo) / (hi - lo)
+    return (1 - w) * per_mbs[lo] + w * per_mbs[hi]
+
+
+def smooth_monotone(per_mbs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Make forward and backward times non-decreasing in microbatch size, per layer.
+
+    The work of a microbatch of size m is contained in that of size 2m, so a measured time at m
+    above the time at a larger size is measurement noise (e.g. warm-up or clock ramp); we take
+    the suffix minimum. Update times do not depend on m: we take their median.
+    """
+    sizes = sorted(per_mbs)
+    arr = np.stack([per_mbs[m] for m in sizes])  # (M, L, 3)
+    fb = np.minimum.accumulate(arr[::-1, :, :2], axis=0)[::-1]
+    upd = np.median(arr[:, :, 2], axis=0)
+    out = {}
+    for i, m in enumerate(sizes):
+        t = np.empty_like(arr[i])
+        t[:, :2] = fb[i]
+        t[:, 2] = upd
+        out[m] = t
+    return out
+
+
+def load_profile(path: str | Path, n_layers: int, fallback=None) -> ComputeProfile:
+    """Read a shoal profile JSON (``shoal/profile@1``) for a model of ``n_layers`` layers."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise SpecError("profile file not found", file=str(p)) from None
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"malformed JSON at line {exc.lineno}: {exc.msg}", file=str(p)) from None
+    if data.get("schema") != PROFILE_SCHEMA:
+        raise SpecError("not a shoal profile", file=str(p), field="schema",
+                        value=data.get("schema"), allowed=PROFILE_SCHEMA)
+    if n_layers < 0:
+        n_layers = int(data.get("n_layers", -1))
+    if int(data.get("n_layers", -1)) != n_layers:
+        raise SpecError("profile is for a model with another number of layers", file=str(p),
+                        field="n_layers", value=data.get("n_layers"),
+                        allowed=f"{n_layers} (the scenario's model: blocks + embedding + head)")
+    from shoal import catalog
+
+    prof = ComputeProfile(n_layers=n_layers, fallback=fallback, name=f"measured ({p.name})")
+    prof.model_spec = data.get("model_spec")
+    for gpu, per_tp in data["gpus"].items():
+        g = catalog.gpus().canonical(gpu, field=f"gpus.{gpu}", file=str(p))
+        for tp, per_mbs in per_tp.items():
+            tables = {int(m): np.asarray(t, dtype=float) for m, t in per_mbs.items()}
+            for m, t in tables.items():
+                if t.shape != (n_layers, 3) or (t < 0).any():
+                    raise SpecError("each entry must be n_layers rows of 3 non-negative seconds",
+                                    file=str(p), field=f"gpus.{gpu}.{tp}.{m}")
+            prof.tables[(g, int(tp))] = smooth_monotone(tables)
+    return prof

@@ -1,0 +1,1 @@
+"""What the user describes: model, job, pool, network, prices, objective, constraints, plans."""

@@ -1,0 +1,47 @@
+"""Pydantic field types that read human units (DESIGN §4) into SI base units."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema
+
+from shoal import units
+
+
+def _wrap(fn):
+    def parse(v):
+        try:
+            return fn(v)
+        except units.UnitError as exc:
+            raise ValueError(str(exc)) from None
+
+    return parse
+
+
+def _unit_schema(example: str, desc: str) -> WithJsonSchema:
+    return WithJsonSchema(
+        {"anyOf": [{"type": "number"}, {"type": "string"}], "description": desc, "examples": [example]}
+    )
+
+
+Bytes = Annotated[
+    float, BeforeValidator(_wrap(units.parse_bytes)), Field(ge=0),
+    _unit_schema("40GB", "size: bytes, or a string with B/kB/MB/GB/TB or KiB/MiB/GiB/TiB"),
+]
+Seconds = Annotated[
+    float, BeforeValidator(_wrap(units.parse_seconds)), Field(ge=0),
+    _unit_schema("50ms", "time: seconds, or a string with ns/us/ms/s/min/h"),
+]
+BytesPerSecond = Annotated[
+    float, BeforeValidator(_wrap(units.parse_bandwidth)), Field(gt=0),
+    _unit_schema("10Gbps", "bandwidth: bytes/s, or a string: Gbps/Mbps (bits) or GB/s, MB/s (bytes)"),
+]
+FlopsPerSecond = Annotated[
+    float, BeforeValidator(_wrap(units.parse_flops)), Field(gt=0),
+    _unit_schema("312TFLOPS", "FLOP/s, or a string with GFLOPS/TFLOPS/PFLOPS"),
+]
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+
+STRICT = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

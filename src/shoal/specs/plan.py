@@ -1,0 +1,64 @@
+"""TrainingPlan: the one plan type every planner, the estimator, the simulator and the runtime share."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from shoal.specs._types import STRICT, NonNegInt, PositiveInt
+
+PLAN_SCHEMA = "shoal/training-plan@1"
+
+
+class Replica(BaseModel):
+    model_config = STRICT
+    gpu: str
+    tp: PositiveInt = 1
+    zone: str
+    microbatches: NonNegInt = Field(description="microbatches this replica processes per iteration")
+
+
+class Stage(BaseModel):
+    model_config = STRICT
+    layers: tuple[NonNegInt, NonNegInt] = Field(description="half-open range over the layer list")
+    replicas: list[Replica]
+
+    @field_validator("replicas")
+    @classmethod
+    def _nonempty(cls, v):
+        if not v:
+            raise ValueError("a stage needs at least one replica")
+        return v
+
+
+class TrainingPlan(BaseModel):
+    model_config = STRICT | {"frozen": True}
+    schema_: Literal["shoal/training-plan@1"] = Field(default=PLAN_SCHEMA, alias="schema")
+    microbatch_size: PositiveInt
+    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    recompute: bool = False
+    zero_stage: Literal[0, 1, 2] = 0
+    stages: list[Stage]
+
+    @field_validator("stages")
+    @classmethod
+    def _nonempty(cls, v):
+        if not v:
+            raise ValueError("a plan needs at least one stage")
+        return v
+
+    def to_json(self) -> dict:
+        return self.model_dump(mode="json", by_alias=True)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(r.tp for s in self.stages for r in s.replicas)
+
+    def gpu_counts(self) -> dict[tuple[str, str], int]:
+        """(GPU type, zone) -> GPUs used."""
+        out: dict[tuple[str, str], int] = {}
+        for s in self.stages:
+            for r in s.replicas:
+                out[(r.gpu, r.zone)] = out.get((r.gpu, r.zone), 0) + r.tp
+        return out

@@ -1,0 +1,108 @@
+"""The scenario file: one YAML or JSON document describing a training problem."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+
+from shoal.errors import SpecError
+from shoal.specs._types import STRICT
+from shoal.specs.cluster import PoolSpec, PriceSpec
+from shoal.specs.job import Constraints, JobSpec, ObjectiveSpec
+from shoal.specs.model import ModelSpec
+from shoal.specs.network import NetworkSpec
+
+SCENARIO_SCHEMA = "shoal/scenario@1"
+
+
+class HFModelRef(BaseModel):
+    model_config = STRICT
+    hf_config: str = Field(description="path to a HuggingFace config.json (relative to this file)")
+
+
+class ProfilesSpec(BaseModel):
+    model_config = STRICT
+    compute: str = Field(
+        default="analytic",
+        description="'analytic', or a path to a shoal profile JSON (see `shoal import sailor`)",
+    )
+
+
+class Scenario(BaseModel):
+    model_config = STRICT
+    schema_: str = Field(default=SCENARIO_SCHEMA, alias="schema")
+    name: str | None = None
+    model: str | HFModelRef | ModelSpec = Field(
+        description="catalog name, {hf_config: path}, or the architecture fields"
+    )
+    job: JobSpec
+    pool: PoolSpec
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    prices: PriceSpec = Field(default_factory=PriceSpec)
+    profiles: ProfilesSpec = Field(default_factory=ProfilesSpec)
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
+    constraints: Constraints = Field(default_factory=Constraints)
+
+
+def read_document(path: str | Path) -> dict:
+    """Read a YAML or JSON file into a mapping, or raise SpecError naming the file and line."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("file not found", file=str(p))
+    text = p.read_text()
+    try:
+        if p.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
+                        file=str(p)) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(f"malformed YAML{where}: {problem}", file=str(p)) from None
+    if not isinstance(data, dict):
+        raise SpecError("expected a mapping at the top level", file=str(p), value=type(data).__name__)
+    return data
+
+
+def _model_class_names() -> set[str]:
+    """Names of pydantic models: what pydantic puts in an error path for a union branch."""
+    names: set[str] = set()
+    todo = [BaseModel]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            names.add(sub.__name__)
+            todo.append(sub)
+    return names
+
+
+def spec_error_from_validation(exc: ValidationError, file: str | None) -> SpecError:
+    """Turn pydantic's first error into a SpecError with a dotted field path."""
+    err = exc.errors()[0]
+    loc = [str(x) for x in err["loc"] if not str(x).startswith(("function-", "tagged-union"))]
+    # pydantic reports union branches in the path (e.g. 'str', 'ModelSpec'): drop type names, but
+    # only those: user keys such as GPU names ('A100-40GB') also start with a capital letter.
+    loc = [x for x in loc if x not in _model_class_names() and x not in ("str", "int", "float", "bool")]
+    msg = err["msg"].removeprefix("Value error, ")
+    more = len(exc.errors()) - 1
+    if more:
+        msg += f" (and {more} more problem{'s' if more > 1 else ''})"
+    return SpecError(msg, file=file, field=".".join(loc) or None, value=err.get("input")
+                     if not isinstance(err.get("input"), dict) else None)
+
+
+def parse_scenario(data: dict, *, file: str | None = None) -> Scenario:
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise spec_error_from_validation(exc, file) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    return parse_scenario(read_document(path), file=str(path))

@@ -1,0 +1,1 @@
+"""Training: plans' schedules (event simulation); planners come here."""

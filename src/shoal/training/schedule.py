@@ -1,0 +1,199 @@
+"""Discrete-event simulation of one training iteration: 1F1B or GPipe per pipeline, then the
+per-stage gradient all-reduce and optimizer update.
+
+It takes the same per-operation durations as the fast estimate (``shoal.estimate.kernel``: forward,
+backward, blocking sends, all-reduce, update), and schedules every operation of every microbatch
+on every worker under the schedule's dependencies, so it checks the estimate's closed-form
+pipeline formula (Narayanan et al. 2021, §2.2 for 1F1B; Huang et al. 2019 for GPipe) and draws
+the timeline.
+
+Operations of a stage run in the schedule's order; F(s, k) waits for F(s-1, k) (its activations),
+B(s, k) waits for B(s+1, k) (its gradients) and, on the last stage, for F(s, k). An event heap
+orders completions; each completion's handler returns the operations it made ready.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from shoal.estimate.api import run_kernel, tables_for
+from shoal.estimate.encode import encode
+from shoal.estimate.validate import validate_plan
+from shoal.problem import Problem
+from shoal.specs.plan import TrainingPlan
+
+
+@dataclass(frozen=True)
+class Op:
+    stage: int
+    replica: int
+    kind: str  # "F", "B", "sync", "update"
+    microbatch: int
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    iteration_time_s: float
+    ops: list[Op]
+    pipeline_time_s: list[float]  # per pipeline: end of its last backward
+
+
+def stage_order(schedule: str, n_stages: int, s: int, m: int) -> list[tuple[str, int]]:
+    """The order in which stage ``s`` of ``n_stages`` runs forwards and backwards of m microbatches."""
+    if schedule == "gpipe":
+        return [("F", k) for k in range(m)] + [("B", k) for k in range(m)]
+    warm = min(n_stages - s - 1, m)
+    order = [("F", k) for k in range(warm)]
+    f, b = warm, 0
+    while b < m:
+        if f < m:
+            order.append(("F", f))
+            f += 1
+        order.append(("B", b))
+        b += 1
+    return order
+
+
+def simulate_pipeline(fwd: np.ndarray, bwd: np.ndarray, m: int, schedule: str = "1f1b",
+                      replica: int = 0) -> tuple[list[Op], np.ndarray]:
+    """Simulate one pipeline. ``fwd[s]``/``bwd[s]``: seconds per microbatch on stage s, sends
+    included. Returns the operations and each stage's end time."""
+    P = len(fwd)
+    orders = [stage_order(schedule, P, s, m) for s in range(P)]
+    pos = [0] * P
+    free = [0.0] * P
+    done: dict[tuple[str, int, int], float] = {}
+    ops: list[Op] = []
+    heap: list[tuple[float, int, str, int]] = []
+
+    def ready(s: int) -> tuple[bool, float]:
+        kind, k = orders[s][pos[s]]
+        deps = []
+        if kind == "F" and s > 0:
+            deps.append(("F", s - 1, k))
+        if kind == "B":
+            deps.append(("B", s + 1, k) if s < P - 1 else ("F", s, k))
+        t = free[s]
+        for d in deps:
+            if d not in done:
+                return False, 0.0
+            t = max(t, done[d])
+        return True, t
+
+    def try_start(s: int) -> list[tuple[float, int, str, int]]:
+        """Start stage s's next operation if its inputs are there; return the new event."""
+        if pos[s] >= len(orders[s]):
+            return []
+        ok, t0 = ready(s)
+        if not ok or free[s] == np.inf:
+            return []
+        kind, k = orders[s][pos[s]]
+        dur = fwd[s] if kind == "F" else bwd[s]
+        free[s] = np.inf  # busy until the completion event
+        return [(t0 + dur, s, kind, k, t0)]
+
+    for s in range(P):
+        for ev in try_start(s):
+            heapq.heappush(heap, ev)
+    while heap:
+        t, s, kind, k, t0 = heapq.heappop(heap)
+        done[(kind, s, k)] = t
+        ops.append(Op(s, replica, kind, k, t0, t))
+        pos[s] += 1
+        free[s] = t
+        neighbours = (s, s + 1, s - 1) if kind == "F" else (s, s - 1)
+        for nb in neighbours:
+            if 0 <= nb < P:
+                for ev in try_start(nb):
+                    heapq.heappush(heap, ev)
+    if any(pos[s] < len(orders[s]) for s in range(P)):
+        raise RuntimeError("schedule deadlocked: an operation's inputs never arrived")
+    ends = np.array([free[s] for s in range(P)])
+    return ops, ends
+
+
+def simulate(problem: Problem, plan: TrainingPlan, *, validate: bool = True) -> Timeline:
+    """Event-simulate one iteration of ``plan`` with the estimator's operation durations."""
+    if validate:
+        validate_plan(problem, plan)
+    tb = tables_for(problem, [plan.microbatch_size])
+    o = run_kernel(problem, tb, encode(tb, [plan]), detail=True)
+    fwd = (o["fwd"] + o["send_fwd"])[0]
+    bwd = (o["bwd"] + o["send_bwd"])[0]
+    P = len(plan.stages)
+    R = len(plan.stages[0].replicas)
+    all_ops: list[Op] = []
+    stage_end = np.zeros(P)
+    pipe_T = []
+    for r in range(R):
+        m = plan.stages[0].replicas[r].microbatches
+        if m == 0:
+            continue
+        ops, ends = simulate_pipeline(fwd[:, r], bwd[:, r], m, plan.schedule, replica=r)
+        all_ops += ops
+        stage_end = np.maximum(stage_end, ends)
+        pipe_T.append(float(ends.max()))
+    end = 0.0
+    for s in range(P):
+        sync = float(o["sync"][0, s])
+        upd = float(o["update"][0, s].max())
+        t0 = stage_end[s]
+        for r in range(R):
+            if sync > 0:
+                all_ops.append(Op(s, r, "sync", -1, t0, t0 + sync))
+            all_ops.append(Op(s, r, "update", -1, t0 + sync, t0 + sync + upd))
+        end = max(end, t0 + sync + upd)
+    return Timeline(iteration_time_s=end + problem.timing.step_overhead_s, ops=all_ops,
+                    pipeline_time_s=pipe_T)
+
+
+_COLORS = {"F": "#4C72B0", "B": "#55A868", "sync": "#C44E52", "update": "#8172B2"}
+
+
+def draw_timeline(problem: Problem, plan: TrainingPlan, path: str | Path,
+                  max_pipelines: int = 4) -> Path:
+    """Draw the simulated iteration as a Gantt chart (one row per worker) and write a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    tl = simulate(problem, plan)
+    pipes = sorted({op.replica for op in tl.ops})[:max_pipelines]
+    P = len(plan.stages)
+    rows = [(r, s) for r in pipes for s in range(P)]
+    row_of = {rs: i for i, rs in enumerate(rows)}
+    fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 1.6))
+    for op in tl.ops:
+        if op.replica not in pipes:
+            continue
+        y = row_of[(op.replica, op.stage)]
+        ax.barh(y, op.end_s - op.start_s, left=op.start_s, height=0.8,
+                color=_COLORS[op.kind], edgecolor="white", linewidth=0.2)
+    labels = []
+    for r, s in rows:
+        rep = plan.stages[s].replicas[r]
+        labels.append(f"pipe {r} stage {s} · {rep.gpu} TP{rep.tp}")
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.set_title(f"one iteration: {tl.iteration_time_s:.3f} s ({plan.schedule}, "
+                 f"{len(plan.stages)} stages, {len(plan.stages[0].replicas)} pipelines"
+                 + (f", first {len(pipes)} shown" if len(pipes) < len(plan.stages[0].replicas) else "")
+                 + ")")
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in _COLORS.items()],
+              loc="upper right", fontsize=8, ncol=4)
+    fig.tight_layout()
+    out = Path(path)
+    tmp = out.with_name(out.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(out)
+    return out

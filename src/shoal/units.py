@@ -1,0 +1,109 @@
+"""The one parser from human units to SI base units (DESIGN §4).
+
+Bytes, seconds, FLOP/s, bytes/s. Bits are never mixed with bytes silently: ``Gbps`` and ``Gbit/s``
+are bits per second and are divided by 8; ``GB/s`` and ``GBps`` are bytes per second.
+"""
+
+from __future__ import annotations
+
+import re
+
+_DEC = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+_BIN = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
+_NUM = r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*"
+
+
+class UnitError(ValueError):
+    """A value that is not a number with an allowed unit."""
+
+
+def _split(text: object, kind: str) -> tuple[float, str]:
+    if isinstance(text, bool):
+        raise UnitError(f"expected a {kind}, got a boolean")
+    if isinstance(text, int | float):
+        return float(text), ""
+    if not isinstance(text, str):
+        raise UnitError(f"expected a {kind} such as {_EXAMPLES[kind]}, got {type(text).__name__}")
+    m = re.fullmatch(_NUM + r"([A-Za-z/%]*)\s*", text)
+    if not m:
+        raise UnitError(f"cannot read {text!r} as a {kind}; write it like {_EXAMPLES[kind]}")
+    return float(m.group(1)), m.group(2)
+
+
+_EXAMPLES = {
+    "size": "'40GB', '80GiB', '512MB' or a number of bytes",
+    "time": "'50ms', '2.5s', '10us', '3h' or a number of seconds",
+    "bandwidth": "'10Gbps' (bits), '25GB/s' (bytes) or a number of bytes/s",
+    "flops": "'312TFLOPS' or a number of FLOP/s",
+}
+
+
+def _prefix(unit: str, tail: str) -> float | None:
+    if not unit.endswith(tail):
+        return None
+    p = unit[: len(unit) - len(tail)]
+    if p in _BIN:
+        return _BIN[p]
+    if p in _DEC:
+        return _DEC[p]
+    return None
+
+
+def parse_bytes(text: object) -> float:
+    """'40GB' -> 40e9, '80GiB' -> 80 * 2**30, '1.5TB' -> 1.5e12; a bare number is bytes."""
+    value, unit = _split(text, "size")
+    if unit in ("", "B"):
+        return value
+    for tail in ("B", "b"):
+        f = _prefix(unit, tail)
+        if f is not None:
+            if tail == "b":
+                raise UnitError(f"{text!r} is in bits; sizes are written in bytes (B)")
+            return value * f
+    raise UnitError(f"unknown size unit in {text!r}; write it like {_EXAMPLES['size']}")
+
+
+def parse_seconds(text: object) -> float:
+    value, unit = _split(text, "time")
+    scale = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
+    if unit not in scale:
+        raise UnitError(f"unknown time unit in {text!r}; write it like {_EXAMPLES['time']}")
+    return value * scale[unit]
+
+
+def parse_bandwidth(text: object) -> float:
+    """Bytes per second. 'Gbps'/'Gbit/s' are bits; 'GB/s'/'GBps' are bytes."""
+    value, unit = _split(text, "bandwidth")
+    if unit in ("", "B/s", "Bps"):
+        return value
+    for tail, per_byte in (("bps", 1 / 8), ("bit/s", 1 / 8), ("B/s", 1.0), ("Bps", 1.0)):
+        f = _prefix(unit, tail)
+        if f is not None:
+            return value * f * per_byte
+    raise UnitError(f"unknown bandwidth unit in {text!r}; write it like {_EXAMPLES['bandwidth']}")
+
+
+def parse_flops(text: object) -> float:
+    value, unit = _split(text, "flops")
+    if unit in ("", "FLOPS", "FLOP/s"):
+        return value
+    for tail in ("FLOPS", "FLOP/s"):
+        f = _prefix(unit, tail)
+        if f is not None and not unit.startswith(tuple(_BIN)):
+            return value * f
+    raise UnitError(f"unknown FLOP/s unit in {text!r}; write it like {_EXAMPLES['flops']}")
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= f:
+            return f"{n / f:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_seconds(t: float) -> str:
+    if t >= 1:
+        return f"{t:.3f} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.2f} ms"
+    return f"{t * 1e6:.1f} us"

@@ -1,0 +1,75 @@
+"""The fast pipeline formula against the event simulation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shoal.estimate import estimate
+from shoal.estimate.kernel import pipeline_makespan
+from shoal.problem import load_problem
+from shoal.specs.plan import TrainingPlan
+from shoal.training.schedule import draw_timeline, simulate, simulate_pipeline, stage_order
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "het-a100-v100.yaml"
+PLAN = ROOT / "examples" / "het-a100-v100.plan.json"
+
+
+def formula(f, b, m, schedule="1f1b"):
+    return float(pipeline_makespan(f[:, None], b[:, None], np.array([float(m)]),
+                                   schedule == "gpipe")[0])
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("P,m", [(1, 1), (1, 7), (2, 1), (4, 3), (4, 16), (8, 64), (5, 2)])
+def test_identical_stages_match_within_1pct(P, m, schedule):
+    f = np.full(P, 0.013)
+    b = np.full(P, 0.029)
+    ops, ends = simulate_pipeline(f, b, m, schedule)
+    assert len(ops) == 2 * P * m
+    assert formula(f, b, m, schedule) == pytest.approx(ends.max(), rel=0.01)
+
+
+def test_textbook_1f1b_formula():
+    # (m + P - 1) (f + b) for identical stages (Narayanan et al. 2021)
+    ops, ends = simulate_pipeline(np.full(4, 1.0), np.full(4, 2.0), 10)
+    assert ends.max() == pytest.approx((10 + 4 - 1) * 3.0)
+
+
+def test_heterogeneous_never_optimistic():
+    rng = np.random.default_rng(7)
+    worst_opt, worst = 0.0, 0.0
+    for _ in range(400):
+        P, m = int(rng.integers(1, 9)), int(rng.integers(1, 65))
+        f = rng.uniform(0.2, 2.0, P)
+        b = f * rng.uniform(1.2, 3.5, P)
+        _, ends = simulate_pipeline(f, b, m)
+        err = formula(f, b, m) / ends.max() - 1
+        worst_opt, worst = min(worst_opt, err), max(worst, err)
+    assert worst_opt > -0.01
+    assert worst < 0.30  # an upper bound, but not a loose one
+
+
+def test_1f1b_order_holds_p_minus_s_in_flight():
+    for P, m in [(4, 8), (3, 2)]:
+        for s in range(P):
+            order = stage_order("1f1b", P, s, m)
+            in_flight = peak = 0
+            for kind, _ in order:
+                in_flight += 1 if kind == "F" else -1
+                peak = max(peak, in_flight)
+            assert peak == min(P - s, m)
+
+
+def test_estimate_matches_simulation_on_example(tmp_path):
+    pb = load_problem(EXAMPLE)
+    plan = TrainingPlan.model_validate_json(PLAN.read_text())
+    est = estimate(pb, plan).iteration_time_s
+    sim = simulate(pb, plan).iteration_time_s
+    assert est >= sim * 0.99
+    assert est == pytest.approx(sim, rel=0.05)
+    out = draw_timeline(pb, plan, tmp_path / "t.png")
+    assert out.exists() and out.stat().st_size > 5000
