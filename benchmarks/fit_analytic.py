@@ -21,19 +21,20 @@ from scipy.optimize import least_squares
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _reference import reference_dir  # noqa: E402
-
 from shoal import catalog  # noqa: E402
 from shoal.profiles.analytic import AnalyticConstants, AnalyticProfile  # noqa: E402
 from shoal.specs.model import ModelSpec  # noqa: E402
 
 SEQ = 2048
-# Sailor's shapes: OPT-350 and GPT-Neo-2.7 from its training configs; the others from the catalog.
+# Sailor's shapes: OPT-350 and GPT-Neo-2.7 from its training configs; OPT-30 from the catalog.
+# LLAMA-3-8 is left out: its profile has 35 layers where the model has 34 (32 blocks, embedding,
+# head) and runs about 10x slower than its FLOPs allow on GH200, so its shape or sequence length
+# is not the one we would model.
 MODELS = {
     "OPT-350": dict(name="OPT-350", num_layers=24, hidden_size=1024, num_heads=16, vocab_size=50272),
     "GPT-Neo-2.7": dict(name="GPT-Neo-2.7", num_layers=32, hidden_size=2560, num_heads=32,
                         vocab_size=128256, head_dim=80),
     "OPT-30": "OPT-30B",
-    "LLAMA-3-8": "LLaMA-3-8B",
 }
 FIT = ("e_max", "f_half_flops", "mem_passes", "layer_overhead_s", "update_bytes_per_param",
        "bwd_over_fwd", "update_overhead_s", "score_passes")
@@ -90,8 +91,9 @@ def residuals(x, rows):
 
 def fit(rows):
     x0 = np.array([getattr(AnalyticConstants(), k) for k in FIT]) / SCALE
-    res = least_squares(residuals, x0, args=(rows,), bounds=([0.05, 0.01, 0, 0, 0.1, 1, 0, 0], [1, 100, 20, 100, 100, 4, 10, 30]),
-                        loss="soft_l1")
+    lo = [0.05, 0.01, 0, 0, 0.1, 1, 0, 0]
+    hi = [1, 100, 20, 100, 100, 4, 10, 30]
+    res = least_squares(residuals, x0, args=(rows,), bounds=(lo, hi), loss="soft_l1")
     return res.x
 
 
@@ -111,7 +113,8 @@ def main() -> None:
     x = fit(rows)
     r = residuals(x, rows).reshape(-1, 4)
     consts = dict(zip(FIT, (x * SCALE).tolist(), strict=True))
-    per_kind = {k: round(mape(r[:, i]), 1) for i, k in enumerate(["block_fwd", "block_bwd", "head", "update"])}
+    kinds = ["block_fwd", "block_bwd", "head", "update"]
+    per_kind = {k: round(mape(r[:, i]), 1) for i, k in enumerate(kinds)}
     per_block_fb = np.log((np.exp(r[:, 0]) * np.array([q["fwd"] for q in rows])
                            + np.exp(r[:, 1]) * np.array([q["bwd"] for q in rows]))
                           / np.array([q["fwd"] + q["bwd"] for q in rows]))

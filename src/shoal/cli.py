@@ -11,7 +11,7 @@ import functools
 import json
 import os
 from dataclasses import asdict
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -95,7 +95,8 @@ def load_plan(path: Path):
 @handles_errors
 def estimate(
     scenario: Annotated[Path, typer.Argument(metavar="SCENARIO", help="scenario file (YAML or JSON)")],
-    plan: Annotated[Path, typer.Option("--plan", "-p", metavar="PLAN", help="training plan file (JSON or YAML)")],
+    plan: Annotated[Path, typer.Option("--plan", "-p", metavar="PLAN",
+                                       help="training plan file (JSON or YAML)")],
     as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON only")] = False,
     timeline: Annotated[Path | None, typer.Option("--timeline", help="write a timeline PNG here")] = None,
 ) -> None:
@@ -114,7 +115,7 @@ def estimate(
     out = _out()
     out.print(_stage_table(est))
     out.print(_worker_table(est))
-    out.print(_summary_table(est, problem))
+    out.print(_summary_table(est))
     if timeline is not None:
         out.print(f"timeline written to {timeline}")
 
@@ -127,12 +128,15 @@ def _draw_timeline(problem, plan, path: Path) -> None:
     draw_timeline(problem, plan, path)
 
 
-def _table(title: str, columns: list[str], left: tuple[str, ...] = ()) -> Table:
-    # Narrow terminals wrap cells (fold) rather than cut them: no value is ever shown truncated.
+def _table(title: str, columns: list[str], left: tuple[str, ...] = (),
+           whole: tuple[str, ...] = ()) -> Table:
+    """Narrow terminals wrap cells (fold) rather than cut them, so no value is shown truncated;
+    names in ``whole`` (GPU types, zones) are never split."""
     t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold",
               pad_edge=False, collapse_padding=True)
     for col in columns:
-        t.add_column(col, justify="left" if col in left else "right", overflow="fold")
+        t.add_column(col, justify="left" if col in left else "right", overflow="fold",
+                     no_wrap=col in whole)
     return t
 
 
@@ -165,7 +169,7 @@ def _worker_table(est) -> Table:
     t = _table("Workers (peak memory per GPU; in flight = microbatches whose activations are held; "
                "identical neighbouring replicas share a row)",
                ["stage", "replica", "gpu", "zone", "tp", "peak\nmemory", "capacity", "used",
-                "in flight", "memory"], left=("gpu", "zone"))
+                "in flight", "memory"], left=("gpu", "zone"), whole=("gpu", "zone"))
     for first, last in _runs(est.workers):
         w = first
         used = w.peak_memory_bytes / w.capacity_bytes if w.capacity_bytes else float("inf")
@@ -193,7 +197,7 @@ def _runs(workers):
     return [tuple(r) for r in runs]
 
 
-def _summary_table(est, problem) -> Table:
+def _summary_table(est) -> Table:
     from shoal.units import fmt_bytes, fmt_seconds
 
     t = Table(title="Summary", show_header=False, box=box.SIMPLE, title_justify="left",
@@ -218,7 +222,7 @@ def _summary_table(est, problem) -> Table:
 # ------------------------------------------------------------------------------------------ schema
 
 
-class SchemaKind(str, Enum):
+class SchemaKind(StrEnum):
     scenario = "scenario"
     plan = "plan"
 
@@ -250,7 +254,15 @@ def import_sailor_cmd(
         "--profiles", help="directory of <GPU>/profile.json measured profiles")] = None,
     profiles_training_config: Annotated[Path | None, typer.Option(
         "--profiles-training-config",
-        help="training config of the model the profiles were measured on, if another")] = None,
+        help="training config of the model the --profiles were measured on, when it is another "
+             "model: they are then imported as transfer profiles")] = None,
+    transfer_profiles: Annotated[Path | None, typer.Option(
+        "--transfer-profiles",
+        help="directory of <GPU>/profile.json measured on another model, used to predict GPUs "
+             "the --profiles lack")] = None,
+    transfer_training_config: Annotated[Path | None, typer.Option(
+        "--transfer-training-config",
+        help="training config of the model the --transfer-profiles were measured on")] = None,
     network: Annotated[Path | None, typer.Option(
         "--network", help="directory of Sailor's fitted network curves")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="availability trace CSV")] = None,
@@ -263,11 +275,22 @@ def import_sailor_cmd(
 
     if step is not None and trace is None:
         raise SpecError("--step needs --trace", field="--step", value=step)
+    if profiles_training_config is not None:  # the --profiles are of another model
+        if profiles is None or transfer_profiles is not None:
+            raise SpecError("--profiles-training-config goes with --profiles and without "
+                            "--transfer-profiles (or use --transfer-profiles with "
+                            "--transfer-training-config)", field="--profiles-training-config")
+        profiles, transfer_profiles = None, profiles
+        transfer_training_config = profiles_training_config
     written = import_sailor(
         training_config=training_config, cluster_config=cluster_config, profiles=profiles,
         network=network, out_dir=out_dir, trace=trace, step=step, plan=plan,
-        profiles_training_config=profiles_training_config,
+        transfer_profiles=transfer_profiles, transfer_training_config=transfer_training_config,
     )
+    if network is None:
+        _err().print(Text("note: no --network given, so the scenario has no links; add a network "
+                          "section (e.g. network.defaults.same_zone) before estimating with it"),
+                     soft_wrap=True)
     if as_json:
         typer.echo(json.dumps({"written": {k: str(v) for k, v in written.items()}}))
         return
@@ -295,7 +318,7 @@ def catalog_gpus(
         return
     t = _table("GPUs (dense peak FLOP/s; $/h on demand, '-' where no public price)",
                ["name", "memory", "bf16\nTFLOPS", "fp32\nTFLOPS", "mem\nGB/s", "intra-node\nGB/s",
-                "GPUs/\nnode", "$/h"], left=("name",))
+                "GPUs/\nnode", "$/h"], left=("name",), whole=("name",))
     for g in entries:
         t.add_row(
             g.name, fmt_bytes(g.memory_bytes), f"{g.flops_16 / 1e12:.1f}", f"{g.flops_32 / 1e12:.1f}",
@@ -325,7 +348,7 @@ def catalog_models(
         return
     t = _table("Models (layers = transformer blocks; params at sequence length 2048)",
                ["name", "layers", "hidden", "heads", "kv heads", "ffn", "vocab", "params (B)"],
-               left=("name",))
+               left=("name",), whole=("name",))
     for r in rows:
         t.add_row(r["name"], str(r["num_layers"]), str(r["hidden_size"]), str(r["num_heads"]),
                   str(r["num_kv_heads"]), str(r["ffn_hidden_size"]), str(r["vocab_size"]),

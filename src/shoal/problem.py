@@ -45,7 +45,9 @@ class TimeConstants:
     """
 
     compute_scale: float = 1.0  # multiplier on profiled layer times inside a running pipeline
-    p2p_overhead_s: float = 2.13e-3  # per pipeline send: handshake and synchronisation
+    p2p_overhead_s: float = 1.49e-3  # per pipeline send: handshake and synchronisation
+    recv_fraction: float = 1.0  # share of a transfer that also blocks the receiving stage
+    profile_overhead_s: float = 1.12e-4  # per layer and pass: hook + event cost inside measured profiles
     sync_scale: float = 6.28  # achieved / modelled time of the data-parallel gradient all-reduce
     step_overhead_s: float = 0.0  # per iteration: scheduler, loss reduction, logging
 
@@ -131,7 +133,7 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
     prices: dict[tuple[str, str], float] = {}
     typed = {reg.canonical(k, field=f"prices.gpu_usd_per_h.{k}", file=file): v
              for k, v in scn.prices.gpu_usd_per_h.items()}
-    for z, per in scn.prices.zone_gpu_usd_per_h.items():
+    for z in scn.prices.zone_gpu_usd_per_h:
         if z not in zone_region:
             raise SpecError("zone not in the pool", file=file, field=f"prices.zone_gpu_usd_per_h.{z}",
                             value=z, allowed=", ".join(sorted(zone_region)))
@@ -158,14 +160,19 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
                                optimizer=job.optimizer, precision=job.precision,
                                flash_attention=flash)
     profile: object = analytic
+    own = None
     if scn.profiles.compute != "analytic":
-        p = Path(scn.profiles.compute)
-        p = p if p.is_absolute() else base / p
-        try:
-            profile = _measured_or_transfer(p, model, job, reg, gpus, analytic, analytic_constants)
-        except SpecError as exc:
-            raise exc.located(prefix=None if exc.file else "profiles.compute",
-                              file=exc.file or file) from None
+        own = _load_located(scn.profiles.compute, base, file, "profiles.compute",
+                            lambda p: load_profile(p, model.num_layer_slots, fallback=analytic))
+        profile = own
+    if scn.profiles.transfer_from:
+        transfer = _load_located(scn.profiles.transfer_from, base, file, "profiles.transfer_from",
+                                 lambda p: _transfer(p, model, job, reg, gpus, analytic,
+                                                     analytic_constants, own))
+        if own is not None:
+            own.fallback = transfer
+        else:
+            profile = transfer
     return Problem(
         model=model, job=job, gpus=gpus, avail=avail, zones=zones, zone_region=zone_region,
         region_geo=region_geo, quotas=quotas, prices=prices, network=network, profile=profile,
@@ -174,30 +181,35 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
     )
 
 
-def _measured_or_transfer(path: Path, model: ModelSpec, job: JobSpec, reg, gpus, analytic,
-                          constants):
-    """The measured profile, or (when it was measured on another model whose architecture it
-    records) that profile scaled to this model by FLOPs and bytes."""
+def _load_located(ref: str, base: Path, file: str | None, field: str, loader):
+    p = Path(ref)
+    p = p if p.is_absolute() else base / p
+    try:
+        return loader(p)
+    except SpecError as exc:
+        raise exc.located(prefix=None if exc.file else field, file=exc.file or file) from None
+
+
+def _transfer(path: Path, model: ModelSpec, job: JobSpec, reg, gpus, analytic, constants, own):
+    """A profile measured on another model, scaled to this one (shoal.profiles.transfer)."""
     import json
 
     from shoal.profiles.transfer import TransferProfile
 
     try:
-        head = json.loads(path.read_text())
-    except (OSError, ValueError):
-        head = {}
-    spec = head.get("model_spec") if isinstance(head, dict) else None
-    if spec:
-        src_model = ModelSpec(**spec)
-        same = src_model.model_dump(exclude={"name", "source", "family"}) == model.model_dump(
-            exclude={"name", "source", "family"})
-        if not same:
-            measured = load_profile(path, src_model.num_layer_slots)
-            src_analytic = AnalyticProfile(src_model, job.seq_len, {**reg.entries, **gpus},
-                                           constants, optimizer=job.optimizer,
-                                           precision=job.precision)
-            return TransferProfile(measured, src_analytic, analytic, src_model.name)
-    return load_profile(path, model.num_layer_slots, fallback=analytic)
+        spec = json.loads(path.read_text()).get("model_spec")
+    except (OSError, ValueError, AttributeError):
+        spec = None
+    if not spec:
+        raise SpecError("a transfer profile must record the architecture it was measured on",
+                        file=str(path), field="model_spec",
+                        allowed="the model fields (num_layers, hidden_size, ...), as "
+                                "`shoal import sailor` writes them")
+    src_model = ModelSpec(**spec)
+    measured = load_profile(path, src_model.num_layer_slots)
+    src_analytic = AnalyticProfile(src_model, job.seq_len, {**reg.entries, **gpus}, constants,
+                                   optimizer=job.optimizer, precision=job.precision)
+    return TransferProfile(measured, src_analytic, analytic, src_model.name, own)
 
 
 def _lookup(mapping: dict, gpu: str, field: str, file: str | None):

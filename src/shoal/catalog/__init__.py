@@ -56,7 +56,8 @@ class Registry:
                 file=file,
                 field=field,
                 value=name,
-                allowed=f"one of the catalog's {self.kind}s (`shoal catalog {self.kind.lower()}s` lists them)",
+                allowed=(f"one of the catalog's {self.kind}s "
+                         f"(`shoal catalog {self.kind.lower()}s` lists them)"),
                 suggestion=self._suggest(name),
             )
         return hit

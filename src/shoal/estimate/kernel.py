@@ -5,12 +5,13 @@ belongs to pipeline r (Sailor's plan shape, §4.2: D pipelines, each a chain of 
 stage), and pipeline r runs ``m[r]`` microbatches.
 
 Time (Sailor §4.3, with Narayanan et al. 2021's 1F1B): per microbatch, stage s of pipeline r
-takes ``t[s,r] = fwd + bwd + send activations to s+1 + send gradients to s-1`` (sends are blocking,
-as in Megatron-LM's and DeepSpeed's pipeline engines). A pipeline's schedule takes
-``(m-1) * max_s t[s] + sum_s t[s]`` (1F1B; GPipe applies it to forward and backward separately).
-Stage s finishes its last backward ``sum_{j<s} (bwd + send)`` before stage 0 does, then
-all-reduces its gradients over its replicas (ring over the slowest link of the ring: 2(D-1)/D of
-the bytes), then updates. The iteration ends when the last stage has updated.
+takes ``t[s,r] = fwd + bwd`` plus its sends (activations to s+1, gradients to s-1) and, for
+``recv_fraction`` of each transfer, its receives: sends and receives block, as in Megatron-LM's
+and DeepSpeed's pipeline engines. Each pipeline's schedule
+(1F1B or GPipe) gives when every stage ends its last backward (``shoal.estimate.pipeline``: exact
+max-plus recurrence, capped by the closed form ``(m-1) * max_s t[s] + sum_s t[s]``). Each stage
+then all-reduces its gradients over its replicas (ring over the slowest link of the ring:
+2(D-1)/D of the bytes), then updates. The iteration ends when the last stage has updated.
 
 Memory (Sailor §4.3, per worker): weights, gradients and optimizer state of the worker's layers at
 its TP degree (ZeRO shards optimizer state, and at stage 2 gradients, over the stage's replicas),
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shoal.estimate import pipeline as _pipeline
 from shoal.estimate.tables import CostTables
 from shoal.problem import MemoryConstants, TimeConstants
 from shoal.profiles.network import bandwidth
@@ -56,27 +58,54 @@ class Batch:
 
 def pipeline_makespan(f_all: np.ndarray, b_all: np.ndarray, m: np.ndarray,
                       gpipe: np.ndarray | bool = False) -> np.ndarray:
-    """Time from the first forward to the last backward of a pipeline (stages on axis -2).
-
-    1F1B: ``(m-1) * max_s(f_s + b_s) + sum_s(f_s + b_s)``; GPipe: the same bound for the forward
-    and backward waves separately. Exact for identical stages; for unequal stages it is an upper
-    bound on the event-simulated schedule (it never promises a faster pipeline than it is).
-    """
-    t = f_all + b_all
-    mm1 = np.maximum(m - 1.0, 0.0)
-    sum_t = t.sum(axis=-2)
-    one_f1b = mm1 * t.max(axis=-2) + sum_t
-    gp = mm1 * (f_all.max(axis=-2) + b_all.max(axis=-2)) + sum_t
-    return np.where(gpipe, gp, one_f1b) * (m > 0)
+    """Makespan of pipelines laid out as (B, S, R); see ``shoal.estimate.pipeline``."""
+    B, S, _ = f_all.shape
+    gp = np.broadcast_to(np.asarray(gpipe, dtype=bool).reshape(-1), (B,))
+    n_st = (np.abs(f_all) + np.abs(b_all) > 0).any(axis=2)
+    n_stages = np.where(n_st.any(axis=1), S - np.argmax(n_st[:, ::-1], axis=1), 1)
+    return _pipeline.makespan(f_all, b_all, np.asarray(m, dtype=float), gp, n_stages)
 
 
 def _take(a: np.ndarray, idx: np.ndarray, axis: int) -> np.ndarray:
     return np.take_along_axis(a, idx, axis=axis)
 
 
+def _subset(bt: Batch, idx: np.ndarray, r: int) -> Batch:
+    return Batch(mbs_idx=bt.mbs_idx[idx], ls=bt.ls[idx], le=bt.le[idx], smask=bt.smask[idx],
+                 g=bt.g[idx, :, :r], t=bt.t[idx, :, :r], z=bt.z[idx, :, :r], m=bt.m[idx, :, :r],
+                 rmask=bt.rmask[idx, :, :r], recompute=bt.recompute[idx], zero=bt.zero[idx],
+                 gpipe=bt.gpipe[idx])
+
+
 def run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
         bytes_per_grad: float = 2.0, state_bytes: tuple[float, float, float] = (2.0, 2.0, 12.0),
         detail: bool = False) -> dict[str, np.ndarray]:
+    """Estimate a batch. Without ``detail``, large batches of plans with different replica counts
+    are evaluated in buckets of similar width, so short plans do not pay for the widest one."""
+    B, S, R = bt.g.shape
+    if detail or B < 256 or R <= 8:
+        return _run(tb, bt, mem, tc, bytes_per_grad, state_bytes, detail)
+    width = bt.rmask.any(axis=1).sum(axis=1)  # replicas used per plan
+    bucket = (width + 7) // 8
+    out: dict[str, np.ndarray] = {}
+    for k in np.unique(bucket):
+        idx = np.nonzero(bucket == k)[0]
+        r = int(min(R, 8 * k))
+        part = _run(tb, _subset(bt, idx, r), mem, tc, bytes_per_grad, state_bytes, False)
+        for name, v in part.items():
+            if name not in out:
+                out[name] = np.zeros((B,) + v.shape[1:-1] + ((R,) if v.ndim == 3 else ()), v.dtype) \
+                    if v.ndim == 3 else np.zeros((B,) + v.shape[1:], v.dtype)
+            if v.ndim == 3:
+                out[name][idx, :, :r] = v
+            else:
+                out[name][idx] = v
+    return out
+
+
+def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
+         bytes_per_grad: float, state_bytes: tuple[float, float, float],
+         detail: bool) -> dict[str, np.ndarray]:
     B, S, R = bt.g.shape
     rm = bt.rmask
     rmf = rm.astype(float)
@@ -114,17 +143,20 @@ def run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
     send_fwd = send  # activations s -> s+1
     send_bwd = np.zeros_like(send)  # gradients s -> s-1 (same link, same size)
     send_bwd[:, 1:] = send[:, :-1]
-    f_all = (f + send_fwd) * rmf
-    b_all = (bw_ + send_bwd) * rmf
+    # A blocking receive also holds the receiving stage (DeepSpeed's and Megatron's engines wait
+    # in recv before computing): ``recv_fraction`` of each transfer counts on the receiver too.
+    recv_fwd = np.zeros_like(send)
+    recv_fwd[:, 1:] = send[:, :-1]
+    recv_bwd = send
+    f_all = (f + send_fwd + tc.recv_fraction * recv_fwd) * rmf
+    b_all = (bw_ + send_bwd + tc.recv_fraction * recv_bwd) * rmf
     t_mb = f_all + b_all  # (B, S, R)
 
     m_pipe = bt.m[:, 0, :].astype(float)  # (B, R) microbatches per pipeline
-    pipe_T = pipeline_makespan(f_all, b_all, m_pipe, bt.gpipe[:, None])  # (B, R)
+    n_stages_b = bt.smask.sum(axis=1)
+    pipe_T, ends = _pipeline.schedule_times(f_all, b_all, m_pipe, bt.gpipe, n_stages_b)
 
-    # stage s ends its last backward this much before stage 0 does
-    lead = np.cumsum(b_all, axis=1) - b_all  # sum_{j<s} b_all[j]
-    stage_end = (pipe_T[:, None, :] - lead) * rmf
-    stage_end = stage_end.max(axis=2)  # (B, S)
+    stage_end = (ends * rmf).max(axis=2)  # (B, S) last backward of each stage
 
     # ---- data-parallel gradient sync per stage: ring all-reduce -----------------------------
     params_stage = tb.cum_params[bt.le] - tb.cum_params[bt.ls]  # (B, S)
@@ -181,7 +213,9 @@ def run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
     out = {"iteration_time_s": iter_T, "cost_compute_usd": cost_compute, "cost_egress_usd": eg,
            "oom": oom, "peak_bytes": peak, "capacity_bytes": cap * rmf}
     if detail:
-        out.update(fwd=f * rmf, bwd=bw_ * rmf, send_fwd=send_fwd * rmf, send_bwd=send_bwd * rmf,
+        out.update(fwd=f * rmf, bwd=bw_ * rmf,
+                   send_fwd=(send_fwd + tc.recv_fraction * recv_fwd) * rmf,
+                   send_bwd=(send_bwd + tc.recv_fraction * recv_bwd) * rmf,
                    t_mb=t_mb, pipe_T=pipe_T, stage_end=stage_end, sync=sync, update=upd * rmf,
                    states=states * rmf, buffers=buffers * rmf, activations=act * rmf,
                    oom_workers=oom_w, inflight=inflight * rmf, egress=eg, gpu_usd_per_s=gpu_s)

@@ -242,7 +242,8 @@ def convert_plan(plan_cfg: dict, file: Path, n_layers: int) -> tuple[dict, dict,
 def import_sailor(*, training_config: Path, cluster_config: Path | None = None, profiles: Path | None = None,
                   network: Path | None = None, out_dir: Path, trace: Path | None = None,
                   step: int | None = None, plan: Path | None = None,
-                  profiles_training_config: Path | None = None) -> dict[str, Path]:
+                  transfer_profiles: Path | None = None,
+                  transfer_training_config: Path | None = None) -> dict[str, Path]:
     """Write ``scenario.yaml`` (+ ``profile.json``, ``plan.json``) into ``out_dir``; returns paths.
 
     Everything is built in memory and checked before anything is written, so a failure leaves
@@ -291,14 +292,19 @@ def import_sailor(*, training_config: Path, cluster_config: Path | None = None, 
     if network is not None:
         scenario["network"] = convert_network(network, zones, used_gpus)
     if profiles is not None:
-        if profiles_training_config is not None:  # profiles measured on another model
-            pmodel = model_from_training_config(_json(profiles_training_config),
-                                                profiles_training_config)
-        else:
-            pmodel = model
-        prof, _ = convert_profiles(profiles, pmodel["num_layers"] + 2, pmodel["name"], pmodel)
+        prof, _ = convert_profiles(profiles, n_layers, model["name"], model)
         files["profile.json"] = prof
         scenario["profiles"] = {"compute": "profile.json"}
+    if transfer_profiles is not None:
+        if transfer_training_config is None:
+            raise SpecError("--transfer-profiles needs --transfer-training-config: the training "
+                            "config of the model those profiles were measured on")
+        pmodel = model_from_training_config(_json(transfer_training_config),
+                                            transfer_training_config)
+        prof, _ = convert_profiles(transfer_profiles, pmodel["num_layers"] + 2, pmodel["name"],
+                                   pmodel)
+        files["transfer_profile.json"] = prof
+        scenario.setdefault("profiles", {})["transfer_from"] = "transfer_profile.json"
     parse_scenario(scenario, file=str(out_dir / "scenario.yaml"))  # check before writing
     if plan_doc is not None:
         TrainingPlan.model_validate(plan_doc)

@@ -23,15 +23,15 @@ from shoal.specs.model import ModelSpec
 
 @dataclass(frozen=True)
 class AnalyticConstants:
-    e_max: float = 0.273  # best fraction of the dense tensor-core peak a GEMM-heavy layer reaches
-    f_half_flops: float = 6.27e10  # per-GPU FLOPs of a layer at which it reaches half of e_max
-    mem_passes: float = 3.66  # element-wise passes over the stored activations per forward
-    layer_overhead_s: float = 3.0e-4  # fixed cost per layer and pass (launches, hooks)
-    bwd_over_fwd: float = 2.24  # backward time / forward time for the same work
-    update_bytes_per_param: float = 155.0  # optimizer step traffic per parameter (incl. fp16 casts)
+    e_max: float = 0.354  # best fraction of the dense tensor-core peak a GEMM-heavy layer reaches
+    f_half_flops: float = 9.33e10  # per-GPU FLOPs of a layer at which it reaches half of e_max
+    mem_passes: float = 4.82  # element-wise passes over the stored activations per forward
+    layer_overhead_s: float = 0.0  # fixed cost per layer and pass (launches, hooks)
+    bwd_over_fwd: float = 2.20  # backward time / forward time for the same work
+    update_bytes_per_param: float = 157.0  # optimizer step traffic per parameter (incl. fp16 casts)
     tp_allreduce_efficiency: float = 0.7  # achieved / nominal intra-node bandwidth for all-reduce
     update_overhead_s: float = 6.8e-4  # per layer: optimizer kernels launched per parameter group
-    score_passes: float = 15.3  # passes over attention scores (mask, softmax, dropout) per forward
+    score_passes: float = 14.6  # passes over attention scores (mask, softmax, dropout) per forward
 
     def with_(self, **kw) -> AnalyticConstants:
         return AnalyticConstants(**{**self.__dict__, **kw})

@@ -70,10 +70,9 @@ def activation_bytes(model: ModelSpec, seq_len: int, tp: int, *, recompute: bool
     # Sharded over TP: Q, K, V (2s(q+2kv)), attention-projection input (2sq), MLP hidden
     # (fc1 output and activation output: 2s*f*(1 + n_mlp_out)), attention dropout masks.
     sharded = 2.0 * s * (q + 2 * kv) + 2.0 * s * q + 2.0 * s * f * (1 + n_mlp_out) + 0.0
-    if flash_attention:
-        scores = 4.0 * s * a  # log-sum-exp per row, fp32
-    else:
-        scores = 5.0 * a * s * s  # softmax output (2), dropout mask (1), dropout output (2)
+    # Flash attention keeps the log-sum-exp per row (fp32); otherwise the softmax output (2 bytes),
+    # dropout mask (1) and dropout output (2) per score.
+    scores = 4.0 * s * a if flash_attention else 5.0 * a * s * s
     block = unsharded + (sharded + scores) / tp
     if recompute:
         block = 2.0 * s * h

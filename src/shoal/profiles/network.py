@@ -136,7 +136,8 @@ class NetworkModel:
             if cls == "cross_region":
                 ga = self.region_geo.get(self.zone_region[za])
                 gb = self.region_geo.get(self.zone_region[zb])
-                p = e.cross_region if (ga == gb or ga is None or gb is None) else e.intercontinental
+                unknown = (None, "unknown")  # build_problem tags regions of no known geo "unknown"
+                p = e.cross_region if (ga == gb or ga in unknown or gb in unknown) else e.intercontinental
             else:
                 p = getattr(e, cls)
         return p / 1e9

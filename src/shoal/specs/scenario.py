@@ -27,7 +27,13 @@ class ProfilesSpec(BaseModel):
     model_config = STRICT
     compute: str = Field(
         default="analytic",
-        description="'analytic', or a path to a shoal profile JSON (see `shoal import sailor`)",
+        description="'analytic', or a path to a shoal profile JSON of this model "
+                    "(see `shoal import sailor`)",
+    )
+    transfer_from: str | None = Field(
+        default=None,
+        description="path to a shoal profile JSON of another model (it must record model_spec): "
+                    "GPUs this model was not measured on are predicted from it",
     )
 
 
@@ -54,10 +60,7 @@ def read_document(path: str | Path) -> dict:
         raise SpecError("file not found", file=str(p))
     text = p.read_text()
     try:
-        if p.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            data = yaml.safe_load(text)
+        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:
         raise SpecError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
                         file=str(p)) from None

@@ -22,6 +22,7 @@ import numpy as np
 
 from shoal.estimate.api import run_kernel, tables_for
 from shoal.estimate.encode import encode
+from shoal.estimate.pipeline import stage_order
 from shoal.estimate.validate import validate_plan
 from shoal.problem import Problem
 from shoal.specs.plan import TrainingPlan
@@ -42,22 +43,6 @@ class Timeline:
     iteration_time_s: float
     ops: list[Op]
     pipeline_time_s: list[float]  # per pipeline: end of its last backward
-
-
-def stage_order(schedule: str, n_stages: int, s: int, m: int) -> list[tuple[str, int]]:
-    """The order in which stage ``s`` of ``n_stages`` runs forwards and backwards of m microbatches."""
-    if schedule == "gpipe":
-        return [("F", k) for k in range(m)] + [("B", k) for k in range(m)]
-    warm = min(n_stages - s - 1, m)
-    order = [("F", k) for k in range(warm)]
-    f, b = warm, 0
-    while b < m:
-        if f < m:
-            order.append(("F", f))
-            f += 1
-        order.append(("B", b))
-        b += 1
-    return order
 
 
 def simulate_pipeline(fwd: np.ndarray, bwd: np.ndarray, m: int, schedule: str = "1f1b",
@@ -170,7 +155,7 @@ def draw_timeline(problem: Problem, plan: TrainingPlan, path: str | Path,
     P = len(plan.stages)
     rows = [(r, s) for r in pipes for s in range(P)]
     row_of = {rs: i for i, rs in enumerate(rows)}
-    fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 1.6))
+    fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 2.0))
     for op in tl.ops:
         if op.replica not in pipes:
             continue
@@ -184,12 +169,15 @@ def draw_timeline(problem: Problem, plan: TrainingPlan, path: str | Path,
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
+    n_pipes = len(plan.stages[0].replicas)
     ax.set_title(f"one iteration: {tl.iteration_time_s:.3f} s ({plan.schedule}, "
-                 f"{len(plan.stages)} stages, {len(plan.stages[0].replicas)} pipelines"
+                 f"{len(plan.stages)} stage{'s' * (P > 1)}, {n_pipes} pipeline{'s' * (n_pipes > 1)}"
                  + (f", first {len(pipes)} shown" if len(pipes) < len(plan.stages[0].replicas) else "")
                  + ")")
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in _COLORS.items()],
-              loc="upper right", fontsize=8, ncol=4)
+    names = {"F": "forward", "B": "backward", "sync": "gradient all-reduce", "update": "optimizer"}
+    ax.legend(handles=[Patch(color=c, label=names[k]) for k, c in _COLORS.items()],
+              loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.5 / len(rows)), fontsize=8,
+              ncol=4, frameon=False)
     fig.tight_layout()
     out = Path(path)
     tmp = out.with_name(out.stem + ".tmp.png")

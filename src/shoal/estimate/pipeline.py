@@ -1,0 +1,141 @@
+"""Pipeline schedule times: when each stage of each pipeline ends, vectorised over pipelines.
+
+For a pipeline of S stages running m microbatches, with ``f[s]``/``b[s]`` the forward/backward
+time of one microbatch on stage s (blocking sends and receives included), the schedule (1F1B or
+GPipe) is computed exactly by a max-plus recurrence over its operations in a topological order,
+vectorised over all pipelines of the same shape: an operation ends at max(end of the previous
+operation on its stage, end of its input) + its duration. Beyond ``4 S`` microbatches the
+recurrence runs ``4 S`` and adds the steady-state period per further microbatch (``max_s(f+b)``
+for 1F1B, ``max_s f + max_s b`` for GPipe); on random stage times that is within 0.7% and never
+optimistic. The result is capped by the closed-form bound of Narayanan et al. (2021),
+``(m-1) * period + sum_s(f+b)`` (for stage s: ``(m-1) * period + sum_{j>=s}(f_j+b_j) +
+sum_{j<s} f_j``), which is exact for identical stages. Every step is monotone in the stage
+times, so a faster stage never makes the estimate slower.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+
+STEADY_AFTER = 4  # x stages: microbatches simulated before extrapolating at the steady period
+
+
+def stage_order(schedule: str, n_stages: int, s: int, m: int) -> list[tuple[str, int]]:
+    """The order in which stage ``s`` of ``n_stages`` runs forwards and backwards of m microbatches."""
+    if schedule == "gpipe":
+        return [("F", k) for k in range(m)] + [("B", k) for k in range(m)]
+    warm = min(n_stages - s - 1, m)
+    order = [("F", k) for k in range(warm)]
+    f, b = warm, 0
+    while b < m:
+        if f < m:
+            order.append(("F", f))
+            f += 1
+        order.append(("B", b))
+        b += 1
+    return order
+
+
+@cache
+def op_order(n_stages: int, m: int, schedule: str) -> tuple[tuple[int, int, int, int], ...]:
+    """A topological order of the operations: (stage, is_backward, microbatch, dependency code).
+
+    Dependency code: 0 none, 1 forward of the previous stage, 2 backward of the next stage,
+    3 forward of the same stage (last stage's backward)."""
+    orders = [stage_order(schedule, n_stages, s, m) for s in range(n_stages)]
+    pos = [0] * n_stages
+    done: set[tuple[str, int, int]] = set()
+    out = []
+    total = sum(len(o) for o in orders)
+    while len(out) < total:
+        progressed = False
+        for s in range(n_stages):
+            while pos[s] < len(orders[s]):
+                kind, k = orders[s][pos[s]]
+                if kind == "F":
+                    dep = ("F", s - 1, k) if s > 0 else None
+                    code = 1 if s > 0 else 0
+                else:
+                    dep = ("B", s + 1, k) if s < n_stages - 1 else ("F", s, k)
+                    code = 2 if s < n_stages - 1 else 3
+                if dep is not None and dep not in done:
+                    break
+                out.append((s, int(kind == "B"), k, code))
+                done.add((kind, s, k))
+                pos[s] += 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("schedule has a cycle")
+    return tuple(out)
+
+
+def exact_ends(f: np.ndarray, b: np.ndarray, m: int, schedule: str) -> np.ndarray:
+    """Exact end of each stage's last operation, for lanes ``f, b`` of shape (S, N) that all run
+    m microbatches: a max-plus recurrence over the operations in topological order."""
+    S, N = f.shape
+    fin = np.zeros((2, S, m, N))
+    free = np.zeros((S, N))
+    dur = (f, b)
+    for s, bk, k, code in op_order(S, m, schedule):
+        if code == 0:
+            start = free[s]
+        elif code == 1:
+            start = np.maximum(free[s], fin[0, s - 1, k])
+        elif code == 2:
+            start = np.maximum(free[s], fin[1, s + 1, k])
+        else:
+            start = np.maximum(free[s], fin[0, s, k])
+        end = start + dur[bk][s]
+        fin[bk, s, k] = end
+        free[s] = end
+    return free
+
+
+def schedule_times(f_all: np.ndarray, b_all: np.ndarray, m: np.ndarray, gpipe: np.ndarray,
+                   n_stages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(makespan (B, R), end of each stage's last backward (B, S, R)) for every pipeline.
+
+    ``f_all``, ``b_all``: (B, S, R), padded stages zero; ``m``: (B, R) microbatches;
+    ``gpipe``: (B,) bool; ``n_stages``: (B,) real stage counts. Every pipeline is simulated for
+    ``min(m, STEADY_AFTER * S)`` microbatches and extended at the steady-state period, then
+    capped by the closed-form upper bounds; each step is monotone in the stage times.
+    """
+    B, S, R = f_all.shape
+    t = f_all + b_all
+    tmax = t.max(axis=1)
+    period = np.where(gpipe[:, None], f_all.max(axis=1) + b_all.max(axis=1), tmax)  # (B, R)
+    mm1 = np.maximum(m - 1.0, 0.0)
+    # closed-form bound on each stage's end (exact for identical stages): stage s ends s
+    # backward passes before stage 0; for GPipe the waves' bounds add up the same way
+    suffix_t = np.flip(np.cumsum(np.flip(t, axis=1), axis=1), axis=1)
+    prefix_f = np.cumsum(f_all, axis=1) - f_all
+    ub_end = (mm1 * period)[:, None, :] + suffix_t + prefix_f
+    ends = ub_end.copy()
+    live = m > 0
+    bi, ri = np.nonzero(live)
+    if len(bi):
+        S_of = n_stages[bi].astype(np.int64)
+        mm = m[bi, ri].astype(np.int64)
+        m_sim = np.minimum(mm, STEADY_AFTER * S_of)
+        keys = (S_of * 1_000_000 + m_sim) * 2 + gpipe[bi]
+        order = np.argsort(keys, kind="stable")
+        uniq, starts = np.unique(keys[order], return_index=True)
+        bounds = [*starts.tolist(), len(order)]
+        for u, key in enumerate(uniq.tolist()):
+            sel = order[bounds[u]:bounds[u + 1]]
+            gp, rest = key % 2, key // 2
+            n, ms = rest // 1_000_000, rest % 1_000_000
+            b_, r_ = bi[sel], ri[sel]
+            ex = exact_ends(f_all[b_, :n, r_].T, b_all[b_, :n, r_].T, ms, "gpipe" if gp else "1f1b")
+            ex = ex + ((mm[sel] - ms) * period[b_, r_])[None, :]
+            ends[b_, :n, r_] = np.minimum(ub_end[b_, :n, r_], ex.T)
+    ends = ends * live[:, None, :]
+    return ends.max(axis=1), ends
+
+
+def makespan(f_all: np.ndarray, b_all: np.ndarray, m: np.ndarray, gpipe: np.ndarray,
+             n_stages: np.ndarray) -> np.ndarray:
+    """Makespan per pipeline (B, R); see ``schedule_times``."""
+    return schedule_times(f_all, b_all, m, gpipe, n_stages)[0]

@@ -1,0 +1,195 @@
+"""The built-in catalog: every required GPU and model resolves, numbers are positive and sourced,
+parameter counts match the published sizes, aliases work, and HuggingFace configs load."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+import yaml
+
+from shoal import catalog
+from shoal.errors import SpecError
+from shoal.io.hf import model_from_hf_config
+from shoal.problem import build_problem
+from shoal.profiles.layers import layer_sizes
+from shoal.specs.scenario import parse_scenario
+
+REQUIRED_GPUS = [
+    "H100-80GB", "H200", "GH200-96GB", "A100-80GB", "A100-40GB", "V100-32GB", "V100-16GB", "L40S",
+    "L4", "T4", "A10G", "A6000", "A30", "A4000", "RTX-3090", "RTX-2080", "Titan-RTX", "H100-NVL",
+]
+
+# nominal sizes in billions of parameters (the papers' and model cards' figures)
+REQUIRED_MODELS = {
+    "OPT-350M": 0.35, "OPT-30B": 30.0, "GPT-Neo-2.7B": 2.7,
+    "GPT-3-1.7B": 1.7, "GPT-3-3.6B": 3.6, "GPT-3-7.5B": 7.5, "GPT-3-18B": 18.4, "GPT-3-39B": 39.1,
+    "GPT-3-76B": 76.1, "GPT-3-145B": 145.6, "GPT-3-310B": 310.1, "GPT-3-530B": 529.6,
+    "GPT-3-1T": 1008.0, "GPT-3-175B": 175.0,
+    "LLaMA-1-7B": 6.7, "LLaMA-1-13B": 13.0, "LLaMA-1-30B": 32.5, "LLaMA-1-65B": 65.2,
+    "LLaMA-2-7B": 6.7, "LLaMA-2-13B": 13.0, "LLaMA-2-70B": 70.0,
+    "LLaMA-3-8B": 8.0, "LLaMA-3-70B": 70.6, "LLaMA-3-405B": 405.0,
+}
+TOLERANCE = {"OPT-350M": 0.15}  # its nominal 350M is rounded (HF counts 331M with a 512-d projection)
+
+
+def _gpu_yaml() -> dict:
+    return yaml.safe_load(resources.files("shoal.catalog").joinpath("gpus.yaml").read_text())["gpus"]
+
+
+@pytest.mark.parametrize("name", REQUIRED_GPUS)
+def test_required_gpu_resolves_with_positive_numbers(name):
+    g = catalog.gpus().get(name)
+    assert g.name == name
+    assert g.memory_bytes > 1e9
+    assert g.flops_16 > 0 and g.flops_32 > 0
+    assert g.flops_16 >= g.flops_32  # tensor cores are never slower than the vector units
+    assert g.mem_bw_Bps > 0 and g.intra_node_bw_Bps > 0
+    assert g.gpus_per_node >= 1
+    assert g.price_usd_per_h is None or g.price_usd_per_h > 0
+
+
+def test_catalog_gpu_units_are_si():
+    a100 = catalog.gpus().get("A100-40GB")
+    assert a100.memory_bytes == 40 * 2**30
+    assert a100.flops_16 == pytest.approx(312e12)
+    assert 1e12 < a100.mem_bw_Bps < 3e12  # bytes/s, not bits
+
+
+@pytest.mark.parametrize("name", list(_gpu_yaml()))
+def test_every_gpu_entry_has_a_source(name):
+    entry = _gpu_yaml()[name]
+    src = entry.get("source")
+    assert src, f"{name} has no source"
+    if isinstance(src, dict):
+        assert all(isinstance(v, str) and v.strip() for v in src.values()), f"{name}: empty source item"
+        for key in ("memory", "flops"):
+            assert key in src, f"{name}: no source for {key}"
+
+
+@pytest.mark.parametrize(("alias", "name"), [
+    ("GH-96", "GH200-96GB"), ("A100-40", "A100-40GB"), ("V100-16", "V100-16GB"),
+    ("A100-80", "A100-80GB"), ("a100_40gb", "A100-40GB"), ("h100", "H100-80GB"),
+    ("Titan-RTX", "Titan-RTX"), ("RTX-2080", "RTX-2080"), ("RTX-3090", "RTX-3090"),
+])
+def test_gpu_aliases(alias, name):
+    assert catalog.gpus().canonical(alias) == name
+
+
+@pytest.mark.parametrize(("alias", "name"), [
+    ("OPT-350", "OPT-350M"), ("facebook/opt-350m", "OPT-350M"), ("GPT-Neo-2.7", "GPT-Neo-2.7B"),
+    ("LLAMA-3-8", "LLaMA-3-8B"), ("meta-llama/Llama-2-70b-hf", "LLaMA-2-70B"), ("OPT-30", "OPT-30B"),
+])
+def test_model_aliases(alias, name):
+    assert catalog.models().canonical(alias) == name
+
+
+def test_unknown_name_suggests():
+    with pytest.raises(SpecError) as ei:
+        catalog.gpus().canonical("A100-40GBX", field="f", file="c.yaml")
+    assert catalog.gpus().canonical(ei.value.suggestion) == "A100-40GB"
+
+
+def _unique_params(model) -> float:
+    """Parameters of the model; the layer list gives the head its own copy of a tied embedding
+    (as pipeline stages hold it), which the published sizes count once."""
+    total = float(layer_sizes(model, 2048).params.sum())
+    if model.tied_embeddings:
+        total -= model.vocab_size * model.hidden_size
+    return total
+
+
+@pytest.mark.parametrize(("name", "nominal_b"), list(REQUIRED_MODELS.items()))
+def test_required_model_parameter_count(name, nominal_b):
+    model = catalog.models().get(name)
+    assert model.name == name
+    assert model.source, f"{name} has no source"
+    tol = TOLERANCE.get(name, 0.10)
+    got = _unique_params(model) / 1e9
+    assert got == pytest.approx(nominal_b, rel=tol), f"{name}: {got:.3f}B vs nominal {nominal_b}B"
+    sizes = layer_sizes(model, 2048)
+    assert sizes.n == model.num_layers + 2
+    assert (sizes.params > 0).all() and (sizes.fwd_flops[1:] > 0).all()
+
+
+def test_gqa_and_swiglu_models():
+    l3 = catalog.models().get("LLaMA-3-70B")
+    assert (l3.num_heads, l3.kv_heads, l3.mlp, l3.norm) == (64, 8, "swiglu", "rmsnorm")
+    assert catalog.models().get("OPT-350M").mlp == "relu"
+
+
+def test_tiny_model_for_cpu_tests():
+    tiny = catalog.models().get("tiny")
+    assert tiny.num_layers == 4 and layer_sizes(tiny, 32).params.sum() < 1e6
+
+
+LLAMA_LIKE = {
+    "_name_or_path": "acme/llama-ish-1b",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+    "max_position_embeddings": 2048,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
+
+
+def test_hf_config_loads(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA_LIKE))
+    m = model_from_hf_config(path)
+    assert m.name == "acme/llama-ish-1b"
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.kv_heads) == (22, 2048, 32, 4)
+    assert (m.ffn, m.vocab_size, m.max_seq_len) == (5632, 32000, 2048)
+    assert (m.mlp, m.norm, m.position, m.tied_embeddings) == ("swiglu", "rmsnorm", "rotary", False)
+    # the same shape as TinyLlama-1.1B
+    assert layer_sizes(m, 2048).params.sum() == pytest.approx(1.1e9, rel=0.02)
+
+
+def test_hf_config_gpt2_style_keys(tmp_path):
+    path = tmp_path / "gpt2" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
+                                "vocab_size": 50257, "n_positions": 1024,
+                                "activation_function": "gelu_new"}))
+    m = model_from_hf_config(path)
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.max_seq_len) == (12, 768, 12, 1024)
+    assert (m.mlp, m.norm, m.position, m.tied_embeddings) == ("gelu", "layernorm", "learned", True)
+    assert m.name == "gpt2"  # no _name_or_path: the directory name
+
+
+def test_hf_config_in_scenario(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_LIKE))
+    scn = parse_scenario({
+        "model": {"hf_config": "config.json"},
+        "job": {"global_batch": 8},
+        "pool": {"regions": {"r": {"zones": {"z": {"gpus": {"A100-40GB": 8}}}}}},
+        "network": {"defaults": {"same_zone": {"bandwidth": "100Gbps"}}},
+    }, file=str(tmp_path / "s.yaml"))
+    problem = build_problem(scn, file=str(tmp_path / "s.yaml"))
+    assert problem.model.num_layers == 22 and problem.n_layers == 24
+
+
+def test_hf_config_missing_field(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({k: v for k, v in LLAMA_LIKE.items() if k != "num_attention_heads"}))
+    with pytest.raises(SpecError) as ei:
+        model_from_hf_config(path)
+    assert ei.value.file == str(path)
+    assert ei.value.field == "num_attention_heads"
+
+
+def test_hf_config_malformed(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"hidden_size": 12,\n  oops}')
+    with pytest.raises(SpecError, match="line 2") as ei:
+        model_from_hf_config(path)
+    assert ei.value.file == str(path)

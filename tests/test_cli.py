@@ -1,0 +1,213 @@
+"""The command line: exit codes, the --json contract (DESIGN §6) and readable errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from shoal.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = ROOT / "examples" / "het-a100-v100.yaml"
+PLAN = ROOT / "examples" / "het-a100-v100.plan.json"
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_estimate_prints_tables():
+    res = run("estimate", SCENARIO, "--plan", PLAN)
+    assert res.exit_code == 0, res.output
+    for word in ("Stages", "Workers", "iteration time", "tokens/s", "V100-16GB", "A100-40GB"):
+        assert word in res.stdout
+
+
+def test_estimate_json_contract():
+    res = run("estimate", SCENARIO, "--plan", PLAN, "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)  # nothing but the JSON object on stdout
+    for key in ("iteration_time_s", "throughput_iters_per_s", "tokens_per_s", "oom", "workers",
+                "stages"):
+        assert key in data
+    assert set(data["cost_per_iteration_usd"]) >= {"compute", "egress", "total"}
+    cost = data["cost_per_iteration_usd"]
+    assert cost["total"] == pytest.approx(cost["compute"] + cost["egress"])
+    assert isinstance(data["oom"], bool)
+    assert data["iteration_time_s"] > 0
+    assert data["throughput_iters_per_s"] == pytest.approx(1 / data["iteration_time_s"])
+    assert len(data["workers"]) == 24
+    for w in data["workers"]:
+        assert set(w) >= {"stage", "replica", "gpu", "zone", "peak_memory_bytes", "capacity_bytes"}
+    assert [s["layers"] for s in data["stages"]] == [[0, 12], [12, 23], [23, 34]]
+
+
+def test_plan_may_be_yaml(tmp_path):
+    import yaml
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(json.loads(PLAN.read_text())))
+    res = run("estimate", SCENARIO, "--plan", plan, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["iteration_time_s"] > 0
+
+
+def test_misspelt_gpu_names_file_field_and_close_match(tmp_path):
+    bad = tmp_path / "scenario.yaml"
+    bad.write_text(SCENARIO.read_text().replace("A100-40GB: 32", "A100-40BG: 32"))
+    res = run("estimate", bad, "--plan", PLAN)
+    assert res.exit_code == 2
+    msg = res.stderr
+    assert str(bad) in msg
+    assert "pool.regions.us-central1.zones.us-central1-a.gpus.A100-40BG" in msg
+    assert "did you mean 'A100-40GB'" in msg
+    assert "Traceback" not in res.output
+
+
+def test_misspelt_gpu_in_plan_names_plan_file(tmp_path):
+    bad = tmp_path / "plan.json"
+    bad.write_text(PLAN.read_text().replace("V100-16GB", "V100-61GB", 1))
+    res = run("estimate", SCENARIO, "--plan", bad)
+    assert res.exit_code == 2
+    assert str(bad) in res.stderr and "stages.0.replicas.0.gpu" in res.stderr
+    assert "V100-16GB" in res.stderr
+    assert "Traceback" not in res.output
+
+
+def test_malformed_yaml_exits_2(tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("model: [GPT-Neo-2.7B\njob: {global_batch: 8\n")
+    res = run("estimate", bad, "--plan", PLAN)
+    assert res.exit_code == 2
+    assert "malformed YAML" in res.stderr and str(bad) in res.stderr
+    assert "Traceback" not in res.output
+
+
+def test_invalid_plan_field_exits_2(tmp_path):
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps({"microbatch_size": 0, "stages": []}))
+    res = run("estimate", SCENARIO, "--plan", bad)
+    assert res.exit_code == 2
+    assert str(bad) in res.stderr and "microbatch_size" in res.stderr
+
+
+def test_missing_file_exits_2(tmp_path):
+    res = run("estimate", tmp_path / "nope.yaml", "--plan", PLAN)
+    assert res.exit_code == 2
+    assert "file not found" in res.stderr
+
+
+@pytest.mark.parametrize("kind", ["scenario", "plan"])
+def test_schema_is_json(kind):
+    res = run("schema", kind)
+    assert res.exit_code == 0, res.output
+    assert "properties" in json.loads(res.stdout)
+
+
+def test_schema_defaults_to_scenario():
+    res = run("schema")
+    assert res.exit_code == 0
+    assert "pool" in json.loads(res.stdout)["properties"]
+
+
+def test_catalog_gpus_json():
+    res = run("catalog", "gpus", "--json")
+    assert res.exit_code == 0, res.output
+    gpus = json.loads(res.stdout)["gpus"]
+    assert len(gpus) >= 18
+    assert {"A100-40GB", "V100-16GB", "H100-80GB"} <= {g["name"] for g in gpus}
+
+
+def test_catalog_models():
+    res = run("catalog", "models", "--json")
+    assert res.exit_code == 0, res.output
+    models = {m["name"]: m for m in json.loads(res.stdout)["models"]}
+    assert models["GPT-Neo-2.7B"]["params_billions"] == pytest.approx(2.7, rel=0.05)
+    assert run("catalog", "models").exit_code == 0
+    assert run("catalog", "gpus").exit_code == 0
+
+
+def test_import_sailor_needs_a_pool(tmp_path):
+    cfg = tmp_path / "training_config.json"
+    cfg.write_text(json.dumps({"hidden_size": 64, "num_layers": 2, "heads": 4, "vocab_size": 256,
+                               "global_batch_size": 8}))
+    res = run("import", "sailor", "--training-config", cfg, "-o", tmp_path / "out")
+    assert res.exit_code == 2
+    assert "pool" in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_import_sailor_plan_json(tmp_path):
+    cfg = tmp_path / "training_config.json"
+    cfg.write_text(json.dumps({"hidden_size": 64, "num_layers": 2, "heads": 4, "vocab_size": 256,
+                               "global_batch_size": 8, "sequence_length": 32}))
+    plan = tmp_path / "plan_config.json"
+    plan.write_text(json.dumps({
+        "mbs": 1, "gbs": 4,
+        "pipeline_list": [{"layers_per_stage": [[0, 1], [2, 3]], "dp": [1, 1],
+                           "tmp_per_stage": [[[[["A100-40", 1, "us-central1-a"]], 1]],
+                                             [[[["A100-40", 1, "us-central1-a"]], 1]]]}]}))
+    out = tmp_path / "out"
+    res = run("import", "sailor", "--training-config", cfg, "--plan", plan, "-o", out, "--json")
+    assert res.exit_code == 0, res.output
+    written = json.loads(res.stdout)["written"]
+    assert set(written) == {"scenario.yaml", "plan.json"}
+    assert all(Path(p).is_file() for p in written.values())
+
+
+def test_error_kinds_map_to_exit_codes():
+    import typer
+    from pydantic import BaseModel
+
+    from shoal.cli import handles_errors
+    from shoal.errors import InfeasibleError, ShoalError, SpecError
+
+    class M(BaseModel):
+        x: int
+
+    errors = {
+        "infeasible": (InfeasibleError("nothing fits", binding="memory"), 3),
+        "spec": (SpecError("bad", file="f.yaml", field="a.b"), 2),
+        "other": (ShoalError("odd input"), 2),
+        "pydantic": (None, 2),
+    }
+    mini = typer.Typer()
+
+    @mini.command()
+    @handles_errors
+    def fail(kind: str) -> None:
+        if kind == "pydantic":
+            M.model_validate({"x": "not a number"})
+        raise errors[kind][0]
+
+    for kind, (_, code) in errors.items():
+        res = runner.invoke(mini, [kind])
+        assert res.exit_code == code, (kind, res.output)
+        assert res.stderr.startswith("error: ") and "Traceback" not in res.output
+
+
+def test_module_entry_point_exit_code(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("pool: [\n")
+    proc = subprocess.run([sys.executable, "-m", "shoal.cli", "estimate", str(bad), "--plan", str(PLAN)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "malformed YAML" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_profiles_training_config_needs_profiles(tmp_path):
+    cfg = tmp_path / "training_config.json"
+    cfg.write_text(json.dumps({"hidden_size": 64, "num_layers": 2, "heads": 4, "vocab_size": 256}))
+    res = run("import", "sailor", "--training-config", cfg, "--profiles-training-config", cfg,
+              "-o", tmp_path / "out")
+    assert res.exit_code == 2
+    assert "--profiles-training-config" in res.stderr and "Traceback" not in res.output
