@@ -231,8 +231,7 @@ def uniform_problem(layer_s: float = 0.01):
     for g in GPUS:
         for tp in (1, 2, 4, 8):
             prof.tables[(g, tp)] = {m: table * m for m in (1, 2, 4)}
-    timing = dataclasses.replace(PROBLEM.timing, profile_overhead_s=0.0)
-    return dataclasses.replace(PROBLEM, profile=prof, timing=timing)
+    return dataclasses.replace(PROBLEM, profile=prof)
 
 
 @SETTINGS
@@ -266,16 +265,14 @@ def test_homogeneous_1f1b_time_matches_textbook_formula(n_stages, mbs, gpu, zone
        recompute=st.booleans(), zone=st.sampled_from(ZONES))
 def test_one_stage_closed_form(gpu, tp, mbs, recompute, zone):
     """One stage, one replica: T = m (fwd + bwd) + update, with layer times read straight from the
-    profile (independently of the kernel's tables), less the per-pass profiling cost."""
+    profile (independently of the kernel's tables)."""
     m = GLOBAL_BATCH // mbs
     plan = TrainingPlan.model_validate({
         "microbatch_size": mbs, "recompute": recompute,
         "stages": [{"layers": [0, N_LAYERS],
                     "replicas": [{"gpu": gpu, "tp": tp, "zone": zone, "microbatches": m}]}]})
     lt = PROBLEM.profile.layer_times(gpu, tp, mbs)
-    o = PROBLEM.timing.profile_overhead_s
-    fb = np.maximum(lt[:, :2] - o, 0.25 * lt[:, :2])
-    fwd, bwd, upd = float(fb[:, 0].sum()), float(fb[:, 1].sum()), float(lt[:, 2].sum())
+    fwd, bwd, upd = (float(lt[:, i].sum()) for i in range(3))
     c = PROBLEM.timing.compute_scale
     bwd_total = (bwd + (fwd if recompute else 0.0)) * c
     e = estimate(PROBLEM, plan)

@@ -45,9 +45,9 @@ class TimeConstants:
     """
 
     compute_scale: float = 1.0  # multiplier on profiled layer times inside a running pipeline
-    p2p_overhead_s: float = 1.49e-3  # per pipeline send: handshake and synchronisation
-    recv_fraction: float = 1.0  # share of a transfer that also blocks the receiving stage
-    profile_overhead_s: float = 1.12e-4  # per layer and pass: hook + event cost inside measured profiles
+    p2p_overhead_s: float = 1.77e-3  # per pipeline transfer: handshake and synchronisation
+    p2p_scale: float = 1.96  # achieved / modelled time of a pipeline transfer
+    recv_fraction: float = 0.507  # share of a transfer that also blocks the receiving stage
     sync_scale: float = 6.28  # achieved / modelled time of the data-parallel gradient all-reduce
     step_overhead_s: float = 0.0  # per iteration: scheduler, loss reduction, logging
 

@@ -138,7 +138,7 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
     if S > 1:
         lid = tb.link_id(g[:, :-1], z[:, :-1], g[:, 1:], z[:, 1:], t[:, :-1])
         pair = rm[:, :-1] & rm[:, 1:]
-        tt = tb.p2p_time[bt.mbs_idx][np.arange(B)[:, None, None], lid] + tc.p2p_overhead_s
+        tt = tb.p2p_time[bt.mbs_idx][np.arange(B)[:, None, None], lid] * tc.p2p_scale + tc.p2p_overhead_s
         send[:, :-1] = np.where(pair, tt, 0.0)
     send_fwd = send  # activations s -> s+1
     send_bwd = np.zeros_like(send)  # gradients s -> s-1 (same link, same size)

@@ -92,13 +92,6 @@ def build_tables(problem: Problem, mbs_values: list[int], tp_values: list[int] |
             sources[(g, t)] = src
             for mi, m in enumerate(mbs_values):
                 lt = prof.layer_times(g, t, m)
-                if problem.timing.profile_overhead_s > 0:
-                    # per-layer profiling adds a fixed cost to each timed pass that a running
-                    # pipeline does not pay (bounded so a layer keeps a quarter of its time). The
-                    # analytic profile was fitted to such profiles, so it gets the same correction.
-                    lt = lt.copy()
-                    lt[:, :2] = np.maximum(lt[:, :2] - problem.timing.profile_overhead_s,
-                                           0.25 * lt[:, :2])
                 f[gi, ti, mi] = lt[:, 0]
                 b[gi, ti, mi] = lt[:, 1]
             u[gi, ti] = lt[:, 2]

@@ -77,23 +77,41 @@ def _interpolate(per_mbs: dict[int, np.ndarray], mbs: int) -> np.ndarray:
     return (1 - w) * per_mbs[lo] + w * per_mbs[hi]
 
 
-def smooth_monotone(per_mbs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """Make forward and backward times non-decreasing in microbatch size, per layer.
+def smooth_linear(per_mbs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Replace measured forward and backward times by a per-layer fit ``t(m) = a + b m``.
 
-    The work of a microbatch of size m is contained in that of size 2m, so a measured time at m
-    above the time at a larger size is measurement noise (e.g. warm-up or clock ramp); we take
-    the suffix minimum. Update times do not depend on m: we take their median.
+    A layer's time is a fixed part (kernel launches, small-batch inefficiency) plus a part that
+    grows with the microbatch size m. Fitted with relative weights over every measured size, the
+    line removes single-size noise (e.g. Sailor's OPT-350M GH200 profile at TP 4, where m=1 is
+    slower than m=2) while keeping the measured scaling. Needs two sizes; ``a, b >= 0``. Update
+    times do not depend on m: their median is used.
     """
     sizes = sorted(per_mbs)
     arr = np.stack([per_mbs[m] for m in sizes])  # (M, L, 3)
-    fb = np.minimum.accumulate(arr[::-1, :, :2], axis=0)[::-1]
+    out = {m: per_mbs[m].copy() for m in sizes}
     upd = np.median(arr[:, :, 2], axis=0)
-    out = {}
-    for i, m in enumerate(sizes):
-        t = np.empty_like(arr[i])
-        t[:, :2] = fb[i]
-        t[:, 2] = upd
-        out[m] = t
+    for m in sizes:
+        out[m][:, 2] = upd
+    if len(sizes) < 2:
+        return out
+    ms = np.asarray(sizes, dtype=float)
+    for col in (0, 1):
+        y = arr[:, :, col]  # (M, L)
+        w = 1.0 / np.maximum(y, 1e-9)
+        # weighted least squares per layer: minimise sum (w (a + b m - y))^2
+        sw2, swm, swmm = (w**2).sum(0), (w**2 * ms[:, None]).sum(0), (w**2 * ms[:, None] ** 2).sum(0)
+        swy, swmy = (w**2 * y).sum(0), (w**2 * ms[:, None] * y).sum(0)
+        det = sw2 * swmm - swm**2
+        b = np.where(det > 0, (sw2 * swmy - swm * swy) / np.where(det > 0, det, 1), 0.0)
+        a = (swy - b * swm) / sw2
+        neg_a = a < 0  # refit through the origin
+        b = np.where(neg_a, swmy / swmm, b)
+        a = np.where(neg_a, 0.0, a)
+        neg_b = b < 0  # flat
+        a = np.where(neg_b, swy / sw2, a)
+        b = np.where(neg_b, 0.0, b)
+        for i, m in enumerate(sizes):
+            out[m][:, col] = a + b * m
     return out
 
 
@@ -127,5 +145,5 @@ def load_profile(path: str | Path, n_layers: int, fallback=None) -> ComputeProfi
                 if t.shape != (n_layers, 3) or (t < 0).any():
                     raise SpecError("each entry must be n_layers rows of 3 non-negative seconds",
                                     file=str(p), field=f"gpus.{gpu}.{tp}.{m}")
-            prof.tables[(g, int(tp))] = smooth_monotone(tables)
+            prof.tables[(g, int(tp))] = smooth_linear(tables)
     return prof
