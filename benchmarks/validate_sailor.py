@@ -6,7 +6,8 @@ library call behind the command) and ``estimate``. Three settings:
 - ``opt350_measured``: OPT-350M with Sailor's measured GH200 profile.
 - ``gptneo_transfer``: GPT-Neo-2.7B predicted from the OPT-350M GH200 profile scaled by the
   analytic FLOPs/bytes ratio (there is no usable GPT-Neo GH200 profile).
-- ``opt350_analytic``: OPT-350M with the analytic profile only (what a user without profiles gets).
+- ``opt350_analytic`` / ``gptneo_analytic``: the analytic profile only (what a user without
+  profiles gets).
 
 The framework constants (``TimeConstants``, ``MemoryConstants``) are fitted on the OPT-350M runs
 only; each OPT-350M error is reported leave-one-out (fitted on the other 14 runs); GPT-Neo and the
@@ -146,6 +147,7 @@ def main() -> None:
         opt = load_runs(ref, "OPT-350", "measured", work)
         neo = load_runs(ref, "GPT-NEO", "transfer", work)
         opt_an = load_runs(ref, "OPT-350", "analytic", work)
+        neo_an = load_runs(ref, "GPT-NEO", "analytic", work)
 
         # constants on all OPT-350 runs (alternate: time given memory, memory given time)
         tc, mc = TimeConstants(), MemoryConstants()
@@ -168,6 +170,8 @@ def main() -> None:
         neo_rows = errors(neo, t, m)
         t, m = predict(opt_an, tc, mc)
         an_rows = errors(opt_an, t, m)
+        t, m = predict(neo_an, tc, mc)
+        neo_an_rows = errors(neo_an, t, m)
         t, m = predict(opt, TimeConstants(), MemoryConstants())
         default_rows = errors(opt, t, m)
     out = {
@@ -178,8 +182,9 @@ def main() -> None:
         "opt350_measured_shipped_defaults": summary(default_rows),
         "gptneo_transfer": summary(neo_rows),
         "opt350_analytic": summary(an_rows),
+        "gptneo_analytic": summary(neo_an_rows),
         "per_plan": {"opt350_measured_leave_one_out": opt_rows, "gptneo_transfer": neo_rows,
-                     "opt350_analytic": an_rows},
+                     "opt350_analytic": an_rows, "gptneo_analytic": neo_an_rows},
     }
     if args.fit:
         out["fitted_constants"] = {"time": asdict(tc), "memory": asdict(mc)}

@@ -25,9 +25,16 @@ from shoal.specs.scenario import load_scenario
 
 pytestmark = pytest.mark.reference
 
-MEM_MAPE = 0.05
-MEM_MAX = 0.10
-TIME_MAPE = 0.15
+# Shipped constants on the runs they were fitted on (BENCHMARKS.md: 1.0% / 4.7%); the bars sit
+# below Sailor's own simulator (5.9% memory, 8.9% time) so a regression shows.
+MEM_MAPE = 0.02
+MEM_MAX = 0.05
+TIME_MAPE = 0.06
+TIME_MAX = 0.12
+# GPT-Neo-2.7B, predicted from the OPT-350M GH200 profile (no GPT-Neo run fitted): BENCHMARKS.md
+# reports 13.1% time and 5.3% memory.
+NEO_TIME_MAPE = 0.15
+NEO_MEM_MAPE = 0.074
 
 
 def _plans(ref: Path) -> list[Path]:
@@ -83,6 +90,32 @@ def test_peak_memory_error(results):
 def test_iteration_time_error(results):
     errs = np.abs([r["time_err"] for r in results])
     assert errs.mean() < TIME_MAPE, f"time MAPE {errs.mean():.1%}\n{_table(results)}"
+    assert errs.max() < TIME_MAX, f"worst time error {errs.max():.1%}\n{_table(results)}"
+
+
+def test_gpt_neo_predicted_from_opt_profile(reference_dir, tmp_path):
+    s = reference_dir / "sailor"
+    plans = sorted((s / "validation" / "gh200" / "GPT-NEO").glob("*/plan_config_*.json"))
+    if not plans:
+        pytest.skip("no GPT-Neo validation plans")
+    t_err, m_err = [], []
+    for f in plans:
+        written = import_sailor(
+            training_config=s / "configs" / "training_config_gpt_neo27.json",
+            cluster_config=s / "configs" / "basic_cluster_config.json",
+            profiles=s / "profiles" / "GPT-Neo-2.7",
+            transfer_profiles=s / "profiles" / "OPT-350",
+            transfer_training_config=s / "configs" / "training_config_opt_350.json",
+            network=s / "network", out_dir=tmp_path / f.stem, plan=f)
+        problem = load_problem(written["scenario.yaml"])
+        plan = TrainingPlan.model_validate(json.loads(written["plan.json"].read_text()))
+        assert problem.profile.source("GH200-96GB", 4).startswith("scaled from OPT-350")
+        est = estimate(problem, plan)
+        measured = json.loads(f.read_text())
+        t_err.append(abs(est.iteration_time_s / measured["real"] - 1))
+        m_err.append(abs(est.peak_memory_bytes / measured["max_mem"] - 1))
+    assert np.mean(t_err) < NEO_TIME_MAPE
+    assert np.mean(m_err) < NEO_MEM_MAPE
 
 
 def test_import_round_trip(reference_dir, tmp_path):

@@ -75,8 +75,8 @@ def exact_ends(f: np.ndarray, b: np.ndarray, m: int, schedule: str) -> np.ndarra
     """Exact end of each stage's last operation, for lanes ``f, b`` of shape (S, N) that all run
     m microbatches: a max-plus recurrence over the operations in topological order."""
     S, N = f.shape
-    fin = np.zeros((2, S, m, N))
-    free = np.zeros((S, N))
+    fin: dict[tuple[int, int, int], np.ndarray] = {}  # (backward?, stage, microbatch) -> end
+    free = [np.zeros(N) for _ in range(S)]
     dur = (f, b)
     for s, bk, k, code in op_order(S, m, schedule):
         if code == 0:
@@ -90,6 +90,7 @@ def exact_ends(f: np.ndarray, b: np.ndarray, m: int, schedule: str) -> np.ndarra
         end = start + dur[bk][s]
         fin[bk, s, k] = end
         free[s] = end
+    free = np.stack(free)
     return free
 
 
@@ -128,7 +129,8 @@ def schedule_times(f_all: np.ndarray, b_all: np.ndarray, m: np.ndarray, gpipe: n
             gp, rest = key % 2, key // 2
             n, ms = rest // 1_000_000, rest % 1_000_000
             b_, r_ = bi[sel], ri[sel]
-            ex = exact_ends(f_all[b_, :n, r_].T, b_all[b_, :n, r_].T, ms, "gpipe" if gp else "1f1b")
+            ex = exact_ends(np.ascontiguousarray(f_all[b_, :n, r_].T),
+                            np.ascontiguousarray(b_all[b_, :n, r_].T), ms, "gpipe" if gp else "1f1b")
             ex = ex + ((mm[sel] - ms) * period[b_, r_])[None, :]
             ends[b_, :n, r_] = np.minimum(ub_end[b_, :n, r_], ex.T)
     ends = ends * live[:, None, :]

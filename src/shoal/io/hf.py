@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from shoal.errors import SpecError
+from shoal.files import read_json
 from shoal.specs.model import ModelSpec
 
 _KEYS = {
@@ -24,12 +25,7 @@ _KEYS = {
 
 def model_from_hf_config(path: str | Path) -> ModelSpec:
     p = Path(path)
-    try:
-        cfg = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise SpecError("HuggingFace config not found", file=str(p)) from None
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"malformed JSON at line {exc.lineno}: {exc.msg}", file=str(p)) from None
+    cfg = read_json(p, "HuggingFace config")
     out: dict = {"name": cfg.get("_name_or_path") or p.parent.name or "hf-model",
                  "source": f"HuggingFace config {p}"}
     for field, keys in _KEYS.items():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from shoal import catalog
 from shoal.errors import SpecError
+from shoal.files import read_json
 from shoal.profiles.compute import PROFILE_SCHEMA
 
 _NETWORK_FILES = ("network_coeffs_all_homo.json", "multizone_bandwidths_het.json",
@@ -19,12 +20,7 @@ _NETWORK_FILES = ("network_coeffs_all_homo.json", "multizone_bandwidths_het.json
 
 
 def _json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecError("file not found", file=str(path)) from None
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"malformed JSON at line {exc.lineno}: {exc.msg}", file=str(path)) from None
+    return read_json(path)
 
 
 def _gpu(name: str, file: Path, field: str) -> str:

@@ -8,13 +8,13 @@ says so in ``source``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from shoal.errors import SpecError
+from shoal.files import read_json
 
 PROFILE_SCHEMA = "shoal/profile@1"
 
@@ -60,21 +60,27 @@ class AnalyticLike:  # typing aid: anything with name and layer_times
 
 
 def _interpolate(per_mbs: dict[int, np.ndarray], mbs: int) -> np.ndarray:
-    """Times at ``mbs``: measured, else linear between the two nearest measured sizes; beyond the
-    largest, scaled by size (compute grows linearly with the batch once the GPU is busy)."""
+    """Times at ``mbs``: measured (smoothed), else linear between the two nearest measured sizes;
+    beyond the largest, along the line through the two largest (the per-layer fit is linear in
+    the microbatch size); below the smallest, the smallest's time (never faster than measured)."""
     if mbs in per_mbs:
         return per_mbs[mbs]
     sizes = sorted(per_mbs)
-    if mbs > sizes[-1]:
-        t = per_mbs[sizes[-1]].copy()
-        t[:, :2] *= mbs / sizes[-1]
-        return t
     if mbs < sizes[0]:
-        return per_mbs[sizes[0]]  # a smaller batch is never slower than a bigger one
-    hi = next(s for s in sizes if s > mbs)
-    lo = max(s for s in sizes if s < mbs)
+        return per_mbs[sizes[0]]
+    if mbs > sizes[-1]:
+        if len(sizes) == 1:
+            t = per_mbs[sizes[-1]].copy()
+            t[:, :2] *= mbs / sizes[-1]
+            return t
+        lo, hi = sizes[-2], sizes[-1]
+    else:
+        hi = next(s for s in sizes if s > mbs)
+        lo = max(s for s in sizes if s < mbs)
     w = (mbs - lo) / (hi - lo)
-    return (1 - w) * per_mbs[lo] + w * per_mbs[hi]
+    t = (1 - w) * per_mbs[lo] + w * per_mbs[hi]
+    t[:, 2] = per_mbs[hi][:, 2]
+    return t
 
 
 def smooth_linear(per_mbs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
@@ -110,7 +116,7 @@ def smooth_linear(per_mbs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
         neg_b = b < 0  # flat
         a = np.where(neg_b, swy / sw2, a)
         b = np.where(neg_b, 0.0, b)
-        for i, m in enumerate(sizes):
+        for m in sizes:
             out[m][:, col] = a + b * m
     return out
 
@@ -118,12 +124,7 @@ def smooth_linear(per_mbs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
 def load_profile(path: str | Path, n_layers: int, fallback=None) -> ComputeProfile:
     """Read a shoal profile JSON (``shoal/profile@1``) for a model of ``n_layers`` layers."""
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise SpecError("profile file not found", file=str(p)) from None
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"malformed JSON at line {exc.lineno}: {exc.msg}", file=str(p)) from None
+    data = read_json(p, "profile file")
     if data.get("schema") != PROFILE_SCHEMA:
         raise SpecError("not a shoal profile", file=str(p), field="schema",
                         value=data.get("schema"), allowed=PROFILE_SCHEMA)

@@ -15,32 +15,18 @@ class ZoneSpec(BaseModel):
 class RegionSpec(BaseModel):
     model_config = STRICT
     geo: str | None = Field(default=None, description="continent tag (us, eu, asia) for egress")
-    zones: dict[str, ZoneSpec]
-
-    @field_validator("zones")
-    @classmethod
-    def _nonempty(cls, v):
-        if not v:
-            raise ValueError("a region needs at least one zone")
-        return v
+    zones: dict[str, ZoneSpec] = Field(min_length=1, description="at least one zone")
 
 
 class PoolSpec(BaseModel):
     model_config = STRICT
-    regions: dict[str, RegionSpec]
+    regions: dict[str, RegionSpec] = Field(min_length=1, description="at least one region")
     gpus_per_node: dict[str, PositiveInt] = Field(
         default_factory=dict, description="GPU type -> GPUs per node (default: catalog)"
     )
     quotas: dict[str, NonNegInt] = Field(
         default_factory=dict, description="GPU type -> most GPUs of that type usable in total"
     )
-
-    @field_validator("regions")
-    @classmethod
-    def _nonempty(cls, v):
-        if not v:
-            raise ValueError("the pool needs at least one region")
-        return v
 
 
 class PriceSpec(BaseModel):

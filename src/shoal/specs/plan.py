@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from shoal.specs._types import STRICT, NonNegInt, PositiveInt
 
@@ -22,14 +22,7 @@ class Replica(BaseModel):
 class Stage(BaseModel):
     model_config = STRICT
     layers: tuple[NonNegInt, NonNegInt] = Field(description="half-open range over the layer list")
-    replicas: list[Replica]
-
-    @field_validator("replicas")
-    @classmethod
-    def _nonempty(cls, v):
-        if not v:
-            raise ValueError("a stage needs at least one replica")
-        return v
+    replicas: list[Replica] = Field(min_length=1, description="at least one replica")
 
 
 class TrainingPlan(BaseModel):
@@ -39,14 +32,7 @@ class TrainingPlan(BaseModel):
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
     recompute: bool = False
     zero_stage: Literal[0, 1, 2] = 0
-    stages: list[Stage]
-
-    @field_validator("stages")
-    @classmethod
-    def _nonempty(cls, v):
-        if not v:
-            raise ValueError("a plan needs at least one stage")
-        return v
+    stages: list[Stage] = Field(min_length=1, description="at least one stage")
 
     def to_json(self) -> dict:
         return self.model_dump(mode="json", by_alias=True)

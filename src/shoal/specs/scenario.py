@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from shoal.errors import SpecError
+from shoal.files import read_document
 from shoal.specs._types import STRICT
 from shoal.specs.cluster import PoolSpec, PriceSpec
 from shoal.specs.job import Constraints, JobSpec, ObjectiveSpec
@@ -51,27 +50,6 @@ class Scenario(BaseModel):
     profiles: ProfilesSpec = Field(default_factory=ProfilesSpec)
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     constraints: Constraints = Field(default_factory=Constraints)
-
-
-def read_document(path: str | Path) -> dict:
-    """Read a YAML or JSON file into a mapping, or raise SpecError naming the file and line."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError("file not found", file=str(p))
-    text = p.read_text()
-    try:
-        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
-                        file=str(p)) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(f"malformed YAML{where}: {problem}", file=str(p)) from None
-    if not isinstance(data, dict):
-        raise SpecError("expected a mapping at the top level", file=str(p), value=type(data).__name__)
-    return data
 
 
 def _model_class_names() -> set[str]:

@@ -1,0 +1,43 @@
+"""Reading input files: JSON or YAML, with errors that name the file and the line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from shoal.errors import SpecError
+
+
+def read_json(path: str | Path, what: str = "file") -> dict:
+    """A JSON document, or a SpecError naming the file (and line) when it is missing or broken."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except (FileNotFoundError, IsADirectoryError):
+        raise SpecError(f"{what} not found", file=str(p)) from None
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
+                        file=str(p)) from None
+
+
+def read_document(path: str | Path) -> dict:
+    """Read a YAML or JSON file into a mapping, or raise SpecError naming the file and line."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("file not found", file=str(p))
+    text = p.read_text()
+    try:
+        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
+                        file=str(p)) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(f"malformed YAML{where}: {problem}", file=str(p)) from None
+    if not isinstance(data, dict):
+        raise SpecError("expected a mapping at the top level", file=str(p), value=type(data).__name__)
+    return data
