@@ -70,6 +70,26 @@ def _take(a: np.ndarray, idx: np.ndarray, axis: int) -> np.ndarray:
     return np.take_along_axis(a, idx, axis=axis)
 
 
+def worker_memory(tb: CostTables, mem: MemoryConstants, state_bytes: tuple[float, float, float],
+                  ls, le, t, mbs, inflight, recompute, zero, dp):
+    """(weights + gradients + optimizer state, gradient buffers, activations) in bytes of one
+    worker holding layers [ls, le) at TP index t, for broadcastable arrays of those inputs.
+
+    ``inflight``: microbatches whose activations the worker holds; ``dp``: the stage's replicas
+    (ZeRO 1 shards the optimizer state over them, ZeRO 2 the gradients too)."""
+    w_b, g_b, o_b = state_bytes
+    tpv = np.asarray(tb.tps, dtype=float)[t]
+    params_w = (tb.cum_params[le] - tb.cum_params[ls]) / tpv
+    dd = np.asarray(dp, dtype=float)
+    per_param = (w_b + np.where(zero >= 2, g_b / dd, g_b) + np.where(zero >= 1, o_b / dd, o_b))
+    states = params_w * per_param * mem.state_factor
+    buffers = params_w * mem.comm_buffer_bytes_per_param
+    cum_a = np.where(recompute, tb.cum_act_rc[t, le] - tb.cum_act_rc[t, ls],
+                     tb.cum_act[t, le] - tb.cum_act[t, ls])
+    act = cum_a * mbs * inflight + np.where(recompute, tb.rc_work[t] * mbs, 0.0)
+    return states, buffers, act * mem.activation_factor
+
+
 def _subset(bt: Batch, idx: np.ndarray, r: int) -> Batch:
     return Batch(mbs_idx=bt.mbs_idx[idx], ls=bt.ls[idx], le=bt.le[idx], smask=bt.smask[idx],
                  g=bt.g[idx, :, :r], t=bt.t[idx, :, :r], z=bt.z[idx, :, :r], m=bt.m[idx, :, :r],
@@ -177,23 +197,13 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
     iter_T = (stage_end + sync + upd_stage).max(axis=1) + tc.step_overhead_s  # (B,)
 
     # ---- memory per worker -------------------------------------------------------------------
-    w_b, g_b, o_b = state_bytes
-    params_w = params_stage[:, :, None] / tpv
-    dd = np.maximum(stage_d, 1)[:, :, None].astype(float)
-    z1 = (bt.zero >= 1)[:, None, None]
-    z2 = (bt.zero >= 2)[:, None, None]
-    per_param = w_b + np.where(z2, g_b / dd, g_b) + np.where(z1, o_b / dd, o_b)
-    states = params_w * per_param * mem.state_factor
-    buffers = params_w * mem.comm_buffer_bytes_per_param
-    cum_a = np.where(bt.recompute[:, None, None], tb.cum_act_rc[t, le] - tb.cum_act_rc[t, ls],
-                     tb.cum_act[t, le] - tb.cum_act[t, ls])
-    s_idx = np.arange(S)[None, :, None]
     n_stages = bt.smask.sum(axis=1)[:, None, None]
     m_rep = bt.m.astype(float)
+    s_idx = np.arange(S)[None, :, None]
     inflight = np.where(bt.gpipe[:, None, None], m_rep, np.minimum(n_stages - s_idx, m_rep))
-    act = cum_a * mbs[:, None, None] * inflight
-    act = act + np.where(bt.recompute[:, None, None], tb.rc_work[t] * mbs[:, None, None], 0.0)
-    act = act * mem.activation_factor
+    states, buffers, act = worker_memory(
+        tb, mem, state_bytes, ls, le, t, mbs[:, None, None], inflight,
+        bt.recompute[:, None, None], bt.zero[:, None, None], np.maximum(stage_d, 1)[:, :, None])
     peak = (mem.framework_bytes + states + buffers + act) * rmf
     cap = tb.mem_capacity[g]
     oom_w = (peak > cap) & rm
