@@ -1,6 +1,7 @@
 """Fit the analytic profile's constants to Sailor's measured per-layer profiles.
 
-One set of constants for every GPU and model. Targets, per (model, GPU, microbatch size, TP):
+One set of constants for every GPU and model, with the measured intra-node links of the machines
+the profiles were taken on (Sailor's network files, as `shoal import sailor` reads them). Targets, per (model, GPU, microbatch size, TP):
 a transformer block's forward and backward time (median over the blocks), the head's forward +
 backward, and the whole model's optimizer update. Residuals are log(predicted / measured).
 Prints JSON: the constants, the error per target kind, and leave-one-GPU-out error (fit on the
@@ -63,6 +64,21 @@ def load_targets(ref: Path):
     return rows
 
 
+INTRA: dict = {}  # GPU -> measured intra-node link of the machines the profiles came from
+
+
+def load_intra(ref: Path) -> dict:
+    """Sailor's measured intra-node curves, as the importer turns them into network.intra_node."""
+    from shoal.io.sailor import _link
+    from shoal.profiles.network import _link as make_link
+    from shoal.specs.network import LinkSpec
+
+    f = ref / "sailor" / "network" / "network_coeffs_all_homo.json"
+    data = json.loads(f.read_text()).get("intra", {})
+    return {catalog.gpus().canonical(g): make_link(LinkSpec(**_link(per_n, f)), g)
+            for g, per_n in data.items()}
+
+
 def predict(rows, c: AnalyticConstants):
     out = []
     gpus = catalog.gpus().entries
@@ -70,7 +86,7 @@ def predict(rows, c: AnalyticConstants):
     for r in rows:
         key = r["mname"]
         if key not in profs:
-            profs[key] = AnalyticProfile(r["model"], SEQ, gpus, c)
+            profs[key] = AnalyticProfile(r["model"], SEQ, gpus, c, intra_node=INTRA)
         t = profs[key]._compute(gpus[r["gpu"]], r["tp"], r["mbs"])
         L = r["model"].num_layers
         out.append((t[1, 0], t[1, 1], t[L + 1, 0] + t[L + 1, 1], t[:, 2].sum()))
@@ -110,6 +126,7 @@ def main() -> None:
         print(json.dumps({"skipped": "../shared/reference not found"}))
         return
     rows = load_targets(ref)
+    INTRA.update(load_intra(ref))
     x = fit(rows)
     r = residuals(x, rows).reshape(-1, 4)
     consts = dict(zip(FIT, (x * SCALE).tolist(), strict=True))

@@ -40,19 +40,19 @@ def test_textbook_1f1b_formula():
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-@pytest.mark.parametrize("spread", [(0.2, 2.0, 1.2, 3.5), (0.05, 3.0, 1.0, 4.0)])
-def test_heterogeneous_within_5pct_never_optimistic(schedule, spread):
-    lo, hi, blo, bhi = spread
+@pytest.mark.parametrize("independent", [False, True])
+def test_heterogeneous_within_5pct_never_optimistic(schedule, independent):
     rng = np.random.default_rng(7)
     errs = []
     for _ in range(300):
         P, m = int(rng.integers(1, 9)), int(rng.integers(1, 97))
-        f = rng.uniform(lo, hi, P)
-        b = f * rng.uniform(blo, bhi, P)
+        f = rng.uniform(0.05, 3.0, P)
+        # backward either proportional to forward, or drawn on its own (unequal ratios per stage)
+        b = rng.uniform(0.05, 6.0, P) if independent else f * rng.uniform(1.0, 4.0, P)
         _, ends = simulate_pipeline(f, b, m, schedule)
         errs.append(formula(f, b, m, schedule) / ends.max() - 1)
-    assert min(errs) > -0.01
-    assert max(errs) < 0.05
+    assert min(errs) > -0.001
+    assert max(errs) < 0.01
 
 
 def test_batched_lanes_agree_with_single():

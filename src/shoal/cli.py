@@ -102,8 +102,11 @@ def estimate(
 ) -> None:
     """Time, memory and money of one plan: per stage, per worker and in total."""
     from shoal.estimate import estimate as run_estimate
+    from shoal.files import check_output
     from shoal.problem import load_problem
 
+    if timeline is not None:
+        check_output(timeline, "--timeline")
     problem = load_problem(scenario)
     tplan = load_plan(plan)
     est = run_estimate(problem, tplan, file=str(plan))
@@ -118,6 +121,131 @@ def estimate(
     out.print(_summary_table(est))
     if timeline is not None:
         out.print(f"timeline written to {timeline}")
+
+
+class Strategy(StrEnum):
+    auto = "auto"
+    sailor = "sailor"
+    exhaustive = "exhaustive"
+
+
+class Goal(StrEnum):
+    max_throughput = "max-throughput"
+    min_cost = "min-cost"
+    max_throughput_per_dollar = "max-throughput-per-dollar"
+
+
+@app.command()
+@handles_errors
+def plan(
+    scenario: Annotated[Path, typer.Argument(metavar="SCENARIO", help="scenario file (YAML or JSON)")],
+    strategy: Annotated[Strategy, typer.Option(help="search strategy")] = Strategy.auto,
+    objective: Annotated[Goal | None, typer.Option(help="default: the scenario's")] = None,
+    max_cost_per_iter: Annotated[float | None, typer.Option(
+        "--max-cost-per-iter", help="USD per iteration at most")] = None,
+    min_throughput: Annotated[float | None, typer.Option(
+        "--min-throughput", help="iterations per second at least")] = None,
+    max_gpus: Annotated[int | None, typer.Option("--max-gpus", help="GPUs in total at most")] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="plans to list")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the best plan here")] = None,
+    figure: Annotated[Path | None, typer.Option("--figure", help="write the Pareto front PNG here")] = None,
+) -> None:
+    """Which GPUs to rent and how to parallelise: ranked plans and the throughput-cost front."""
+    from shoal.estimate import estimate as run_estimate
+    from shoal.files import check_output
+    from shoal.problem import load_problem
+    from shoal.training.planners import search
+
+    for path, opt in ((output, "--output"), (figure, "--figure")):
+        if path is not None:
+            check_output(path, opt)
+    problem = load_problem(scenario)
+    cons = problem.constraints.model_copy(update={k: v for k, v in {
+        "max_cost_per_iteration_usd": max_cost_per_iter, "min_iters_per_s": min_throughput,
+        "max_gpus": max_gpus}.items() if v is not None})
+    goal = objective.value if objective else None
+    if as_json:
+        result = search(problem, strategy=strategy.value, objective=goal, constraints=cons, top_k=top)
+    else:
+        with _err().status(f"searching plans ({strategy.value})..."):
+            result = search(problem, strategy=strategy.value, objective=goal, constraints=cons,
+                            top_k=top)
+    best = result.ranked[0].plan
+    if output is not None:
+        tmp = output.with_name(output.name + ".tmp")
+        tmp.write_text(json.dumps(best.to_json(), indent=1))
+        tmp.replace(output)
+    if figure is not None:
+        from shoal.report.figures import draw_pareto
+
+        draw_pareto(result, figure)
+    if as_json:
+        def entry(c):
+            return {"plan": c.plan.to_json(), "estimate": run_estimate(problem, c.plan).to_json(),
+                    "rent": _rent(problem, c.plan)}
+        typer.echo(json.dumps({
+            "search_time_s": result.stats.search_time_s, "objective": result.objective,
+            "plans": [entry(c) for c in result.ranked], "pareto": [entry(c) for c in result.pareto],
+            "stats": result.stats.to_json()}))
+        return
+    out = _out()
+    t = _table(f"Best plans ({result.objective}, {result.stats.strategy})",
+               ["#", "it/s", "tokens/s", "$/iter", "GPUs", "stages", "pipelines", "mbs",
+                "stages: GPU(TP) x replicas"],
+               left=("stages: GPU(TP) x replicas",))
+    tokens = problem.job.global_batch * problem.job.seq_len
+    for i, c in enumerate(result.ranked):
+        p = c.plan
+        t.add_row(str(i + 1), f"{c.throughput_iters_per_s:.4g}", f"{tokens * c.throughput_iters_per_s:,.0f}",
+                  f"{c.cost_usd:.4g}", str(c.num_gpus), str(len(p.stages)), str(len(p.stages[0].replicas)),
+                  str(p.microbatch_size), _shape(p))
+    out.print(t)
+    rent = _table("What to rent for plan 1", ["zone", "GPU", "GPUs", "nodes"], left=("zone", "GPU"))
+    for row in _rent(problem, best):
+        rent.add_row(row["zone"], row["gpu"], str(row["gpus"]), f"{row['nodes']} x {row['gpus_per_node']}")
+    out.print(rent)
+    pt = _table("Throughput-cost Pareto front", ["it/s", "$/iter", "GPUs", "stages: GPU(TP) x replicas"],
+                left=("stages: GPU(TP) x replicas",))
+    for c in result.pareto:
+        pt.add_row(f"{c.throughput_iters_per_s:.4g}", f"{c.cost_usd:.4g}", str(c.num_gpus), _shape(c.plan))
+    out.print(pt)
+    st = result.stats
+    out.print(f"searched in {st.search_time_s:.2f} s: {st.candidates_costed} plans costed, {st.oom} out of "
+              f"memory, {st.infeasible} against a constraint, {st.pruned} shapes pruned")
+    if output is not None:
+        out.print(f"best plan written to {output}")
+    if figure is not None:
+        out.print(f"Pareto front drawn in {figure}")
+
+
+def _shape(p) -> str:
+    """'S0-1: V100-16GB(4)x9 | S2: A100-40GB(1)x6+V100-16GB(4)x3' (runs of identical stages)."""
+    parts, prev, start = [], None, 0
+    descs = []
+    for st in p.stages:
+        counts: dict[str, int] = {}
+        for r in st.replicas:
+            key = f"{r.gpu}({r.tp})"
+            counts[key] = counts.get(key, 0) + 1
+        descs.append("+".join(f"{k}x{n}" for k, n in counts.items()))
+    for i, d in enumerate([*descs, None]):
+        if d != prev:
+            if prev is not None:
+                parts.append(f"S{start}{'' if start == i - 1 else f'-{i - 1}'}: {prev}")
+            prev, start = d, i
+    return " | ".join(parts)
+
+
+def _rent(problem, p) -> list[dict]:
+    """GPUs and whole nodes to rent per zone and GPU type."""
+    import math
+
+    rows = []
+    for (g, z), n in sorted(p.gpu_counts().items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        gpn = problem.gpus[g].gpus_per_node
+        rows.append({"zone": z, "gpu": g, "gpus": n, "gpus_per_node": gpn, "nodes": math.ceil(n / gpn)})
+    return rows
 
 
 def _draw_timeline(problem, plan, path: Path) -> None:

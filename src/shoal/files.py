@@ -14,12 +14,18 @@ def read_json(path: str | Path, what: str = "file") -> dict:
     """A JSON document, or a SpecError naming the file (and line) when it is missing or broken."""
     p = Path(path)
     try:
-        return json.loads(p.read_text())
+        data = json.loads(p.read_text())
     except (FileNotFoundError, IsADirectoryError):
         raise SpecError(f"{what} not found", file=str(p)) from None
+    except UnicodeDecodeError:
+        raise SpecError("not a text file (expected UTF-8 JSON)", file=str(p)) from None
     except json.JSONDecodeError as exc:
         raise SpecError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
                         file=str(p)) from None
+    if not isinstance(data, dict):
+        raise SpecError("expected a JSON object at the top level", file=str(p),
+                        value=type(data).__name__)
+    return data
 
 
 def read_document(path: str | Path) -> dict:
@@ -27,7 +33,10 @@ def read_document(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
         raise SpecError("file not found", file=str(p))
-    text = p.read_text()
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError:
+        raise SpecError("not a text file (expected UTF-8 YAML or JSON)", file=str(p)) from None
     try:
         data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:
@@ -41,3 +50,12 @@ def read_document(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise SpecError("expected a mapping at the top level", file=str(p), value=type(data).__name__)
     return data
+
+
+def check_output(path: str | Path, option: str) -> Path:
+    """An output path whose folder exists, or a SpecError naming the option."""
+    p = Path(path)
+    if not p.parent.is_dir():
+        raise SpecError("the folder to write into does not exist", field=option,
+                        value=str(p), allowed="a path in an existing folder")
+    return p

@@ -92,7 +92,11 @@ def resolve_model(ref, file: str | None, base: Path) -> ModelSpec:
         from shoal.io.hf import model_from_hf_config
 
         p = Path(ref.hf_config)
-        return model_from_hf_config(p if p.is_absolute() else base / p)
+        try:
+            return model_from_hf_config(p if p.is_absolute() else base / p)
+        except SpecError as exc:
+            raise SpecError(f"{exc.reason} ({exc.file})", file=file, field="model.hf_config",
+                            value=ref.hf_config) from None
     return ref
 
 
@@ -158,7 +162,7 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
     flash = False
     analytic = AnalyticProfile(model, job.seq_len, {**reg.entries, **gpus}, analytic_constants,
                                optimizer=job.optimizer, precision=job.precision,
-                               flash_attention=flash)
+                               flash_attention=flash, intra_node=network.intra)
     profile: object = analytic
     own = None
     if scn.profiles.compute != "analytic":
@@ -208,7 +212,8 @@ def _transfer(path: Path, model: ModelSpec, job: JobSpec, reg, gpus, analytic, c
     src_model = ModelSpec(**spec)
     measured = load_profile(path, src_model.num_layer_slots)
     src_analytic = AnalyticProfile(src_model, job.seq_len, {**reg.entries, **gpus}, constants,
-                                   optimizer=job.optimizer, precision=job.precision)
+                                   optimizer=job.optimizer, precision=job.precision,
+                                   intra_node=analytic.intra)
     return TransferProfile(measured, src_analytic, analytic, src_model.name, own)
 
 

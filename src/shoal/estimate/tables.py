@@ -97,11 +97,14 @@ def build_tables(problem: Problem, mbs_values: list[int], tp_values: list[int] |
             u[gi, ti] = lt[:, 2]
     model, s = problem.model, problem.job.seq_len
     fa = problem.flash_attention
+    # activations are counted in 16-bit (Korthikanti et al.); fp32 training stores twice that
+    act_scale = 2.0 if problem.job.precision == "fp32" else 1.0
     act = np.stack([activation_bytes(model, s, t, recompute=False, flash_attention=fa) for t in tps])
     act_rc = np.stack([activation_bytes(model, s, t, recompute=True, flash_attention=fa) for t in tps])
     # With recompute, embedding and head keep their full activations (only blocks recompute).
     act_rc[:, 0], act_rc[:, -1] = act[:, 0], act[:, -1]
-    work = np.array([recompute_working_bytes(model, s, t, fa) for t in tps])
+    work = np.array([recompute_working_bytes(model, s, t, fa) for t in tps]) * act_scale
+    act, act_rc = act * act_scale, act_rc * act_scale
 
     curve = np.zeros((G, Z, G, Z, T, 5))
     div = np.ones((G, Z, G, Z, T))

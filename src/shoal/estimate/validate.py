@@ -40,6 +40,13 @@ def validate_plan(problem: Problem, plan: TrainingPlan, file: str | None = None)
     if plan.zero_stage not in job.zero_stage:
         raise SpecError("ZeRO stage not allowed by the job", file=file, field="zero_stage",
                         value=plan.zero_stage, allowed=str(job.zero_stage))
+    if plan.schedule not in job.schedule:
+        raise SpecError("schedule not allowed by the job", file=file, field="schedule",
+                        value=plan.schedule, allowed=str(job.schedule))
+    if job.microbatch_sizes and plan.microbatch_size not in job.microbatch_sizes:
+        raise SpecError("microbatch size not allowed by the job", file=file,
+                        field="microbatch_size", value=plan.microbatch_size,
+                        allowed=str(job.microbatch_sizes))
     used: dict[tuple[str, str], int] = {}
     d0 = len(plan.stages[0].replicas)
     heads, kv = problem.model.num_heads, problem.model.kv_heads
@@ -68,10 +75,10 @@ def validate_plan(problem: Problem, plan: TrainingPlan, file: str | None = None)
             if r.tp > gpn:
                 raise SpecError("TP must fit inside one node", file=file, field=f"{f}.tp",
                                 value=r.tp, allowed=f"<= {gpn} GPUs per node of {g}")
-            if heads % r.tp or kv % r.tp and r.tp % kv:
-                raise SpecError("TP must divide the number of attention heads", file=file,
-                                field=f"{f}.tp", value=r.tp,
-                                allowed=f"a divisor of {heads} heads ({kv} KV heads)")
+            if r.tp & (r.tp - 1) or heads % r.tp or kv % r.tp:
+                raise SpecError("TP must be a power of two dividing the attention heads and the "
+                                "KV heads", file=file, field=f"{f}.tp", value=r.tp,
+                                allowed=f"1, 2, 4, ... dividing {heads} heads and {kv} KV heads")
             if i > 0 and r.microbatches != plan.stages[0].replicas[j].microbatches:
                 raise SpecError(
                     "pipeline j (replica j of every stage) must run the same microbatches in "

@@ -31,7 +31,11 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     for field, keys in _KEYS.items():
         for k in keys:
             if cfg.get(k) is not None:
-                out[field] = int(cfg[k])
+                try:
+                    out[field] = int(cfg[k])
+                except (TypeError, ValueError):
+                    raise SpecError("expected an integer", file=str(p), field=k,
+                                    value=cfg[k]) from None
                 break
     for req in ("num_layers", "hidden_size", "num_heads", "vocab_size"):
         if req not in out:

@@ -33,6 +33,14 @@ def region_of(zone: str) -> str:
 
 
 def model_from_training_config(cfg: dict, file: Path) -> dict:
+    try:
+        return _model_from_training_config(cfg, file)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"malformed training config ({exc})", file=str(file),
+                        allowed="integers for hidden_size, num_layers, heads, vocab_size") from None
+
+
+def _model_from_training_config(cfg: dict, file: Path) -> dict:
     need = ("hidden_size", "num_layers", "heads", "vocab_size")
     for k in need:
         if k not in cfg:
@@ -181,6 +189,12 @@ def read_trace_row(path: Path, step: int) -> dict[tuple[str, str], int]:
         rows = list(csv.reader(path.open()))
     except FileNotFoundError:
         raise SpecError("trace not found", file=str(path)) from None
+    except UnicodeDecodeError:
+        raise SpecError("not a CSV trace", file=str(path)) from None
+    if rows and not any("_" in c for c in rows[0]):
+        raise SpecError("not a CSV availability trace", file=str(path),
+                        allowed="a header ',Timestamp,<GPU>_<zone>,...' (JSON controller traces "
+                                "are not pools)")
     if len(rows) < 2:
         raise SpecError("trace has no rows", file=str(path))
     header, body = rows[0], rows[1:]
@@ -192,15 +206,32 @@ def read_trace_row(path: Path, step: int) -> dict[tuple[str, str], int]:
         if "_" not in col:
             continue
         g_s, zone = col.split("_", 1)
-        out[(_gpu(g_s, path, col), zone)] = int(float(val))
+        try:
+            out[(_gpu(g_s, path, col), zone)] = int(float(val))
+        except ValueError:
+            raise SpecError("expected a GPU count", file=str(path), field=f"row {step}.{col}",
+                            value=val) from None
     return out
 
 
 def convert_plan(plan_cfg: dict, file: Path, n_layers: int) -> tuple[dict, dict, dict]:
     """Sailor ``plan_config_*.json`` -> (shoal plan, pool counts, job overrides)."""
     try:
+        return _convert_plan(plan_cfg, file, n_layers)
+    except SpecError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
+        raise SpecError(f"not a Sailor plan file ({type(exc).__name__}: {exc})", file=str(file),
+                        allowed="pipeline_list[0] with layers_per_stage, tmp_per_stage, dp; "
+                                "positive mbs and gbs") from None
+
+
+def _convert_plan(plan_cfg: dict, file: Path, n_layers: int) -> tuple[dict, dict, dict]:
+    try:
         pl = plan_cfg["pipeline_list"][0]
         mbs, gbs = int(plan_cfg["mbs"]), int(plan_cfg["gbs"])
+        if mbs <= 0 or gbs <= 0:
+            raise ValueError("mbs and gbs must be positive")
     except (KeyError, IndexError, TypeError) as exc:
         raise SpecError(f"not a Sailor plan file (missing {exc})", file=str(file)) from None
     counts = [len(x) for x in pl["layers_per_stage"]]

@@ -5,7 +5,7 @@ operations do not fill the GPU (kernel launch, wave quantisation), large ones ap
 Memory-bound work (element-wise ops over activations, the optimizer update) moves bytes at the
 GPU's memory bandwidth. Tensor parallelism adds two all-reduces of the hidden state per block in
 the forward pass and two in the backward (Megatron-LM, Shoeybi et al. 2019, §3) over the node's
-GPU-to-GPU link. One set of constants serves every GPU: they were fitted once by
+GPU-to-GPU link (the scenario's measured ``network.intra_node`` curve, else the datasheet's). One set of constants serves every GPU: they were fitted once by
 ``benchmarks/fit_analytic.py`` to the measured profiles of Sailor's artifact (7 GPU types, 4
 models) and are reported with their error in BENCHMARKS.md.
 """
@@ -23,15 +23,15 @@ from shoal.specs.model import ModelSpec
 
 @dataclass(frozen=True)
 class AnalyticConstants:
-    e_max: float = 0.354  # best fraction of the dense tensor-core peak a GEMM-heavy layer reaches
-    f_half_flops: float = 9.33e10  # per-GPU FLOPs of a layer at which it reaches half of e_max
-    mem_passes: float = 4.82  # element-wise passes over the stored activations per forward
+    e_max: float = 0.348  # best fraction of the dense tensor-core peak a GEMM-heavy layer reaches
+    f_half_flops: float = 7.85e10  # per-GPU FLOPs of a layer at which it reaches half of e_max
+    mem_passes: float = 4.56  # element-wise passes over the stored activations per forward
     layer_overhead_s: float = 0.0  # fixed cost per layer and pass (launches, hooks)
-    bwd_over_fwd: float = 2.20  # backward time / forward time for the same work
+    bwd_over_fwd: float = 2.28  # backward time / forward time for the same work
     update_bytes_per_param: float = 157.0  # optimizer step traffic per parameter (incl. fp16 casts)
     tp_allreduce_efficiency: float = 0.7  # achieved / nominal intra-node bandwidth for all-reduce
     update_overhead_s: float = 6.8e-4  # per layer: optimizer kernels launched per parameter group
-    score_passes: float = 14.6  # passes over attention scores (mask, softmax, dropout) per forward
+    score_passes: float = 13.1  # passes over attention scores (mask, softmax, dropout) per forward
 
     def with_(self, **kw) -> AnalyticConstants:
         return AnalyticConstants(**{**self.__dict__, **kw})
@@ -44,7 +44,8 @@ class AnalyticProfile:
 
     def __init__(self, model: ModelSpec, seq_len: int, gpus: dict[str, GPU],
                  constants: AnalyticConstants | None = None, *, optimizer: str = "adam",
-                 precision: str = "mixed-fp16", flash_attention: bool = False):
+                 precision: str = "mixed-fp16", flash_attention: bool = False,
+                 intra_node: dict | None = None):
         self.model = model
         self.seq_len = seq_len
         self.gpus = gpus
@@ -53,6 +54,7 @@ class AnalyticProfile:
         self.optimizer = optimizer
         self.precision = precision
         self.flash = flash_attention
+        self.intra = intra_node or {}  # GPU type -> measured link inside a node (network.Link)
         self._cache: dict[tuple[str, int, int], np.ndarray] = {}
 
     def layer_times(self, gpu: str, tp: int, mbs: int) -> np.ndarray:
@@ -79,7 +81,13 @@ class AnalyticProfile:
         bwd[0] = 2 * self.sizes.params[0] / tp * 2 / g.mem_bw_Bps + c.layer_overhead_s
         if tp > 1:
             msg = 2.0 * mbs * self.seq_len * self.model.hidden_size  # fp16 hidden state
-            ar = 2.0 * (tp - 1) / tp * msg / (g.intra_node_bw_Bps * c.tp_allreduce_efficiency)
+            if g.name in self.intra:  # measured curve: bandwidth at this message size
+                from shoal.profiles.network import bandwidth
+
+                bw = float(bandwidth(self.intra[g.name].single, msg))
+            else:
+                bw = g.intra_node_bw_Bps
+            ar = 2.0 * (tp - 1) / tp * msg / (bw * c.tp_allreduce_efficiency)
             fwd[1:-1] += 2 * ar
             bwd[1:-1] += 2 * ar
         per_param = c.update_bytes_per_param if self.optimizer != "sgd" else 16.0

@@ -138,13 +138,21 @@ def load_profile(path: str | Path, n_layers: int, fallback=None) -> ComputeProfi
 
     prof = ComputeProfile(n_layers=n_layers, fallback=fallback, name=f"measured ({p.name})")
     prof.model_spec = data.get("model_spec")
+    if not isinstance(data.get("gpus"), dict):
+        raise SpecError("missing or malformed field", file=str(p), field="gpus",
+                        allowed="GPU type -> TP -> microbatch size -> rows of [fwd, bwd, update]")
     for gpu, per_tp in data["gpus"].items():
         g = catalog.gpus().canonical(gpu, field=f"gpus.{gpu}", file=str(p))
         for tp, per_mbs in per_tp.items():
-            tables = {int(m): np.asarray(t, dtype=float) for m, t in per_mbs.items()}
+            try:
+                tables = {int(m): np.asarray(t, dtype=float) for m, t in per_mbs.items()}
+                tp = int(tp)
+            except (TypeError, ValueError, AttributeError):
+                raise SpecError("expected TP -> microbatch size -> rows of numbers", file=str(p),
+                                field=f"gpus.{gpu}.{tp}") from None
             for m, t in tables.items():
                 if t.shape != (n_layers, 3) or (t < 0).any():
                     raise SpecError("each entry must be n_layers rows of 3 non-negative seconds",
                                     file=str(p), field=f"gpus.{gpu}.{tp}.{m}")
-            prof.tables[(g, int(tp))] = smooth_linear(tables)
+            prof.tables[(g, tp)] = smooth_linear(tables)
     return prof

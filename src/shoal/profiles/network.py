@@ -4,8 +4,9 @@ A curve is stored as five numbers ``(a, b, c, lo, hi)``: with ``x = log2(n / 1e6
 ``n`` bytes, bandwidth is ``(a*x^2 + b*x + c) * 1e9`` bytes/s, clamped to ``[lo, hi]``. A constant
 bandwidth is ``(0, 0, bw/1e9, bw, bw)``. Fitted quadratics (Sailor's form) turn down past their
 vertex and below zero for tiny messages; we hold the value at the vertex for larger messages (a
-bigger message never moves slower) and floor the curve at 2% of its maximum (about the rate a
-latency-bound 32 kB message reaches on the measured GH200 and A100 links).
+bigger message never moves slower); convex ones turn up below their vertex, where we hold the
+vertex (a smaller message never moves faster); and we floor the curve at 2% of its maximum (about
+the rate a latency-bound 32 kB message reaches on the measured GH200 and A100 links).
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def bandwidth(curve: np.ndarray, nbytes) -> np.ndarray:
     a, b, c, lo, hi = (curve[..., i] for i in range(5))
     x = np.log2(np.maximum(np.asarray(nbytes, dtype=float), 1.0) / 1e6)
     with np.errstate(divide="ignore", invalid="ignore"):
-        xv = np.where(a < 0, -b / np.where(a < 0, 2 * a, 1.0), np.inf)
-    x = np.minimum(x, xv)
+        xv = -b / np.where(a != 0, 2 * a, 1.0)
+    # concave fits turn down past their vertex: hold the vertex for larger messages; convex fits
+    # turn up below theirs: hold the vertex for smaller messages
+    x = np.where(a < 0, np.minimum(x, xv), np.where(a > 0, np.maximum(x, xv), x))
     bw = (a * x * x + b * x + c) * 1e9
     return np.clip(bw, lo, hi)
 
@@ -98,9 +101,26 @@ class NetworkModel:
                 if z not in zone_region:
                     raise SpecError("zone not in the pool", file=file, field=f"network.links.{i}.zones",
                                     value=z, allowed=", ".join(sorted(zone_region)))
-            key = (frozenset(pl.zones), frozenset(pl.gpus) if pl.gpus else None)
+            gpus = None
+            if pl.gpus:
+                from shoal import catalog
+
+                gpus = frozenset(catalog.gpus().canonical(g, field=f"network.links.{i}.gpus", file=file)
+                                 for g in pl.gpus)
+            key = (frozenset(pl.zones), gpus)
             self._pairs[key] = _link(pl, f"{pl.zones[0]}<->{pl.zones[1]}")
         self._defaults = {k: _link(v, k) for k, v in spec.defaults.items()}
+        from shoal import catalog
+
+        self.intra: dict[str, Link] = {
+            catalog.gpus().canonical(g, field=f"network.intra_node.{g}", file=file): _link(v, g)
+            for g, v in spec.intra_node.items()}
+        for i, (a, b, _) in enumerate(spec.egress_usd_per_gb.pairs):
+            for z in (a, b):
+                if z not in zone_region:
+                    raise SpecError("zone not in the pool", file=file,
+                                    field=f"network.egress_usd_per_gb.pairs.{i}", value=z,
+                                    allowed=", ".join(sorted(zone_region)))
         self._egress_pairs = {frozenset((a, b)): p for a, b, p in spec.egress_usd_per_gb.pairs}
 
     def link_class(self, za: str, zb: str) -> str:

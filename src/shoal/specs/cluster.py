@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, Field, field_validator
 
 from shoal.specs._types import STRICT, NonNegInt, PositiveInt
@@ -31,10 +33,10 @@ class PoolSpec(BaseModel):
 
 class PriceSpec(BaseModel):
     model_config = STRICT
-    gpu_usd_per_h: dict[str, float] = Field(
+    gpu_usd_per_h: dict[str, Annotated[float, Field(ge=0)]] = Field(
         default_factory=dict, description="GPU type -> USD per GPU-hour (default: catalog)"
     )
-    zone_gpu_usd_per_h: dict[str, dict[str, float]] = Field(
+    zone_gpu_usd_per_h: dict[str, dict[str, Annotated[float, Field(ge=0)]]] = Field(
         default_factory=dict, description="zone -> GPU type -> USD per GPU-hour (wins)"
     )
 

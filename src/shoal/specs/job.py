@@ -22,17 +22,20 @@ class JobSpec(BaseModel):
     zero_stage: list[Literal[0, 1, 2]] = Field(
         default=[0], description="ZeRO stages the planner may choose (0 = none)"
     )
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    schedule: list[Literal["1f1b", "gpipe"]] = Field(
+        default=["1f1b", "gpipe"], description="pipeline schedules the planner may choose"
+    )
     microbatch_sizes: list[PositiveInt] | None = Field(
         default=None, description="microbatch sizes the planner may use; default powers of two"
     )
 
-    @field_validator("recompute", "zero_stage", mode="before")
+    @field_validator("recompute", "zero_stage", "schedule", mode="before")
     @classmethod
     def _listify(cls, v):
-        return v if isinstance(v, list) else [v]
+        v = v if isinstance(v, list) else [v]
+        return [x.lower() if isinstance(x, str) else x for x in v]
 
-    @field_validator("optimizer", "precision", "schedule", mode="before")
+    @field_validator("optimizer", "precision", mode="before")
     @classmethod
     def _lower(cls, v):
         return v.lower() if isinstance(v, str) else v

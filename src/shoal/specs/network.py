@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -66,7 +66,7 @@ class EgressSpec(BaseModel):
     same_region: float = Field(default=0.01, ge=0)
     cross_region: float = Field(default=0.02, ge=0)
     intercontinental: float = Field(default=0.05, ge=0)
-    pairs: list[tuple[str, str, float]] = Field(
+    pairs: list[tuple[str, str, Annotated[float, Field(ge=0)]]] = Field(
         default_factory=list, description="[zone_a, zone_b, USD/GB] overrides"
     )
 

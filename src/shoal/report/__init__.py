@@ -1,0 +1,1 @@
+"""Tables, figures and reports."""

@@ -1,0 +1,142 @@
+"""shoal's default planner: Sailor's space and more, searched wider, costed in batches.
+
+On top of the ``sailor`` strategy (whose plans it always costs too, so it is never worse):
+- every TP degree that fits a node, not only the smallest that fits in memory;
+- for shallow pipelines every contiguous layer split, and for every depth the layers re-split
+  so each stage's slowest GPU takes about equal time (a linear-partition dynamic program);
+- every data-parallel degree, not only the walk that stops at the first non-improvement;
+- for each plan shape, the cheapest allocation under several bottleneck bounds, so time-cost
+  trade-offs reach the estimator and the Pareto front;
+- every objective uses every pipeline depth (Sailor's public planner keeps min-cost searches to
+  one stage);
+- activation recompute where the job allows it (it lets smaller GPUs or smaller TP fit);
+- all candidates of a shape are costed in one batched kernel call.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from shoal.training.planners import sailor
+from shoal.training.planners.allocate import Allocation, Option, fastest, tradeoffs
+from shoal.training.planners.build import build_spec
+from shoal.training.planners.common import Evaluator, score
+from shoal.training.planners.space import Space, balanced_split
+
+ALL_SPLITS_UP_TO = 3  # pipeline depths whose every contiguous split is tried ...
+MAX_SPLITS = 120  # ... when there are at most this many
+
+
+def splits_for(L: int, P: int) -> list[tuple[tuple[int, int], ...]]:
+    """The balanced split, and for shallow pipelines every contiguous split (when not too many)."""
+    out = [balanced_split(L, P)]
+    if P <= ALL_SPLITS_UP_TO:
+        cuts = list(itertools.combinations(range(1, L), P - 1))
+        if len(cuts) <= MAX_SPLITS:
+            for c in cuts:
+                edges = (0, *c, L)
+                out.append(tuple((edges[i], edges[i + 1]) for i in range(P)))
+    return list(dict.fromkeys(out))
+
+
+def rebalanced(space: Space, alloc: Allocation, opts: list[list[Option]], L: int, mbs: int,
+               recompute: bool) -> tuple[tuple[int, int], ...]:
+    """Layers re-split so each stage's slowest replica type takes about equal time: the linear
+    partition of the layer list minimising the slowest stage (dynamic program over cuts)."""
+    P = len(alloc.per_stage)
+    slow = []
+    for st, o in zip(alloc.per_stage, opts, strict=True):
+        k, tp, _ = max(st, key=lambda x: next(op.time_s for op in o if op.kind == x[0] and op.tp == x[1]))
+        slow.append((space.kinds[k].gpu, tp))
+    tb = space.tb
+    mi = tb.mi(mbs)
+    cum = [tb.cum_f[tb.gi(g), tb.ti(tp), mi] * (2.0 if recompute else 1.0)
+           + tb.cum_b[tb.gi(g), tb.ti(tp), mi] for g, tp in slow]
+    # best[i][j]: smallest max stage time placing layers [0, j) on stages 0..i
+    best = np.full((P, L + 1), np.inf)
+    arg = np.zeros((P, L + 1), dtype=int)
+    best[0, 1:] = cum[0][1:] - cum[0][0]
+    for i in range(1, P):
+        for j in range(i + 1, L + 1):
+            cand = np.maximum(best[i - 1, i:j], cum[i][j] - cum[i][i:j])
+            q = int(np.argmin(cand))
+            best[i, j], arg[i, j] = cand[q], i + q
+    edges = [L]
+    for i in range(P - 1, 0, -1):
+        edges.append(int(arg[i, edges[-1]]))
+    edges.append(0)
+    edges.reverse()
+    return tuple((edges[i], edges[i + 1]) for i in range(P))
+
+
+def _coarse_degrees(Dmax: int, n: int = 10) -> list[int]:
+    """Data-parallel degrees spread geometrically over [1, Dmax] (throughput over D rises, then
+    flattens or falls: a coarse pass finds the region, a local pass the best degree)."""
+    return sorted({1, Dmax, *np.unique(np.geomspace(1, Dmax, n).round().astype(int)).tolist()})
+
+
+def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
+           max_stages: int | None = None) -> None:
+    # Sailor's own candidates first, so auto is never worse than the sailor strategy
+    sailor.search(ev, space, objective, mbs_values, max_stages)
+    if objective == "min-cost":
+        sailor.search(ev, space, "max-throughput", mbs_values, max_stages)
+    problem = space.problem
+    L = problem.n_layers
+    gbs = problem.job.global_batch
+    avail, price, region_of = sailor.arrays(space)
+    for recompute in sorted(set(problem.job.recompute)):
+        for P in range(1, min(L, max_stages or L) + 1):
+            for mbs in mbs_values:
+                total = gbs // mbs
+                for split in splits_for(L, P):
+                    opts = sailor.stage_options(space, split, mbs, recompute, 0, 1, all_tp=True)
+                    if opts is None:
+                        ev.stats.pruned += 1
+                        continue
+                    _shape(ev, space, opts, split, mbs, recompute, objective, total, avail, price,
+                           region_of, rebalance=P > 1 and split == balanced_split(L, P))
+
+
+def _shape(ev, space, opts, split, mbs, recompute, objective, total, avail, price, region_of,
+           rebalance: bool) -> None:
+    """Search the data-parallel degree of one plan shape: a coarse pass over degrees, then the
+    neighbours of the best two, each with its fastest and cheaper allocations."""
+    L = space.problem.n_layers
+    Dmax = sailor.max_dp(space, opts, total)
+
+    def specs_for(D: int, levels: int) -> list:
+        allocs = tradeoffs(opts, D, avail, price, region_of, levels=levels)
+        if not allocs:
+            ev.stats.pruned += 1
+            return []
+        out = [build_spec(space, a, opts, split, mbs, D, recompute=recompute) for a in allocs]
+        if rebalance:
+            new = rebalanced(space, allocs[0], opts, L, mbs, recompute)
+            if new != split and min(b - a for a, b in new) > 0:
+                o2 = sailor.stage_options(space, new, mbs, recompute, 0, 1, all_tp=True)
+                a2 = fastest(o2, D, avail, price, region_of) if o2 else None
+                if a2 is not None:
+                    out.append(build_spec(space, a2, o2, new, mbs, D, recompute=recompute))
+        return [s for s in out if s is not None]
+
+    scored: dict[int, float] = {}
+    coarse = _coarse_degrees(Dmax)
+    for D in coarse:
+        cands = [c for c in ev.cost(specs_for(D, 1)) if c is not None]
+        if cands:
+            scored[D] = min(score(c, objective) for c in cands)[0]
+    if not scored:
+        return
+    near: set[int] = set()
+    for D in sorted(scored, key=scored.get)[:2]:
+        i = coarse.index(D)
+        lo = coarse[i - 1] if i > 0 else 1
+        hi = coarse[i + 1] if i + 1 < len(coarse) else Dmax
+        near.update(range(max(1, lo), min(Dmax, hi) + 1))
+    specs = []
+    for D in sorted(near):
+        specs += specs_for(D, 4)
+    ev.cost([s for s in dict.fromkeys(specs) if s not in ev.feasible])

@@ -1,0 +1,44 @@
+"""Turn a stage allocation into a concrete plan spec: replicas, pipelines, zones, shares."""
+
+from __future__ import annotations
+
+from shoal.training.planners.allocate import Allocation, Option
+from shoal.training.planners.common import PlanSpec
+from shoal.training.planners.space import Space
+
+
+def shares(total: int, D: int) -> list[int]:
+    """Microbatches per pipeline: as even as possible, the extra ones to the last pipelines
+    (which hold each stage's fastest replicas)."""
+    base, extra = divmod(total, D)
+    return [base + (1 if j >= D - extra else 0) for j in range(D)]
+
+
+def build_spec(space: Space, alloc: Allocation, stage_opts: list[list[Option]],
+               split: tuple[tuple[int, int], ...], mbs: int, D: int, *, recompute: bool = False,
+               zero: int = 0, schedule: str = "1f1b") -> PlanSpec | None:
+    """A plan spec for ``alloc``, or None if a TP group finds no zone with enough free GPUs.
+
+    In every stage the replicas are ordered slowest first, so pipeline j pairs the j-th slowest
+    replica of each stage: slow replicas share pipelines instead of slowing every pipeline."""
+    total = space.problem.job.global_batch // mbs
+    if total < D:
+        return None
+    m = shares(total, D)
+    used: dict[tuple[str, str], int] = {}
+    stages = []
+    for (a, b), opts, st in zip(split, stage_opts, alloc.per_stage, strict=True):
+        reps = []
+        for k, tp, n in st:
+            t = next(o.time_s for o in opts if o.kind == k and o.tp == tp)
+            reps += [(t, k, tp)] * n
+        reps.sort(key=lambda x: -x[0])
+        out = []
+        for j, (_, k, tp) in enumerate(reps):
+            kind = space.kinds[k]
+            z = space.place(kind, tp, used)
+            if z is None:
+                return None
+            out.append((kind.gpu, tp, z, m[j]))
+        stages.append((a, b, tuple(out)))
+    return (mbs, schedule, recompute, zero, tuple(stages))

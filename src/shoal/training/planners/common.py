@@ -1,0 +1,229 @@
+"""What every planner shares: compact plan specs, batched costing, objectives, constraints,
+the Pareto front, and the search statistics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shoal.errors import InfeasibleError
+from shoal.estimate.api import run_kernel, tables_for
+from shoal.estimate.kernel import Batch
+from shoal.estimate.tables import CostTables
+from shoal.problem import Problem
+from shoal.specs.job import Constraints
+from shoal.specs.plan import TrainingPlan
+
+# A plan in compact form, cheap to build by the thousand:
+# (mbs, schedule, recompute, zero, ((layer_start, layer_end, ((gpu, tp, zone, microbatches), ...)), ...))
+ReplicaSpec = tuple[str, int, str, int]
+StageSpec = tuple[int, int, tuple[ReplicaSpec, ...]]
+PlanSpec = tuple[int, str, bool, int, tuple[StageSpec, ...]]
+
+OBJECTIVES = ("max-throughput", "min-cost", "max-throughput-per-dollar")
+
+
+def to_plan(spec: PlanSpec) -> TrainingPlan:
+    mbs, schedule, recompute, zero, stages = spec
+    return TrainingPlan.model_validate({
+        "microbatch_size": mbs, "schedule": schedule, "recompute": recompute, "zero_stage": zero,
+        "stages": [{"layers": [a, b], "replicas": [
+            {"gpu": g, "tp": tp, "zone": z, "microbatches": m} for g, tp, z, m in reps]}
+            for a, b, reps in stages]})
+
+
+def encode_specs(tb: CostTables, specs: list[PlanSpec]) -> Batch:
+    """Padded kernel arrays for compact plan specs."""
+    B = len(specs)
+    S = max(len(sp[4]) for sp in specs)
+    R = max(len(st[2]) for sp in specs for st in sp[4])
+    ls = np.zeros((B, S), dtype=np.int64)
+    le = np.zeros((B, S), dtype=np.int64)
+    smask = np.zeros((B, S), dtype=bool)
+    g = np.zeros((B, S, R), dtype=np.int64)
+    t = np.zeros((B, S, R), dtype=np.int64)
+    z = np.zeros((B, S, R), dtype=np.int64)
+    m = np.zeros((B, S, R), dtype=np.int64)
+    rmask = np.zeros((B, S, R), dtype=bool)
+    gi = {name: i for i, name in enumerate(tb.gpus)}
+    ti = {tp: i for i, tp in enumerate(tb.tps)}
+    zi = {name: i for i, name in enumerate(tb.zones)}
+    mi = {mb: i for i, mb in enumerate(tb.mbs)}
+    for b, (_, _, _, _, stages) in enumerate(specs):
+        for s, (a, e, reps) in enumerate(stages):
+            ls[b, s], le[b, s], smask[b, s] = a, e, True
+            for r, (gpu, tp, zone, mb) in enumerate(reps):
+                g[b, s, r], t[b, s, r], z[b, s, r] = gi[gpu], ti[tp], zi[zone]
+                m[b, s, r], rmask[b, s, r] = mb, True
+    return Batch(
+        mbs_idx=np.array([mi[sp[0]] for sp in specs]), ls=ls, le=le, smask=smask, g=g, t=t,
+        z=z, m=m, rmask=rmask, recompute=np.array([sp[2] for sp in specs]),
+        zero=np.array([sp[3] for sp in specs]), gpipe=np.array([sp[1] == "gpipe" for sp in specs]))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    spec: PlanSpec
+    iteration_time_s: float
+    cost_compute_usd: float
+    cost_egress_usd: float
+    num_gpus: int
+
+    @property
+    def throughput_iters_per_s(self) -> float:
+        return 1.0 / self.iteration_time_s
+
+    @property
+    def cost_usd(self) -> float:
+        return self.cost_compute_usd + self.cost_egress_usd
+
+    @property
+    def plan(self) -> TrainingPlan:
+        return to_plan(self.spec)
+
+
+@dataclass
+class SearchStats:
+    strategy: str
+    candidates_costed: int = 0
+    oom: int = 0
+    pruned: int = 0  # candidates never costed: cut by heuristics or bounds
+    infeasible: int = 0  # costed, fit in memory, but break a constraint
+    search_time_s: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+    def to_json(self) -> dict:
+        return {"strategy": self.strategy, "candidates_costed": self.candidates_costed,
+                "oom": self.oom, "pruned": self.pruned, "infeasible": self.infeasible,
+                "search_time_s": self.search_time_s}
+
+
+class Evaluator:
+    """Costs compact plans in kernel batches, keeps every feasible one, counts the rest."""
+
+    def __init__(self, problem: Problem, mbs_values: list[int], constraints: Constraints,
+                 stats: SearchStats):
+        self.problem = problem
+        self.tb = tables_for(problem, mbs_values)
+        self.constraints = constraints
+        self.stats = stats
+        self.feasible: dict[PlanSpec, Candidate] = {}
+        self.best_oom_margin = np.inf  # smallest peak/capacity over OOM candidates (for errors)
+        self.fits = 0  # candidates that fit in memory, constraints or not
+        self.fastest: Candidate | None = None  # among those: for InfeasibleError's relaxation
+        self.cheapest: Candidate | None = None
+
+    def cost(self, specs: list[PlanSpec]) -> list[Candidate | None]:
+        """Candidates for ``specs`` (None where OOM or against a constraint), batch-costed."""
+        if not specs:
+            return []
+        out = run_kernel(self.problem, self.tb, encode_specs(self.tb, specs))
+        self.stats.candidates_costed += len(specs)
+        res: list[Candidate | None] = []
+        c = self.constraints
+        ratio = (out["peak_bytes"] / np.maximum(out["capacity_bytes"], 1)).max(axis=(1, 2))
+        for i, sp in enumerate(specs):
+            if out["oom"][i]:
+                self.stats.oom += 1
+                self.best_oom_margin = min(self.best_oom_margin, float(ratio[i]))
+                res.append(None)
+                continue
+            n_gpus = sum(tp for _, _, reps in sp[4] for _, tp, _, _ in reps)
+            cand = Candidate(sp, float(out["iteration_time_s"][i]), float(out["cost_compute_usd"][i]),
+                             float(out["cost_egress_usd"][i]), n_gpus)
+            self.fits += 1
+            if self.fastest is None or cand.iteration_time_s < self.fastest.iteration_time_s:
+                self.fastest = cand
+            if self.cheapest is None or cand.cost_usd < self.cheapest.cost_usd:
+                self.cheapest = cand
+            if not meets(cand, c):
+                self.stats.infeasible += 1
+                res.append(None)
+                continue
+            self.feasible[sp] = cand
+            res.append(cand)
+        return res
+
+
+def meets(c: Candidate, cons: Constraints) -> bool:
+    if cons.max_cost_per_iteration_usd is not None and c.cost_usd > cons.max_cost_per_iteration_usd:
+        return False
+    if cons.min_iters_per_s is not None and c.throughput_iters_per_s < cons.min_iters_per_s:
+        return False
+    if cons.max_gpus is not None and c.num_gpus > cons.max_gpus:
+        return False
+    if cons.deadline is not None:
+        need = cons.deadline.iterations / cons.deadline.within
+        if c.throughput_iters_per_s < need:
+            return False
+    return True
+
+
+def score(c: Candidate, objective: str) -> tuple[float, float]:
+    """Sort key, smaller is better; the second entry breaks ties."""
+    if objective == "max-throughput":
+        return (c.iteration_time_s, c.cost_usd)
+    if objective == "min-cost":
+        return (c.cost_usd, c.iteration_time_s)
+    if objective == "max-throughput-per-dollar":
+        return (c.iteration_time_s * c.cost_usd, c.iteration_time_s)
+    raise ValueError(f"unknown objective {objective!r}; allowed: {', '.join(OBJECTIVES)}")
+
+
+def pareto(cands: list[Candidate]) -> list[Candidate]:
+    """Non-dominated candidates in (throughput up, cost per iteration down), by throughput."""
+    front: list[Candidate] = []
+    for c in sorted(cands, key=lambda c: (c.cost_usd, c.iteration_time_s)):
+        if not front or c.iteration_time_s < front[-1].iteration_time_s * (1 - 1e-12):
+            front.append(c)
+    return sorted(front, key=lambda c: c.iteration_time_s)
+
+
+@dataclass
+class SearchResult:
+    ranked: list[Candidate]
+    pareto: list[Candidate]
+    stats: SearchStats
+    objective: str
+
+
+def finish(ev: Evaluator, objective: str, top_k: int) -> SearchResult:
+    ev.stats.search_time_s = time.perf_counter() - ev.stats.started
+    cands = list(ev.feasible.values())
+    if not cands:
+        raise infeasible(ev)
+    ranked = sorted(cands, key=lambda c: score(c, objective))[:top_k]
+    return SearchResult(ranked=ranked, pareto=pareto(cands), stats=ev.stats, objective=objective)
+
+
+def infeasible(ev: Evaluator) -> InfeasibleError:
+    """The binding reason nothing was returned, and the nearest relaxation."""
+    st, c = ev.stats, ev.constraints
+    if not ev.fits and st.oom:
+        return InfeasibleError(
+            f"no plan fits in GPU memory ({st.oom} candidates costed, the closest needs "
+            f"{ev.best_oom_margin:.2f}x its GPU's memory)",
+            binding="GPU memory",
+            relaxation="allow activation recompute or ZeRO in the job, add GPUs with more memory, "
+                       "or use a smaller microbatch")
+    if not ev.fits:
+        return InfeasibleError("no plan shape fits the pool", binding="pool",
+                               relaxation="add GPUs or allow more microbatch sizes")
+    best_thr, cheapest = ev.fastest, ev.cheapest
+    parts = []
+    if c.min_iters_per_s is not None and best_thr.throughput_iters_per_s < c.min_iters_per_s:
+        parts.append(("min iterations/s", f"min_iters_per_s <= {best_thr.throughput_iters_per_s:.4g}"))
+    if c.max_cost_per_iteration_usd is not None and cheapest.cost_usd > c.max_cost_per_iteration_usd:
+        parts.append(("max $/iteration", f"max_cost_per_iteration_usd >= {cheapest.cost_usd:.4g}"))
+    if c.max_gpus is not None:
+        parts.append(("max GPUs", f"max_gpus > {c.max_gpus}"))
+    if c.deadline is not None:
+        parts.append(("deadline", f"at most {best_thr.throughput_iters_per_s:.4g} iterations/s "
+                                  "are reachable"))
+    if not parts:
+        parts.append(("constraints together", "relax one of the constraints"))
+    binding, relax = parts[0]
+    return InfeasibleError(f"no plan meets the constraints ({ev.fits} plans fit in memory)",
+                           binding=binding, relaxation=relax)

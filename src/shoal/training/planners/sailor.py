@@ -1,0 +1,92 @@
+"""Sailor's planner (Strati et al., §4.2): enumerate pipeline depth and microbatch size, split
+the layers evenly, take each GPU type's smallest fitting TP per stage (H1, H2), walk data
+parallelism from the largest degree down until throughput stops rising (H3) — or, when
+minimising cost, single-stage plans from the smallest degree up until cost stops falling (H4, as
+Sailor's public planner does) — and give each stage its replicas by the dynamic program over
+the GPUs left (Eq. 1, Listing 1) with each stage in one region (H5) and the zones of a region
+pooled (H6). Every plan the program returns is costed by shoal's estimator; the best under the
+objective and constraints wins.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shoal.training.planners.allocate import Option, fastest, tradeoffs
+from shoal.training.planners.build import build_spec
+from shoal.training.planners.common import Evaluator, score
+from shoal.training.planners.space import Space, balanced_split
+
+
+def stage_options(space: Space, split, mbs: int, recompute: bool, zero: int, dp: int,
+                  all_tp: bool = False) -> list[list[Option]] | None:
+    """Per stage: every resource kind with its smallest fitting TP (H2) and that replica's time;
+    with ``all_tp``, every fitting TP of the node, not only the smallest."""
+    P = len(split)
+    out = []
+    for i, (a, b) in enumerate(split):
+        opts = []
+        for k, kind in enumerate(space.kinds):
+            tp = space.min_tp(kind.gpu, mbs, a, b, P - i, recompute, zero, dp)
+            if tp is None:
+                continue
+            tps = [t for t in space.tps[kind.gpu] if t >= tp] if all_tp else [tp]
+            opts += [Option(k, t, space.stage_time(kind.gpu, t, mbs, a, b, recompute)) for t in tps]
+        if not opts:
+            return None
+        out.append(opts)
+    return out
+
+
+def max_dp(space: Space, stage_opts: list[list[Option]], total_mb: int) -> int:
+    """An upper bound on the data-parallel degree: GPUs over the cheapest stage footprint."""
+    need = sum(min(o.tp for o in opts) for opts in stage_opts)
+    return int(min(total_mb, sum(space.avail.values()) // max(need, 1)))
+
+
+def arrays(space: Space):
+    avail = np.array([space.avail[k] for k in space.kinds], dtype=np.int64)
+    price = np.array([min(space.problem.prices[(k.gpu, z)] for z, _ in space.zones_of[k])
+                      for k in space.kinds])
+    regions = sorted({k.region for k in space.kinds})
+    region_of = [regions.index(k.region) for k in space.kinds]
+    return avail, price, region_of
+
+
+def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
+           max_stages: int | None = None) -> None:
+    problem = space.problem
+    L = problem.n_layers
+    gbs = problem.job.global_batch
+    avail, price, region_of = arrays(space)
+    max_P = min(L, max_stages or L)
+    for P in range(1, max_P + 1):
+        if objective == "min-cost" and P > 1:
+            break  # Sailor's public planner returns single-stage plans when minimising cost
+        split = balanced_split(L, P)
+        for mbs in mbs_values:
+            total = gbs // mbs
+            opts = stage_options(space, split, mbs, False, 0, 1)
+            if opts is None:
+                ev.stats.pruned += 1
+                continue
+            Dmax = max_dp(space, opts, total)
+            # H4 walks up from the smallest degree, H3 down from the largest; the walk's plans
+            # are costed in one batch, then walked in order until the objective stops improving
+            walk = range(1, Dmax + 1) if objective == "min-cost" else range(Dmax, 0, -1)
+            specs = []
+            for D in walk:
+                alloc = (fastest(opts, D, avail, price, region_of) if objective != "min-cost"
+                         else (tradeoffs(opts, D, avail, price, region_of) or [None])[-1])
+                spec = build_spec(space, alloc, opts, split, mbs, D) if alloc else None
+                if spec is None:
+                    ev.stats.pruned += 1
+                    continue
+                specs.append(spec)
+            best = None
+            for cand in ev.cost(specs):
+                if cand is None:
+                    continue
+                if best is not None and score(cand, objective) >= score(best, objective):
+                    break
+                best = cand

@@ -1,0 +1,105 @@
+"""The plan space the planners walk: TP, microbatch and pipeline-depth options, layer splits,
+the smallest TP that fits each stage (Sailor H1, H2), per-replica stage times, and resources."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shoal.estimate.api import _state_bytes
+from shoal.estimate.kernel import worker_memory
+from shoal.estimate.tables import CostTables
+from shoal.problem import Problem
+
+
+def tp_options(problem: Problem, gpu: str, tps: list[int]) -> list[int]:
+    """TP degrees inside one node (H1) that split the attention and KV heads."""
+    heads, kv = problem.model.num_heads, problem.model.kv_heads
+    gpn = problem.gpus[gpu].gpus_per_node
+    return [t for t in tps if t <= gpn and heads % t == 0 and kv % t == 0]
+
+
+def mbs_options(problem: Problem, most: int = 32) -> list[int]:
+    job = problem.job
+    if job.microbatch_sizes:
+        return sorted(m for m in job.microbatch_sizes if job.global_batch % m == 0)
+    return [m for m in (1, 2, 4, 8, 16, 32, 64) if m <= most and job.global_batch % m == 0]
+
+
+def balanced_split(n_layers: int, P: int) -> tuple[tuple[int, int], ...]:
+    """Contiguous ranges of n_layers // P or one more layer, the shorter ones first (the first
+    stage also holds the embedding lookup, the last the output head)."""
+    base, extra = divmod(n_layers, P)
+    sizes = [base] * (P - extra) + [base + 1] * extra
+    edges = np.concatenate([[0], np.cumsum(sizes)])
+    return tuple((int(edges[i]), int(edges[i + 1])) for i in range(P))
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A resource kind the allocator counts: one GPU type in one region (zones merged, H6)."""
+
+    gpu: str
+    region: str
+
+
+class Space:
+    """Per-problem tables the planners reuse across pipeline depths, microbatch sizes and DP
+    degrees: which TP fits each stage, and how long each replica takes per microbatch."""
+
+    def __init__(self, problem: Problem, tb: CostTables):
+        self.problem = problem
+        self.tb = tb
+        self.grad_b, self.state_b = _state_bytes(problem)
+        regions = sorted(set(problem.zone_region.values()))
+        self.kinds: list[Kind] = []
+        self.avail: dict[Kind, int] = {}
+        self.zones_of: dict[Kind, list[tuple[str, int]]] = {}
+        for r in regions:
+            for g in sorted(problem.gpus):
+                zs = [(z, problem.avail[(g, z)]) for z in problem.zones
+                      if problem.zone_region[z] == r and problem.avail.get((g, z), 0) > 0]
+                if zs:
+                    k = Kind(g, r)
+                    self.kinds.append(k)
+                    cap = sum(n for _, n in zs)
+                    if g in problem.quotas:
+                        cap = min(cap, problem.quotas[g])
+                    self.avail[k] = cap
+                    self.zones_of[k] = sorted(zs, key=lambda x: (-x[1], x[0]))
+        self.tps = {g: tp_options(problem, g, tb.tps) for g in problem.gpus}
+
+    def stage_time(self, gpu: str, tp: int, mbs: int, a: int, b: int, recompute: bool) -> float:
+        """Forward + backward seconds of one microbatch of layers [a, b) on one replica."""
+        tb = self.tb
+        gi, ti, mi = tb.gi(gpu), tb.ti(tp), tb.mi(mbs)
+        f = tb.cum_f[gi, ti, mi, b] - tb.cum_f[gi, ti, mi, a]
+        bw = tb.cum_b[gi, ti, mi, b] - tb.cum_b[gi, ti, mi, a]
+        return float(f * (2.0 if recompute else 1.0) + bw) * self.problem.timing.compute_scale
+
+    def min_tp(self, gpu: str, mbs: int, a: int, b: int, in_flight: int, recompute: bool,
+               zero: int, dp: int) -> int | None:
+        """Smallest TP for which a worker holding layers [a, b) fits (H2), or None."""
+        tb, mem = self.tb, self.problem.memory
+        cap = self.problem.gpus[gpu].memory_bytes
+        for tp in self.tps[gpu]:
+            ti = tb.ti(tp)
+            states, buffers, act = worker_memory(
+                tb, mem, self.state_b, a, b, ti, float(mbs), float(in_flight),
+                np.bool_(recompute), np.int64(zero), float(max(dp, 1)))
+            if mem.framework_bytes + float(states) + float(buffers) + float(act) <= cap:
+                return tp
+        return None
+
+    def place(self, kind: Kind, tp: int, used: dict[tuple[str, str], int]) -> str | None:
+        """A zone of ``kind``'s region with ``tp`` free GPUs of its type (a TP group stays in
+        one node, so in one zone); the zone with the most free GPUs first."""
+        best, free_best = None, -1
+        for z, n in self.zones_of[kind]:
+            free = n - used.get((kind.gpu, z), 0)
+            if free >= tp and free > free_best:
+                best, free_best = z, free
+        if best is not None:
+            used[(kind.gpu, best)] = used.get((kind.gpu, best), 0) + tp
+        return best
