@@ -211,3 +211,51 @@ def test_profiles_training_config_needs_profiles(tmp_path):
               "-o", tmp_path / "out")
     assert res.exit_code == 2
     assert "--profiles-training-config" in res.stderr and "Traceback" not in res.output
+
+
+# ---- shoal plan -------------------------------------------------------------------------------
+
+SMALL_PLAN_SCENARIO = """
+model: {name: small, num_layers: 4, hidden_size: 1024, num_heads: 16, vocab_size: 32000}
+job: {global_batch: 32, seq_len: 2048}
+pool:
+  regions:
+    us-central1:
+      zones:
+        us-central1-a: {gpus: {A100-40GB: 4, V100-16GB: 4}}
+network:
+  defaults:
+    same_zone: {bandwidth: 100Gbps, latency: 20us}
+"""
+
+
+def test_plan_json_and_outputs(tmp_path):
+    scn = tmp_path / "s.yaml"
+    scn.write_text(SMALL_PLAN_SCENARIO)
+    best = tmp_path / "best.json"
+    fig = tmp_path / "front.png"
+    r = runner.invoke(app, ["plan", str(scn), "--json", "-o", str(best), "--figure", str(fig),
+                            "--top", "3"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    for key in ("search_time_s", "plans", "pareto", "stats"):
+        assert key in d
+    assert 1 <= len(d["plans"]) <= 3
+    first = d["plans"][0]
+    assert first["plan"]["schema"] == "shoal/training-plan@1"
+    assert first["estimate"]["oom"] is False
+    assert json.loads(best.read_text()) == first["plan"]
+    assert fig.stat().st_size > 5000
+    # the written plan estimates unchanged
+    r = runner.invoke(app, ["estimate", str(scn), "--plan", str(best), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["iteration_time_s"] == pytest.approx(
+        first["estimate"]["iteration_time_s"])
+
+
+def test_plan_infeasible_exits_3(tmp_path):
+    scn = tmp_path / "s.yaml"
+    scn.write_text(SMALL_PLAN_SCENARIO)
+    r = runner.invoke(app, ["plan", str(scn), "--max-cost-per-iter", "1e-12"])
+    assert r.exit_code == 3
+    assert "max $/iteration" in r.output and "Traceback" not in r.output

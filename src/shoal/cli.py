@@ -147,6 +147,7 @@ def plan(
         "--min-throughput", help="iterations per second at least")] = None,
     max_gpus: Annotated[int | None, typer.Option("--max-gpus", help="GPUs in total at most")] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="plans to list")] = 5,
+    budget: Annotated[float, typer.Option("--budget", min=0.1, help="search time limit, seconds")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the best plan here")] = None,
     figure: Annotated[Path | None, typer.Option("--figure", help="write the Pareto front PNG here")] = None,
@@ -166,11 +167,12 @@ def plan(
         "max_gpus": max_gpus}.items() if v is not None})
     goal = objective.value if objective else None
     if as_json:
-        result = search(problem, strategy=strategy.value, objective=goal, constraints=cons, top_k=top)
+        result = search(problem, strategy=strategy.value, objective=goal, constraints=cons,
+                        top_k=top, budget_s=budget)
     else:
         with _err().status(f"searching plans ({strategy.value})..."):
             result = search(problem, strategy=strategy.value, objective=goal, constraints=cons,
-                            top_k=top)
+                            top_k=top, budget_s=budget)
     best = result.ranked[0].plan
     if output is not None:
         tmp = output.with_name(output.name + ".tmp")
@@ -212,7 +214,8 @@ def plan(
     out.print(pt)
     st = result.stats
     out.print(f"searched in {st.search_time_s:.2f} s: {st.candidates_costed} plans costed, {st.oom} out of "
-              f"memory, {st.infeasible} against a constraint, {st.pruned} shapes pruned")
+              f"memory, {st.infeasible} against a constraint, {st.pruned} shapes pruned"
+              + (" (time budget reached: the search was cut short)" if st.truncated else ""))
     if output is not None:
         out.print(f"best plan written to {output}")
     if figure is not None:

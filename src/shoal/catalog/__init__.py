@@ -25,6 +25,7 @@ class GPU:
     intra_node_bw_Bps: float
     gpus_per_node: int
     price_usd_per_h: float | None
+    bf16: bool = True  # has bf16 tensor cores (Volta and Turing do not)
 
 
 def _read(name: str) -> dict:
@@ -89,6 +90,7 @@ def gpus() -> Registry:
             intra_node_bw_Bps=units.parse_bandwidth(e["intra_node_bandwidth"]),
             gpus_per_node=int(e["gpus_per_node"]),
             price_usd_per_h=e.get("price_usd_per_h"),
+            bf16="flops_bf16_dense" in e,
         )
         reg.add(name, gpu, list(e.get("aliases", [])))
     reg.add("cpu", _CPU, ["CPU"])

@@ -43,7 +43,7 @@ class StageBreakdown:
     gradient_sync_s: float
     update_s: float
     busy_s: float  # time the stage computes or sends during the iteration (slowest replica)
-    bubble_s: float  # iteration time minus busy time
+    bubble_s: float  # iteration time minus busy time (idle in the pipeline, plus sync and update)
     straggler: bool  # the stage whose per-microbatch time sets the steady state
     profile_source: str
 

@@ -71,6 +71,10 @@ def validate_plan(problem: Problem, plan: TrainingPlan, file: str | None = None)
                 have = sorted({gg for (gg, zz) in problem.avail if zz == r.zone})
                 raise SpecError(f"the pool has no {g} in {r.zone}", file=file, field=f"{f}.gpu",
                                 value=r.gpu, allowed=", ".join(have) or "none")
+            if job.precision == "mixed-bf16" and not problem.gpus[g].bf16:
+                raise SpecError(f"{g} has no bf16 tensor cores", file=file, field=f"{f}.gpu",
+                                value=r.gpu, allowed="GPUs with bf16 (Ampere and newer), or "
+                                                     "job.precision mixed-fp16")
             gpn = problem.gpus[g].gpus_per_node
             if r.tp > gpn:
                 raise SpecError("TP must fit inside one node", file=file, field=f"{f}.tp",

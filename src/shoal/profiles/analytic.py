@@ -5,8 +5,9 @@ operations do not fill the GPU (kernel launch, wave quantisation), large ones ap
 Memory-bound work (element-wise ops over activations, the optimizer update) moves bytes at the
 GPU's memory bandwidth. Tensor parallelism adds two all-reduces of the hidden state per block in
 the forward pass and two in the backward (Megatron-LM, Shoeybi et al. 2019, §3) over the node's
-GPU-to-GPU link (the scenario's measured ``network.intra_node`` curve, else the datasheet's). One set of constants serves every GPU: they were fitted once by
-``benchmarks/fit_analytic.py`` to the measured profiles of Sailor's artifact (7 GPU types, 4
+GPU-to-GPU link (the scenario's measured ``network.intra_node`` curve, else the datasheet's).
+One set of constants serves every GPU: they were fitted once by
+``benchmarks/fit_analytic.py`` to Sailor's published per-layer profiles (6 GPU types, 3
 models) and are reported with their error in BENCHMARKS.md.
 """
 

@@ -26,10 +26,11 @@ __all__ = ["OBJECTIVES", "STRATEGIES", "Candidate", "SearchResult", "search"]
 
 def search(problem: Problem, *, strategy: str = "auto", objective: str | None = None,
            constraints: Constraints | None = None, top_k: int = 10,
-           max_stages: int | None = None) -> SearchResult:
+           max_stages: int | None = None, budget_s: float | None = None) -> SearchResult:
     """Ranked plans for ``problem`` under ``objective`` and ``constraints`` (default: the
-    scenario's), with the throughput-cost Pareto front and search statistics. Raises
-    InfeasibleError naming the binding constraint when nothing fits."""
+    scenario's), with the throughput-cost Pareto front and search statistics. ``budget_s``
+    bounds the search time (``auto`` stops taking new plan shapes; the result says it was
+    truncated). Raises InfeasibleError naming the binding constraint when nothing fits."""
     if strategy not in STRATEGIES:
         raise SpecError("unknown strategy", field="--strategy", value=strategy,
                         allowed=", ".join(STRATEGIES))
@@ -40,7 +41,9 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     constraints = constraints or problem.constraints
     mbs = mbs_options(problem)
     stats = SearchStats(strategy=strategy)
-    ev = Evaluator(problem, mbs, constraints, stats)
+    ev = Evaluator(problem, mbs, constraints, stats, objective)
     space = Space(problem, ev.tb)
+    if budget_s is not None:
+        ev.deadline = stats.started + budget_s
     STRATEGIES[strategy](ev, space, objective, mbs, max_stages)
     return finish(ev, objective, top_k)

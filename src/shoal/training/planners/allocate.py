@@ -35,7 +35,7 @@ class Allocation:
 
 @cache
 def _combos(opts: tuple[Option, ...], D: int, region_of: tuple[int, ...], K: int):
-    """Ways to give a stage D replicas from options of one region, mixing at most two kinds:
+    """Ways to give a stage D replicas from options of one region, mixing at most two GPU kinds:
     (list of combos as ((option, count), ...), usage matrix (combos, K))."""
     by_region: dict[int, list[Option]] = {}
     for o in opts:
@@ -45,6 +45,8 @@ def _combos(opts: tuple[Option, ...], D: int, region_of: tuple[int, ...], K: int
         for i, a in enumerate(ros):
             combos.append(((a, D),))
             for b in ros[i + 1:]:
+                if b.kind == a.kind:
+                    continue  # one TP per GPU type in a stage: mixing TPs of one type never pays
                 combos.extend(((a, na), (b, D - na)) for na in range(1, D))
     use = np.zeros((len(combos), K), dtype=np.int64)
     for c, combo in enumerate(combos):

@@ -92,12 +92,26 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
             for mbs in mbs_values:
                 total = gbs // mbs
                 for split in splits_for(L, P):
+                    if ev.out_of_time():
+                        return
                     opts = sailor.stage_options(space, split, mbs, recompute, 0, 1, all_tp=True)
                     if opts is None:
-                        ev.stats.pruned += 1
+                        ev.stats.no_fit += 1
+                        continue
+                    if recompute and _fits_without_recompute(space, split, mbs, opts):
+                        ev.stats.pruned += 1  # recompute only slows a shape that already fits
                         continue
                     _shape(ev, space, opts, split, mbs, recompute, objective, total, avail, price,
                            region_of, rebalance=P > 1 and split == balanced_split(L, P))
+
+
+def _fits_without_recompute(space: Space, split, mbs: int, opts) -> bool:
+    """True when, without recompute, every stage already fits each GPU at the same TP."""
+    plain = sailor.stage_options(space, split, mbs, False, 0, 1, all_tp=True)
+    if plain is None:
+        return False
+    return all({(o.kind, o.tp) for o in a} == {(o.kind, o.tp) for o in b}
+               for a, b in zip(plain, opts, strict=True))
 
 
 def _shape(ev, space, opts, split, mbs, recompute, objective, total, avail, price, region_of,
@@ -106,6 +120,9 @@ def _shape(ev, space, opts, split, mbs, recompute, objective, total, avail, pric
     neighbours of the best two, each with its fastest and cheaper allocations."""
     L = space.problem.n_layers
     Dmax = sailor.max_dp(space, opts, total)
+    if Dmax < 1:
+        ev.stats.pruned += 1
+        return
 
     def specs_for(D: int, levels: int) -> list:
         allocs = tradeoffs(opts, D, avail, price, region_of, levels=levels)
@@ -122,8 +139,30 @@ def _shape(ev, space, opts, split, mbs, recompute, objective, total, avail, pric
                     out.append(build_spec(space, a2, o2, new, mbs, D, recompute=recompute))
         return [s for s in out if s is not None]
 
+    # Bound first (the issue's "bounds that prune stage choices before the DP"): every pipeline
+    # runs at least ceil(total / D) microbatches through its slowest stage, which takes at least
+    # the fastest option of the slowest stage; that bound on time (and, times the cheapest GPUs
+    # a stage could use, on cost) skips degrees that cannot beat the best plan found so far.
+    stage_floor = max(min(o.time_s for o in st) for st in opts)
+    fill = sum(min(o.time_s for o in st) for st in opts)  # one microbatch through every stage
+    cheapest_rate = sum(min(o.tp * price[o.kind] for o in st) for st in opts) / 3600.0
+
+    def hopeless(D: int) -> bool:
+        inc = ev.incumbent
+        if inc is None:
+            return False
+        t_lb = (-(-total // D) - 1) * stage_floor + fill
+        if objective == "max-throughput":
+            return t_lb >= inc.iteration_time_s
+        if objective == "min-cost":
+            return t_lb * cheapest_rate * D >= inc.cost_usd
+        return t_lb * t_lb * cheapest_rate * D >= inc.iteration_time_s * inc.cost_usd
+
     scored: dict[int, float] = {}
-    coarse = _coarse_degrees(Dmax)
+    coarse = [D for D in _coarse_degrees(Dmax) if not hopeless(D)]
+    ev.stats.pruned += len(_coarse_degrees(Dmax)) - len(coarse)
+    if not coarse:
+        return
     for D in coarse:
         cands = [c for c in ev.cost(specs_for(D, 1)) if c is not None]
         if cands:
@@ -138,5 +177,8 @@ def _shape(ev, space, opts, split, mbs, recompute, objective, total, avail, pric
         near.update(range(max(1, lo), min(Dmax, hi) + 1))
     specs = []
     for D in sorted(near):
+        if hopeless(D):
+            ev.stats.pruned += 1
+            continue
         specs += specs_for(D, 4)
     ev.cost([s for s in dict.fromkeys(specs) if s not in ev.feasible])

@@ -91,12 +91,15 @@ class SearchStats:
     oom: int = 0
     pruned: int = 0  # candidates never costed: cut by heuristics or bounds
     infeasible: int = 0  # costed, fit in memory, but break a constraint
+    no_fit: int = 0  # plan shapes where some stage fits on no GPU of the pool at any TP
+    truncated: bool = False  # the time budget ran out before the whole space was searched
     search_time_s: float = 0.0
     started: float = field(default_factory=time.perf_counter)
 
     def to_json(self) -> dict:
         return {"strategy": self.strategy, "candidates_costed": self.candidates_costed,
                 "oom": self.oom, "pruned": self.pruned, "infeasible": self.infeasible,
+                "no_fit": self.no_fit, "truncated": self.truncated,
                 "search_time_s": self.search_time_s}
 
 
@@ -104,7 +107,7 @@ class Evaluator:
     """Costs compact plans in kernel batches, keeps every feasible one, counts the rest."""
 
     def __init__(self, problem: Problem, mbs_values: list[int], constraints: Constraints,
-                 stats: SearchStats):
+                 stats: SearchStats, objective: str = "max-throughput"):
         self.problem = problem
         self.tb = tables_for(problem, mbs_values)
         self.constraints = constraints
@@ -114,6 +117,16 @@ class Evaluator:
         self.fits = 0  # candidates that fit in memory, constraints or not
         self.fastest: Candidate | None = None  # among those: for InfeasibleError's relaxation
         self.cheapest: Candidate | None = None
+        self.objective = objective
+        self.deadline: float | None = None  # perf_counter time after which the search stops
+        self.incumbent: Candidate | None = None  # best feasible plan so far under the objective
+
+    def out_of_time(self) -> bool:
+        """True (and marks the search truncated) once the time budget is spent."""
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            self.stats.truncated = True
+            return True
+        return False
 
     def cost(self, specs: list[PlanSpec]) -> list[Candidate | None]:
         """Candidates for ``specs`` (None where OOM or against a constraint), batch-costed."""
@@ -143,8 +156,15 @@ class Evaluator:
                 res.append(None)
                 continue
             self.feasible[sp] = cand
+            if self.incumbent is None or score(cand, objective_of(self)) < score(self.incumbent,
+                                                                              objective_of(self)):
+                self.incumbent = cand
             res.append(cand)
         return res
+
+
+def objective_of(ev: Evaluator) -> str:
+    return ev.objective
 
 
 def meets(c: Candidate, cons: Constraints) -> bool:
@@ -201,10 +221,12 @@ def finish(ev: Evaluator, objective: str, top_k: int) -> SearchResult:
 def infeasible(ev: Evaluator) -> InfeasibleError:
     """The binding reason nothing was returned, and the nearest relaxation."""
     st, c = ev.stats, ev.constraints
-    if not ev.fits and st.oom:
+    if not ev.fits and (st.oom or st.no_fit):
+        closest = (f", the closest needs {ev.best_oom_margin:.2f}x its GPU's memory"
+                   if st.oom else ": some stage fits on no GPU of the pool even at the largest TP "
+                                  "inside a node")
         return InfeasibleError(
-            f"no plan fits in GPU memory ({st.oom} candidates costed, the closest needs "
-            f"{ev.best_oom_margin:.2f}x its GPU's memory)",
+            f"no plan fits in GPU memory ({st.oom} candidates costed{closest})",
             binding="GPU memory",
             relaxation="allow activation recompute or ZeRO in the job, add GPUs with more memory, "
                        "or use a smaller microbatch")

@@ -68,7 +68,7 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
             total = gbs // mbs
             opts = stage_options(space, split, mbs, False, 0, 1)
             if opts is None:
-                ev.stats.pruned += 1
+                ev.stats.no_fit += 1
                 continue
             Dmax = max_dp(space, opts, total)
             # H4 walks up from the smallest degree, H3 down from the largest; the walk's plans

@@ -56,8 +56,11 @@ class Space:
         self.kinds: list[Kind] = []
         self.avail: dict[Kind, int] = {}
         self.zones_of: dict[Kind, list[tuple[str, int]]] = {}
+        bf16 = problem.job.precision == "mixed-bf16"
         for r in regions:
             for g in sorted(problem.gpus):
+                if bf16 and not problem.gpus[g].bf16:
+                    continue  # no bf16 tensor cores
                 zs = [(z, problem.avail[(g, z)]) for z in problem.zones
                       if problem.zone_region[z] == r and problem.avail.get((g, z), 0) > 0]
                 if zs:

@@ -1,0 +1,123 @@
+"""Planners: every returned plan is valid, fits in memory and uses only the pool; auto is never
+worse than sailor; small problems against exhaustive search; infeasible inputs say why."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shoal.errors import InfeasibleError
+from shoal.estimate import estimate
+from shoal.estimate.validate import validate_plan
+from shoal.problem import build_problem
+from shoal.specs.job import Constraints
+from shoal.specs.scenario import parse_scenario
+from shoal.training.planners import search
+
+SMALL = {
+    "model": {"name": "small", "num_layers": 4, "hidden_size": 1024, "num_heads": 16,
+              "vocab_size": 32000, "max_seq_len": 2048},
+    "job": {"global_batch": 32, "seq_len": 2048},
+    "pool": {"regions": {"us-central1": {"zones": {
+        "us-central1-a": {"gpus": {"A100-40GB": 4, "V100-16GB": 4}}}}},
+        "gpus_per_node": {"A100-40GB": 4, "V100-16GB": 4}},
+    "network": {"defaults": {"same_zone": {"bandwidth": "100Gbps", "latency": "20us"},
+                             "same_region": {"bandwidth": "25Gbps", "latency": "1ms"}}},
+}
+
+
+def problem(**changes):
+    data = copy.deepcopy(SMALL)
+    for path, value in changes.items():
+        node = data
+        keys = path.split("__")
+        for k in keys[:-1]:
+            node = node[k]
+        node[keys[-1]] = value
+    return build_problem(parse_scenario(data, file="small.yaml"), file="small.yaml")
+
+
+def check_plans(pb, result):
+    for c in [*result.ranked, *result.pareto]:
+        plan = c.plan
+        validate_plan(pb, plan)  # tiles the model, within the pool and quotas, TP fits a node
+        e = estimate(pb, plan)
+        assert not e.oom
+        assert e.iteration_time_s == pytest.approx(c.iteration_time_s, rel=1e-9)
+        for (g, z), n in plan.gpu_counts().items():
+            assert n <= pb.avail[(g, z)]
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a100=st.integers(0, 8), v100=st.integers(0, 8), two_zones=st.booleans(),
+       objective=st.sampled_from(["max-throughput", "min-cost", "max-throughput-per-dollar"]))
+def test_returned_plans_are_valid_and_fit(a100, v100, two_zones, objective):
+    if a100 + v100 == 0:
+        a100 = 1
+    zones = {"us-central1-a": {"gpus": {"A100-40GB": a100, "V100-16GB": v100}}}
+    if two_zones:
+        zones["us-central1-b"] = {"gpus": {"A100-40GB": 4}}
+    pb = problem(pool__regions={"us-central1": {"zones": zones}})
+    try:
+        res = search(pb, objective=objective)
+    except InfeasibleError:
+        return
+    check_plans(pb, res)
+    # ranked by the objective; the front is non-dominated
+    front = res.pareto
+    for x, y in zip(front, front[1:], strict=False):
+        assert y.iteration_time_s > x.iteration_time_s and y.cost_usd < x.cost_usd
+
+
+@pytest.mark.parametrize("objective", ["max-throughput", "min-cost"])
+def test_auto_never_worse_than_sailor(objective):
+    pb = problem()
+    a = search(pb, strategy="auto", objective=objective).ranked[0]
+    s = search(pb, strategy="sailor", objective=objective).ranked[0]
+    if objective == "max-throughput":
+        assert a.iteration_time_s <= s.iteration_time_s * (1 + 1e-9)
+    else:
+        assert a.cost_usd <= s.cost_usd * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("objective", ["max-throughput", "min-cost"])
+def test_auto_close_to_exhaustive_on_a_small_pool(objective):
+    pb = problem(pool__regions={"us-central1": {"zones": {
+        "us-central1-a": {"gpus": {"A100-40GB": 2, "V100-16GB": 2}}}}})
+    ex = search(pb, strategy="exhaustive", objective=objective).ranked[0]
+    au = search(pb, strategy="auto", objective=objective).ranked[0]
+    key = "iteration_time_s" if objective == "max-throughput" else "cost_usd"
+    gap = getattr(au, key) / getattr(ex, key) - 1
+    assert gap >= -1e-9  # exhaustive is the optimum of the space
+    assert gap < 0.05
+
+
+def test_model_too_large_is_infeasible():
+    pb = problem(model="LLaMA-2-70B", pool__regions={"us-central1": {"zones": {
+        "us-central1-a": {"gpus": {"V100-16GB": 4}}}}}, pool__gpus_per_node={"V100-16GB": 4})
+    with pytest.raises(InfeasibleError) as e:
+        search(pb)
+    assert e.value.binding == "GPU memory"
+    assert "recompute" in (e.value.relaxation or "")
+
+
+def test_budget_below_cheapest_is_infeasible():
+    pb = problem()
+    with pytest.raises(InfeasibleError) as e:
+        search(pb, constraints=Constraints(max_cost_per_iteration_usd=1e-9))
+    assert e.value.binding == "max $/iteration"
+    assert "max_cost_per_iteration_usd >=" in e.value.relaxation
+
+
+def test_constraints_are_met():
+    pb = problem()
+    free = search(pb, objective="max-throughput").ranked[0]
+    cap = free.cost_usd * 0.8
+    res = search(pb, objective="max-throughput", constraints=Constraints(max_cost_per_iteration_usd=cap))
+    assert all(c.cost_usd <= cap for c in res.ranked)
+    floor = free.throughput_iters_per_s * 0.5
+    res = search(pb, objective="min-cost", constraints=Constraints(min_iters_per_s=floor))
+    assert all(c.throughput_iters_per_s >= floor for c in res.ranked)
