@@ -3,7 +3,8 @@
 One set of constants for every GPU and model, with the measured intra-node links of the machines
 the profiles were taken on (Sailor's network files, as `shoal import sailor` reads them).
 Targets, per (model, GPU, microbatch size, TP): a transformer block's forward and backward time
-(median over the blocks), the head's forward + backward, and the whole model's optimizer update. Residuals are log(predicted / measured).
+(median over the blocks), the head's forward + backward, and the whole model's optimizer update.
+Residuals are log(predicted / measured).
 Prints JSON: the constants, the error per target kind, and leave-one-GPU-out error (fit on the
 other GPUs, predict this one) so the numbers measure prediction, not memorisation.
 
