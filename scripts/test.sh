@@ -9,4 +9,5 @@ fi
 . .venv/bin/activate
 pip install -q torch==2.13.0
 pip install -q -e '.[test]'
+ruff check src tests benchmarks
 python -m pytest -q -n 2 -m "not slow" tests
