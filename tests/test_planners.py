@@ -121,3 +121,16 @@ def test_constraints_are_met():
     floor = free.throughput_iters_per_s * 0.5
     res = search(pb, objective="min-cost", constraints=Constraints(min_iters_per_s=floor))
     assert all(c.throughput_iters_per_s >= floor for c in res.ranked)
+
+
+def test_quota_caps_gpus_across_regions():
+    pb = problem(pool__regions={
+        "us-central1": {"zones": {"us-central1-a": {"gpus": {"A100-40GB": 4}}}},
+        "us-west1": {"zones": {"us-west1-b": {"gpus": {"A100-40GB": 4}}}}},
+        pool__quotas={"A100-40GB": 4},
+        network__defaults={"same_zone": {"bandwidth": "100Gbps"},
+                           "same_region": {"bandwidth": "25Gbps"},
+                           "cross_region": {"bandwidth": "5Gbps", "latency": "30ms"}})
+    res = search(pb, objective="max-throughput")
+    for c in [*res.ranked, *res.pareto]:
+        assert sum(n for (g, _), n in c.plan.gpu_counts().items() if g == "A100-40GB") <= 4

@@ -121,6 +121,13 @@ class Evaluator:
         self.deadline: float | None = None  # perf_counter time after which the search stops
         self.incumbent: Candidate | None = None  # best feasible plan so far under the objective
 
+    def _within_quotas(self, sp: PlanSpec) -> bool:
+        used: dict[str, int] = {}
+        for _, _, reps in sp[4]:
+            for g, tp, _, _ in reps:
+                used[g] = used.get(g, 0) + tp
+        return all(used.get(g, 0) <= q for g, q in self.problem.quotas.items())
+
     def out_of_time(self) -> bool:
         """True (and marks the search truncated) once the time budget is spent."""
         if self.deadline is not None and time.perf_counter() > self.deadline:
@@ -144,6 +151,10 @@ class Evaluator:
                 res.append(None)
                 continue
             n_gpus = sum(tp for _, _, reps in sp[4] for _, tp, _, _ in reps)
+            if self.problem.quotas and not self._within_quotas(sp):
+                self.stats.infeasible += 1
+                res.append(None)
+                continue
             cand = Candidate(sp, float(out["iteration_time_s"][i]), float(out["cost_compute_usd"][i]),
                              float(out["cost_egress_usd"][i]), n_gpus)
             self.fits += 1
