@@ -71,10 +71,20 @@ def rebalanced(space: Space, alloc: Allocation, opts: list[list[Option]], L: int
     return tuple((edges[i], edges[i + 1]) for i in range(P))
 
 
-def _coarse_degrees(Dmax: int, n: int = 10) -> list[int]:
-    """Data-parallel degrees spread geometrically over [1, Dmax] (throughput over D rises, then
-    flattens or falls: a coarse pass finds the region, a local pass the best degree)."""
-    return sorted({1, Dmax, *np.unique(np.geomspace(1, Dmax, n).round().astype(int)).tolist()})
+def staircase(total: int, Dmax: int) -> list[int]:
+    """The data-parallel degrees worth trying: with ``total`` microbatches over D pipelines the
+    busiest pipeline runs ceil(total / D) of them, so among degrees with the same count the
+    smallest (fewest GPUs, least gradient traffic) is best: D = ceil(total / k) for each k."""
+    return sorted({-(-total // k) for k in range(1, total + 1)} & set(range(1, Dmax + 1)))
+
+
+def _coarse(degrees: list[int], n: int = 10) -> list[int]:
+    """About n of ``degrees`` spread geometrically (throughput over D rises, then flattens or
+    falls: a coarse pass finds the region, a local pass the best degree)."""
+    if len(degrees) <= n:
+        return degrees
+    idx = np.unique(np.geomspace(1, len(degrees), n).round().astype(int) - 1)
+    return sorted({degrees[0], degrees[-1], *(degrees[i] for i in idx)})
 
 
 def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
@@ -159,8 +169,11 @@ def _shape(ev, space, opts, split, mbs, recompute, objective, total, avail, pric
         return t_lb * t_lb * cheapest_rate * D >= inc.iteration_time_s * inc.cost_usd
 
     scored: dict[int, float] = {}
-    coarse = [D for D in _coarse_degrees(Dmax) if not hopeless(D)]
-    ev.stats.pruned += len(_coarse_degrees(Dmax)) - len(coarse)
+    degrees = staircase(total, Dmax)
+    if not degrees:
+        return
+    coarse = [D for D in _coarse(degrees) if not hopeless(D)]
+    ev.stats.pruned += len(_coarse(degrees)) - len(coarse)
     if not coarse:
         return
     for D in coarse:
@@ -172,9 +185,9 @@ def _shape(ev, space, opts, split, mbs, recompute, objective, total, avail, pric
     near: set[int] = set()
     for D in sorted(scored, key=scored.get)[:2]:
         i = coarse.index(D)
-        lo = coarse[i - 1] if i > 0 else 1
-        hi = coarse[i + 1] if i + 1 < len(coarse) else Dmax
-        near.update(range(max(1, lo), min(Dmax, hi) + 1))
+        lo = coarse[i - 1] if i > 0 else degrees[0]
+        hi = coarse[i + 1] if i + 1 < len(coarse) else degrees[-1]
+        near.update(x for x in degrees if lo <= x <= hi)
     specs = []
     for D in sorted(near):
         if hopeless(D):

@@ -17,6 +17,8 @@ from shoal.training.planners.build import build_spec
 from shoal.training.planners.common import Evaluator, score
 from shoal.training.planners.space import Space, balanced_split
 
+WALK_CHUNK = 4  # data-parallel degrees allocated and costed together on the H3/H4 walk
+
 
 def stage_options(space: Space, split, mbs: int, recompute: bool, zero: int, dp: int,
                   all_tp: bool = False) -> list[list[Option]] | None:
@@ -71,22 +73,26 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                 ev.stats.no_fit += 1
                 continue
             Dmax = max_dp(space, opts, total)
-            # H4 walks up from the smallest degree, H3 down from the largest; the walk's plans
-            # are costed in one batch, then walked in order until the objective stops improving
-            walk = range(1, Dmax + 1) if objective == "min-cost" else range(Dmax, 0, -1)
-            specs = []
-            for D in walk:
-                alloc = (fastest(opts, D, avail, price, region_of) if objective != "min-cost"
-                         else (tradeoffs(opts, D, avail, price, region_of) or [None])[-1])
-                spec = build_spec(space, alloc, opts, split, mbs, D) if alloc else None
-                if spec is None:
-                    ev.stats.pruned += 1
-                    continue
-                specs.append(spec)
-            best = None
-            for cand in ev.cost(specs):
-                if cand is None:
-                    continue
-                if best is not None and score(cand, objective) >= score(best, objective):
+            # H4 walks up from the smallest degree, H3 down from the largest, until the
+            # objective stops improving; plans are costed a few degrees at a time
+            walk = list(range(1, Dmax + 1) if objective == "min-cost" else range(Dmax, 0, -1))
+            best, done = None, False
+            for at in range(0, len(walk), WALK_CHUNK):
+                specs = []
+                for D in walk[at:at + WALK_CHUNK]:
+                    alloc = (fastest(opts, D, avail, price, region_of) if objective != "min-cost"
+                             else (tradeoffs(opts, D, avail, price, region_of) or [None])[-1])
+                    spec = build_spec(space, alloc, opts, split, mbs, D) if alloc else None
+                    if spec is None:
+                        ev.stats.pruned += 1
+                        continue
+                    specs.append(spec)
+                for cand in ev.cost(specs):
+                    if cand is None:
+                        continue
+                    if best is not None and score(cand, objective) >= score(best, objective):
+                        done = True
+                        break
+                    best = cand
+                if done:
                     break
-                best = cand
