@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -53,7 +54,9 @@ class ComputeProfile:
                 "gpus": gpus}
 
 
-class AnalyticLike:  # typing aid: anything with name and layer_times
+class AnalyticLike(Protocol):
+    """Anything that gives layer times: the analytic profile, a transfer profile."""
+
     name: str
 
     def layer_times(self, gpu: str, tp: int, mbs: int) -> np.ndarray: ...

@@ -61,8 +61,9 @@ class Link:
     name: str
 
     def aggregate_curve(self, k: int) -> tuple[np.ndarray, float]:
-        """(curve, size divisor): bandwidth for k flows of one node is ``curve(total / divisor)``
-        times k / divisor-adjusted; see ``transfer_time``."""
+        """(curve, divisor) for k concurrent flows from one node: a measured aggregate curve for k
+        (divisor 1), else the single-flow curve, evaluated at total / k and multiplied by k
+        (divisor k); ``transfer_time`` applies it."""
         if k in self.parallel:
             return self.parallel[k], 1.0
         return self.single, float(k)
