@@ -284,9 +284,17 @@ def import_sailor(*, training_config: Path, cluster_config: Path | None = None, 
     tcfg = _json(training_config)
     model = model_from_training_config(tcfg, training_config)
     n_layers = model["num_layers"] + 2
-    job = {"global_batch": int(tcfg.get("global_batch_size", 1)),
-           "seq_len": int(tcfg.get("sequence_length", 2048)),
-           "optimizer": str(tcfg.get("optimizer", "adam")).lower(), "precision": "mixed-fp16"}
+    optimizer = str(tcfg.get("optimizer", "adam")).lower()
+    if optimizer not in ("adam", "adamw", "sgd"):
+        raise SpecError("unsupported optimizer", file=str(training_config), field="optimizer",
+                        value=tcfg.get("optimizer"), allowed="Adam, AdamW, SGD")
+    try:
+        job = {"global_batch": int(tcfg.get("global_batch_size", 1)),
+               "seq_len": int(tcfg.get("sequence_length", 2048)),
+               "optimizer": optimizer, "precision": "mixed-fp16"}
+    except (TypeError, ValueError):
+        raise SpecError("expected integers", file=str(training_config),
+                        field="global_batch_size / sequence_length") from None
     pool_counts: dict[tuple[str, str], int] = {}
     plan_doc = None
     if plan is not None:

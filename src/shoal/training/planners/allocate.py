@@ -89,7 +89,10 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
             return None
         combos, CU = _combos(tuple(allowed), D, tuple(region_of), K)
         new = (U[:, None, :] + CU[None, :, :]).reshape(-1, K)
-        ok = np.nonzero(np.all(new <= avail, axis=1))[0]
+        fits = new[:, 0] <= avail[0]
+        for k in range(1, K):
+            fits &= new[:, k] <= avail[k]
+        ok = np.nonzero(fits)[0]
         if len(ok) == 0:
             return None
         new = new[ok]
@@ -124,16 +127,22 @@ def fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np
             region_of: list[int]) -> Allocation | None:
     """The allocation with the smallest slowest-replica time (then the cheapest)."""
     taus = sorted({o.time_s for opts in stage_opts for o in opts})
-    if not taus or _solve(stage_opts, D, avail, price, region_of, taus[-1]) is None:
+    if not taus:
         return None
-    lo, hi = 0, len(taus) - 1  # taus[hi] is feasible
+    best = _solve(stage_opts, D, avail, price, region_of, taus[-1])
+    if best is None:
+        return None
+    # no bound below the slowest stage's fastest option can be met
+    floor = max(min(o.time_s for o in opts) for opts in stage_opts)
+    lo, hi = taus.index(floor), len(taus) - 1  # taus[hi] is feasible
     while lo < hi:
         mid = (lo + hi) // 2
-        if _solve(stage_opts, D, avail, price, region_of, taus[mid]) is not None:
-            hi = mid
+        a = _solve(stage_opts, D, avail, price, region_of, taus[mid])
+        if a is not None:
+            hi, best = mid, a
         else:
             lo = mid + 1
-    return _solve(stage_opts, D, avail, price, region_of, taus[hi])
+    return best
 
 
 def tradeoffs(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
