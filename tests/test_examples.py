@@ -1,0 +1,26 @@
+"""The bundled examples load, and the example plan estimates without running out of memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shoal.estimate import estimate
+from shoal.problem import load_problem
+from shoal.specs.plan import TrainingPlan
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_example_scenario_loads(path):
+    pb = load_problem(path)
+    assert pb.avail and pb.n_layers > 2
+
+
+def test_example_plan_estimates():
+    pb = load_problem(EXAMPLES / "het-a100-v100.yaml")
+    plan = TrainingPlan.model_validate_json((EXAMPLES / "het-a100-v100.plan.json").read_text())
+    e = estimate(pb, plan)
+    assert not e.oom and e.iteration_time_s > 0
