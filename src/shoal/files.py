@@ -59,3 +59,16 @@ def check_output(path: str | Path, option: str) -> Path:
         raise SpecError("the folder to write into does not exist", field=option,
                         value=str(p), allowed="a path in an existing folder")
     return p
+
+
+def save_png(fig, path: str | Path) -> Path:
+    """Write a matplotlib figure as PNG through a temporary file (never a half-written image)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    out = Path(path)
+    tmp = out.with_name(out.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(out)
+    return out

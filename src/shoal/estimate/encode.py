@@ -1,4 +1,4 @@
-"""Turn TrainingPlans into the padded arrays of a kernel Batch."""
+"""Turn TrainingPlans (or their compact specs) into the padded arrays of a kernel Batch."""
 
 from __future__ import annotations
 
@@ -9,11 +9,30 @@ from shoal.estimate.kernel import Batch
 from shoal.estimate.tables import CostTables
 from shoal.specs.plan import TrainingPlan
 
+# A plan in compact form, cheap to build by the thousand (the planners' currency):
+# (mbs, schedule, recompute, zero, ((layer_start, layer_end, ((gpu, tp, zone, microbatches), ...)), ...))
+ReplicaSpec = tuple[str, int, str, int]
+StageSpec = tuple[int, int, tuple[ReplicaSpec, ...]]
+PlanSpec = tuple[int, str, bool, int, tuple[StageSpec, ...]]
+
+
+def to_spec(plan: TrainingPlan) -> PlanSpec:
+    reg = catalog.gpus()
+    return (plan.microbatch_size, plan.schedule, plan.recompute, plan.zero_stage, tuple(
+        (st.layers[0], st.layers[1], tuple((reg.canonical(r.gpu), r.tp, r.zone, r.microbatches)
+                                           for r in st.replicas))
+        for st in plan.stages))
+
 
 def encode(tb: CostTables, plans: list[TrainingPlan]) -> Batch:
-    B = len(plans)
-    S = max(len(p.stages) for p in plans)
-    R = max(len(s.replicas) for p in plans for s in p.stages)
+    return encode_specs(tb, [to_spec(p) for p in plans])
+
+
+def encode_specs(tb: CostTables, specs: list[PlanSpec]) -> Batch:
+    """Padded kernel arrays for compact plan specs."""
+    B = len(specs)
+    S = max(len(sp[4]) for sp in specs)
+    R = max(len(st[2]) for sp in specs for st in sp[4])
     ls = np.zeros((B, S), dtype=np.int64)
     le = np.zeros((B, S), dtype=np.int64)
     smask = np.zeros((B, S), dtype=bool)
@@ -22,22 +41,17 @@ def encode(tb: CostTables, plans: list[TrainingPlan]) -> Batch:
     z = np.zeros((B, S, R), dtype=np.int64)
     m = np.zeros((B, S, R), dtype=np.int64)
     rmask = np.zeros((B, S, R), dtype=bool)
-    reg = catalog.gpus()
-    zi = {zz: i for i, zz in enumerate(tb.zones)}
-    for b, p in enumerate(plans):
-        for s, st in enumerate(p.stages):
-            ls[b, s], le[b, s] = st.layers
-            smask[b, s] = True
-            for r, rep in enumerate(st.replicas):
-                g[b, s, r] = tb.gi(reg.canonical(rep.gpu))
-                t[b, s, r] = tb.ti(rep.tp)
-                z[b, s, r] = zi[rep.zone]
-                m[b, s, r] = rep.microbatches
-                rmask[b, s, r] = True
+    gi = {name: i for i, name in enumerate(tb.gpus)}
+    ti = {tp: i for i, tp in enumerate(tb.tps)}
+    zi = {name: i for i, name in enumerate(tb.zones)}
+    mi = {mb: i for i, mb in enumerate(tb.mbs)}
+    for b, (_, _, _, _, stages) in enumerate(specs):
+        for s, (a, e, reps) in enumerate(stages):
+            ls[b, s], le[b, s], smask[b, s] = a, e, True
+            for r, (gpu, tp, zone, mb) in enumerate(reps):
+                g[b, s, r], t[b, s, r], z[b, s, r] = gi[gpu], ti[tp], zi[zone]
+                m[b, s, r], rmask[b, s, r] = mb, True
     return Batch(
-        mbs_idx=np.array([tb.mi(p.microbatch_size) for p in plans]),
-        ls=ls, le=le, smask=smask, g=g, t=t, z=z, m=m, rmask=rmask,
-        recompute=np.array([p.recompute for p in plans]),
-        zero=np.array([p.zero_stage for p in plans]),
-        gpipe=np.array([p.schedule == "gpipe" for p in plans]),
-    )
+        mbs_idx=np.array([mi[sp[0]] for sp in specs]), ls=ls, le=le, smask=smask, g=g, t=t,
+        z=z, m=m, rmask=rmask, recompute=np.array([sp[2] for sp in specs]),
+        zero=np.array([sp[3] for sp in specs]), gpipe=np.array([sp[1] == "gpipe" for sp in specs]))

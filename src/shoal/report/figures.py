@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shoal.files import save_png
+
 
 def draw_pareto(result, path: str | Path) -> Path:
     """Iterations/s against $/iteration: every costed feasible plan on the front, the chosen
@@ -26,10 +28,4 @@ def draw_pareto(result, path: str | Path) -> Path:
                  f"{result.stats.search_time_s:.2f} s, {result.stats.strategy})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    tmp = out.with_name(out.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(out)
-    return out
+    return save_png(fig, path)

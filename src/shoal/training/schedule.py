@@ -24,6 +24,7 @@ from shoal.estimate.api import run_kernel, tables_for
 from shoal.estimate.encode import encode
 from shoal.estimate.pipeline import stage_order
 from shoal.estimate.validate import validate_plan
+from shoal.files import save_png
 from shoal.problem import Problem
 from shoal.specs.plan import TrainingPlan
 
@@ -178,10 +179,4 @@ def draw_timeline(problem: Problem, plan: TrainingPlan, path: str | Path,
     ax.legend(handles=[Patch(color=c, label=names[k]) for k, c in _COLORS.items()],
               loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.5 / len(rows)), fontsize=8,
               ncol=4, frameon=False)
-    fig.tight_layout()
-    out = Path(path)
-    tmp = out.with_name(out.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(out)
-    return out
+    return save_png(fig, path)

@@ -10,17 +10,10 @@ import numpy as np
 
 from shoal.errors import InfeasibleError
 from shoal.estimate.api import run_kernel, tables_for
-from shoal.estimate.kernel import Batch
-from shoal.estimate.tables import CostTables
+from shoal.estimate.encode import PlanSpec, encode_specs
 from shoal.problem import Problem
 from shoal.specs.job import Constraints
 from shoal.specs.plan import TrainingPlan
-
-# A plan in compact form, cheap to build by the thousand:
-# (mbs, schedule, recompute, zero, ((layer_start, layer_end, ((gpu, tp, zone, microbatches), ...)), ...))
-ReplicaSpec = tuple[str, int, str, int]
-StageSpec = tuple[int, int, tuple[ReplicaSpec, ...]]
-PlanSpec = tuple[int, str, bool, int, tuple[StageSpec, ...]]
 
 OBJECTIVES = ("max-throughput", "min-cost", "max-throughput-per-dollar")
 
@@ -32,35 +25,6 @@ def to_plan(spec: PlanSpec) -> TrainingPlan:
         "stages": [{"layers": [a, b], "replicas": [
             {"gpu": g, "tp": tp, "zone": z, "microbatches": m} for g, tp, z, m in reps]}
             for a, b, reps in stages]})
-
-
-def encode_specs(tb: CostTables, specs: list[PlanSpec]) -> Batch:
-    """Padded kernel arrays for compact plan specs."""
-    B = len(specs)
-    S = max(len(sp[4]) for sp in specs)
-    R = max(len(st[2]) for sp in specs for st in sp[4])
-    ls = np.zeros((B, S), dtype=np.int64)
-    le = np.zeros((B, S), dtype=np.int64)
-    smask = np.zeros((B, S), dtype=bool)
-    g = np.zeros((B, S, R), dtype=np.int64)
-    t = np.zeros((B, S, R), dtype=np.int64)
-    z = np.zeros((B, S, R), dtype=np.int64)
-    m = np.zeros((B, S, R), dtype=np.int64)
-    rmask = np.zeros((B, S, R), dtype=bool)
-    gi = {name: i for i, name in enumerate(tb.gpus)}
-    ti = {tp: i for i, tp in enumerate(tb.tps)}
-    zi = {name: i for i, name in enumerate(tb.zones)}
-    mi = {mb: i for i, mb in enumerate(tb.mbs)}
-    for b, (_, _, _, _, stages) in enumerate(specs):
-        for s, (a, e, reps) in enumerate(stages):
-            ls[b, s], le[b, s], smask[b, s] = a, e, True
-            for r, (gpu, tp, zone, mb) in enumerate(reps):
-                g[b, s, r], t[b, s, r], z[b, s, r] = gi[gpu], ti[tp], zi[zone]
-                m[b, s, r], rmask[b, s, r] = mb, True
-    return Batch(
-        mbs_idx=np.array([mi[sp[0]] for sp in specs]), ls=ls, le=le, smask=smask, g=g, t=t,
-        z=z, m=m, rmask=rmask, recompute=np.array([sp[2] for sp in specs]),
-        zero=np.array([sp[3] for sp in specs]), gpipe=np.array([sp[1] == "gpipe" for sp in specs]))
 
 
 @dataclass(frozen=True)
