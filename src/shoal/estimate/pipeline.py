@@ -79,20 +79,23 @@ def exact_ends(f: np.ndarray, b: np.ndarray, m: int, schedule: str) -> np.ndarra
     if N <= 4:
         return np.array([_exact_ends_one(f[:, j].tolist(), b[:, j].tolist(), m, schedule)
                          for j in range(N)]).T.reshape(S, N)
-    fin: dict[tuple[int, int, int], np.ndarray] = {}  # (backward?, stage, microbatch) -> end
+    # (backward?, stage, microbatch) -> end; every end is read once by the operation waiting for
+    # it and dropped then, so only the microbatches in flight are held
+    fin: dict[tuple[int, int, int], np.ndarray] = {}
     free = [np.zeros(N) for _ in range(S)]
     dur = (f, b)
     for s, bk, k, code in op_order(S, m, schedule):
         if code == 0:
             start = free[s]
         elif code == 1:
-            start = np.maximum(free[s], fin[0, s - 1, k])
+            start = np.maximum(free[s], fin.pop((0, s - 1, k)))
         elif code == 2:
-            start = np.maximum(free[s], fin[1, s + 1, k])
+            start = np.maximum(free[s], fin.pop((1, s + 1, k)))
         else:
-            start = np.maximum(free[s], fin[0, s, k])
+            start = np.maximum(free[s], fin.pop((0, s, k)))
         end = start + dur[bk][s]
-        fin[bk, s, k] = end
+        if not (bk and s == 0):  # nothing waits for stage 0's backward
+            fin[bk, s, k] = end
         free[s] = end
     return np.stack(free)
 
