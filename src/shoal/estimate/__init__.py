@@ -4,6 +4,6 @@
 planners call on many candidates at once.
 """
 
-from shoal.estimate.api import Estimate, StageBreakdown, WorkerMemory, estimate, estimate_many
+from shoal.estimate.api import Estimate, StageBreakdown, WorkerMemory, estimate
 
-__all__ = ["Estimate", "StageBreakdown", "WorkerMemory", "estimate", "estimate_many"]
+__all__ = ["Estimate", "StageBreakdown", "WorkerMemory", "estimate"]

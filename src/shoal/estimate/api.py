@@ -117,14 +117,6 @@ def estimate(problem: Problem, plan: TrainingPlan, *, file: str | None = None,
     return _readable(problem, plan, tb, out)
 
 
-def estimate_many(problem: Problem, plans: list[TrainingPlan]) -> dict[str, np.ndarray]:
-    """Iteration time, cost and OOM verdict of many plans in one kernel call."""
-    for p in plans:
-        validate_plan(problem, p)
-    tb = tables_for(problem, sorted({p.microbatch_size for p in plans}))
-    return run_kernel(problem, tb, encode(tb, plans))
-
-
 def _readable(problem: Problem, plan: TrainingPlan, tb: CostTables, o: dict) -> Estimate:
     T = float(o["iteration_time_s"][0])
     reg = catalog.gpus()

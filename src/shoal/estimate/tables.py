@@ -63,6 +63,12 @@ class CostTables:
         G, Z, T = self._dims
         return (((ga * Z + za) * G + gb) * Z + zb) * T + t
 
+    def cum_step(self, gpu: str, tp: int, mbs: int, recompute: bool) -> np.ndarray:
+        """Prefix sums over the layer list of one replica's forward + backward seconds per
+        microbatch (the forward twice under recompute), as the kernel adds them."""
+        gi, ti, mi = self.gi(gpu), self.ti(tp), self.mi(mbs)
+        return self.cum_f[gi, ti, mi] * (2.0 if recompute else 1.0) + self.cum_b[gi, ti, mi]
+
     def gi(self, gpu: str) -> int:
         return self.gpus.index(gpu)
 

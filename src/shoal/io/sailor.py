@@ -19,10 +19,6 @@ _NETWORK_FILES = ("network_coeffs_all_homo.json", "multizone_bandwidths_het.json
                   "multizone_bandwidths.json")
 
 
-def _json(path: Path) -> dict:
-    return read_json(path)
-
-
 def _gpu(name: str, file: Path, field: str) -> str:
     return catalog.gpus().canonical(name, field=field, file=str(file))
 
@@ -75,7 +71,7 @@ def convert_profiles(profile_dir: Path, n_layers: int, model: str,
     skipped = []
     for f in sorted(profile_dir.glob("*/profile.json")):
         g = _gpu(f.parent.name, f, "directory name")
-        data = _json(f)
+        data = read_json(f)
         per_tp: dict[str, dict] = {}
         for mbs, tps in data.items():
             for tp, layers in tps.items():
@@ -120,7 +116,7 @@ def convert_network(network_dir: Path, zones: list[str], gpus: list[str]) -> dic
     homo = network_dir / "network_coeffs_all_homo.json"
     net: dict = {"links": [], "intra_node": {}}
     if homo.exists():
-        data = _json(homo)
+        data = read_json(homo)
         for g_s, per_n in data.get("inter", {}).items():
             g = _gpu(g_s, homo, f"inter.{g_s}")
             sailor_name[g] = g_s
@@ -135,7 +131,7 @@ def convert_network(network_dir: Path, zones: list[str], gpus: list[str]) -> dic
         f = network_dir / name
         if not f.exists():
             continue
-        data = _json(f)
+        data = read_json(f)
         for za, per_g in data.items():
             for ga_s, per_n in per_g.items():
                 ga = _gpu(ga_s, f, f"{za}.{ga_s}")
@@ -159,7 +155,7 @@ def convert_network(network_dir: Path, zones: list[str], gpus: list[str]) -> dic
         net["links"].append({"zones": [za, zb], "gpus": [ga, gb], **spec})
     egress = network_dir / "gcp_egress_usd_per_gb.json"
     if egress.exists():
-        data = _json(egress)
+        data = read_json(egress)
         pairs = []
         for za, per in data.items():
             for zb, p in per.items():
@@ -281,7 +277,7 @@ def import_sailor(*, training_config: Path, cluster_config: Path | None = None, 
     from shoal.specs.plan import TrainingPlan
     from shoal.specs.scenario import parse_scenario
 
-    tcfg = _json(training_config)
+    tcfg = read_json(training_config)
     model = model_from_training_config(tcfg, training_config)
     n_layers = model["num_layers"] + 2
     optimizer = str(tcfg.get("optimizer", "adam")).lower()
@@ -298,7 +294,7 @@ def import_sailor(*, training_config: Path, cluster_config: Path | None = None, 
     pool_counts: dict[tuple[str, str], int] = {}
     plan_doc = None
     if plan is not None:
-        plan_doc, pool_counts, over = convert_plan(_json(plan), plan, n_layers)
+        plan_doc, pool_counts, over = convert_plan(read_json(plan), plan, n_layers)
         job.update(over)
     if trace is not None:
         pool_counts = read_trace_row(trace, step or 0)
@@ -306,7 +302,7 @@ def import_sailor(*, training_config: Path, cluster_config: Path | None = None, 
         raise SpecError("the pool is unknown: give --plan (pool = its GPUs) or --trace with --step")
     gpus_per_node = {}
     if cluster_config is not None:
-        cc = _json(cluster_config)
+        cc = read_json(cluster_config)
         for k, v in cc.items():
             if isinstance(v, dict) and "gpus_per_node" in v:
                 gpus_per_node[_gpu(k, cluster_config, k)] = int(v["gpus_per_node"])
@@ -334,7 +330,7 @@ def import_sailor(*, training_config: Path, cluster_config: Path | None = None, 
         if transfer_training_config is None:
             raise SpecError("--transfer-profiles needs --transfer-training-config: the training "
                             "config of the model those profiles were measured on")
-        pmodel = model_from_training_config(_json(transfer_training_config),
+        pmodel = model_from_training_config(read_json(transfer_training_config),
                                             transfer_training_config)
         prof, _ = convert_profiles(transfer_profiles, pmodel["num_layers"] + 2, pmodel["name"],
                                    pmodel)

@@ -50,10 +50,7 @@ def rebalanced(space: Space, alloc: Allocation, opts: list[list[Option]], L: int
     for st, o in zip(alloc.per_stage, opts, strict=True):
         k, tp, _ = max(st, key=lambda x: next(op.time_s for op in o if op.kind == x[0] and op.tp == x[1]))
         slow.append((space.kinds[k].gpu, tp))
-    tb = space.tb
-    mi = tb.mi(mbs)
-    cum = [tb.cum_f[tb.gi(g), tb.ti(tp), mi] * (2.0 if recompute else 1.0)
-           + tb.cum_b[tb.gi(g), tb.ti(tp), mi] for g, tp in slow]
+    cum = [space.tb.cum_step(g, tp, mbs, recompute) for g, tp in slow]
     # best[i][j]: smallest max stage time placing layers [0, j) on stages 0..i
     best = np.full((P, L + 1), np.inf)
     arg = np.zeros((P, L + 1), dtype=int)

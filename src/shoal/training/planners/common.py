@@ -131,15 +131,11 @@ class Evaluator:
                 res.append(None)
                 continue
             self.feasible[sp] = cand
-            if self.incumbent is None or score(cand, objective_of(self)) < score(self.incumbent,
-                                                                              objective_of(self)):
+            if self.incumbent is None or (score(cand, self.objective)
+                                          < score(self.incumbent, self.objective)):
                 self.incumbent = cand
             res.append(cand)
         return res
-
-
-def objective_of(ev: Evaluator) -> str:
-    return ev.objective
 
 
 def meets(c: Candidate, cons: Constraints) -> bool:

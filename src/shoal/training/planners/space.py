@@ -72,18 +72,23 @@ class Space:
                     self.avail[k] = cap
                     self.zones_of[k] = sorted(zs, key=lambda x: (-x[1], x[0]))
         self.tps = {g: tp_options(problem, g, tb.tps) for g in problem.gpus}
+        self._min_tp: dict[tuple, int | None] = {}
 
     def stage_time(self, gpu: str, tp: int, mbs: int, a: int, b: int, recompute: bool) -> float:
         """Forward + backward seconds of one microbatch of layers [a, b) on one replica."""
-        tb = self.tb
-        gi, ti, mi = tb.gi(gpu), tb.ti(tp), tb.mi(mbs)
-        f = tb.cum_f[gi, ti, mi, b] - tb.cum_f[gi, ti, mi, a]
-        bw = tb.cum_b[gi, ti, mi, b] - tb.cum_b[gi, ti, mi, a]
-        return float(f * (2.0 if recompute else 1.0) + bw) * self.problem.timing.compute_scale
+        cum = self.tb.cum_step(gpu, tp, mbs, recompute)
+        return float(cum[b] - cum[a]) * self.problem.timing.compute_scale
 
     def min_tp(self, gpu: str, mbs: int, a: int, b: int, in_flight: int, recompute: bool,
                zero: int, dp: int) -> int | None:
         """Smallest TP for which a worker holding layers [a, b) fits (H2), or None."""
+        key = (gpu, mbs, a, b, in_flight, recompute, zero, dp)
+        if key not in self._min_tp:
+            self._min_tp[key] = self._smallest_fitting_tp(*key)
+        return self._min_tp[key]
+
+    def _smallest_fitting_tp(self, gpu: str, mbs: int, a: int, b: int, in_flight: int,
+                             recompute: bool, zero: int, dp: int) -> int | None:
         tb, mem = self.tb, self.problem.memory
         cap = self.problem.gpus[gpu].memory_bytes
         for tp in self.tps[gpu]:
