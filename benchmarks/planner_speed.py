@@ -12,6 +12,7 @@ USD/iteration under shoal's estimator.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import tempfile
@@ -19,22 +20,54 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _reference import reference_dir  # noqa: E402
+from shoal.errors import InfeasibleError  # noqa: E402
 from shoal.io.sailor import import_sailor  # noqa: E402
 from shoal.problem import load_problem  # noqa: E402
+from shoal.specs.job import Constraints  # noqa: E402
 from shoal.training.planners import search  # noqa: E402
 
 NEO, OPT = "training_config_gpt_neo27.json", "training_config_opt_350.json"
 HET, GEO = "gpu_trace_heterogeneous_imbalanced.csv", "gpu_trace_multizone.csv"
+TWO = "gpu_trace_2zones_2gpus.csv"
+MAX_THR = ("max-throughput", {})
+# name: (training config, profile, trace, trace step, (objective, constraints), pool change)
 SCENARIOS = {
-    "gptneo_32a_96v": (NEO, "GPT-Neo-2.7", HET, 0),
-    "gptneo_80a_240v": (NEO, "GPT-Neo-2.7", HET, 1),
-    "gptneo_128a_384v": (NEO, "GPT-Neo-2.7", HET, 2),
-    "opt350_128a_384v": (OPT, "OPT-350", HET, 2),
-    "opt350_5zones_128a": (OPT, "OPT-350", GEO, 2),
+    "gptneo_32a_96v": (NEO, "GPT-Neo-2.7", HET, 0, MAX_THR, None),
+    "gptneo_80a_240v": (NEO, "GPT-Neo-2.7", HET, 1, MAX_THR, None),
+    "gptneo_128a_384v": (NEO, "GPT-Neo-2.7", HET, 2, MAX_THR, None),
+    "opt350_128a_384v": (OPT, "OPT-350", HET, 2, MAX_THR, None),
+    "opt350_5zones_128a": (OPT, "OPT-350", GEO, 2, MAX_THR, None),
+    # Sailor section 5.2.4: 2 zones x (128 A100-40GB + 128 V100-16GB)
+    "opt350_2z_mincost_thr0.2": (OPT, "OPT-350", TWO, 0, ("min-cost", {"min_iters_per_s": 0.2}),
+                                 None),
+    "opt350_2z_maxthr_budget1.2": (OPT, "OPT-350", TWO, 0,
+                                   ("max-throughput", {"max_cost_per_iteration_usd": 1.2}), None),
+    # three GPU types, 256 each, one zone (A100-80GB: analytic layer times, A100-40GB network)
+    "gptneo_3types_256": (NEO, "GPT-Neo-2.7", HET, 2, MAX_THR, "three_types"),
 }
+
+
+def three_types(scenario: Path) -> None:
+    """256 each of A100-40GB, V100-16GB and A100-80GB in the one zone; the A100-80GB VMs share
+    the A100-40GB network curves (same GCP a2 machine family)."""
+    d = yaml.safe_load(scenario.read_text())
+    zone = d["pool"]["regions"]["us-central1"]["zones"]["us-central1-a"]
+    zone["gpus"] = {"A100-40GB": 256, "V100-16GB": 256, "A100-80GB": 256}
+    d["pool"]["gpus_per_node"]["A100-80GB"] = 4
+    links = d["network"]["links"]
+    like = {tuple(lk["gpus"]): lk for lk in links}
+    for pair, src in ((("A100-80GB", "A100-80GB"), ("A100-40GB", "A100-40GB")),
+                      (("A100-80GB", "A100-40GB"), ("A100-40GB", "A100-40GB")),
+                      (("A100-80GB", "V100-16GB"), ("A100-40GB", "V100-16GB"))):
+        lk = copy.deepcopy(like[src])
+        lk["gpus"] = list(pair)
+        links.append(lk)
+    d["network"].setdefault("intra_node", {})["A100-80GB"] = d["network"]["intra_node"]["A100-40GB"]
+    scenario.write_text(yaml.safe_dump(d, sort_keys=False))
 
 
 def main() -> None:
@@ -50,7 +83,7 @@ def main() -> None:
     s = ref / "sailor"
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (cfg, prof, trace, step) in SCENARIOS.items():
+        for name, (cfg, prof, trace, step, (objective, cons), change) in SCENARIOS.items():
             if args.only and args.only != name:
                 continue
             d = Path(tmp) / name
@@ -58,15 +91,24 @@ def main() -> None:
                           cluster_config=s / "configs" / "basic_cluster_config.json",
                           profiles=s / "profiles" / prof, network=s / "network", out_dir=d,
                           trace=s / "traces" / trace, step=step)
+            if change == "three_types":
+                three_types(d / "scenario.yaml")
             pb = load_problem(d / "scenario.yaml")
-            row = {}
+            row = {"objective": objective, "constraints": cons}
             for strategy in ("sailor", "auto"):
                 times, res = [], None
                 for _ in range(args.repeats):
                     t0 = time.perf_counter()
-                    res = search(pb, strategy=strategy, objective="max-throughput",
-                                 budget_s=args.budget)
+                    try:
+                        res = search(pb, strategy=strategy, objective=objective,
+                                     constraints=Constraints(**cons), budget_s=args.budget)
+                    except InfeasibleError as e:
+                        res = e
                     times.append(time.perf_counter() - t0)
+                if isinstance(res, InfeasibleError):
+                    row[strategy] = {"search_time_s": round(float(np.median(times)), 3),
+                                     "infeasible": str(res)}
+                    continue
                 best = res.ranked[0]
                 p = best.plan
                 row[strategy] = {"search_time_s": round(float(np.median(times)), 3),
@@ -74,12 +116,35 @@ def main() -> None:
                                  "usd_per_iter": round(best.cost_usd, 4),
                                  "stages": len(p.stages), "pipelines": len(p.stages[0].replicas),
                                  "mbs": p.microbatch_size, "gpus": best.num_gpus,
+                                 "plan": describe(p),
                                  "costed": res.stats.candidates_costed,
                                  "truncated": res.stats.truncated}
             row["auto_over_sailor_time"] = round(row["auto"]["search_time_s"]
                                                  / row["sailor"]["search_time_s"], 2)
             out[name] = row
+            print(json.dumps({name: row}), file=sys.stderr)
     print(json.dumps(out, indent=1))
+
+
+def describe(plan) -> str:
+    """Sailor-style shape: stages, replicas, layers per stage, and each run of equal stages'
+    replica mix, e.g. ``P=2 mbs=2 D=27 layers=[13,13]; S0: 3xA100-40GB(TP1)+24xV100-16GB(TP4)``."""
+    mixes = []
+    for st in plan.stages:
+        count: dict[tuple[str, int], int] = {}
+        for r in st.replicas:
+            count[(r.gpu, r.tp)] = count.get((r.gpu, r.tp), 0) + 1
+        mixes.append("+".join(f"{n}x{g}(TP{t})" for (g, t), n in sorted(count.items())))
+    runs, i = [], 0
+    while i < len(mixes):
+        j = i
+        while j + 1 < len(mixes) and mixes[j + 1] == mixes[i]:
+            j += 1
+        runs.append(f"S{i}{'-' + str(j) if j > i else ''}: {mixes[i]}")
+        i = j + 1
+    layers = [st.layers[1] - st.layers[0] for st in plan.stages]
+    return (f"P={len(plan.stages)} mbs={plan.microbatch_size} D={len(plan.stages[0].replicas)} "
+            f"layers={layers}; " + "; ".join(runs))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from functools import cache
 
 import numpy as np
 
+_BIG = np.iinfo(np.int64).max
 MAX_FRONT = 4000  # usage vectors kept per stage (the cheapest first) when kinds are many
 
 
@@ -45,14 +46,19 @@ def _combos(opts: tuple[Option, ...], D: int, region_of: tuple[int, ...], K: int
         for i, a in enumerate(ros):
             combos.append(((a, D),))
             for b in ros[i + 1:]:
-                if b.kind == a.kind:
-                    continue  # one TP per GPU type in a stage: mixing TPs of one type never pays
                 combos.extend(((a, na), (b, D - na)) for na in range(1, D))
     use = np.zeros((len(combos), K), dtype=np.int64)
+    # per combo: the faster option's time, the slower one's, and how many replicas are slower
+    t_fast, t_slow, n_slow = np.zeros(len(combos)), np.zeros(len(combos)), np.zeros(len(combos))
     for c, combo in enumerate(combos):
         for o, n in combo:
             use[c, o.kind] += n * o.tp
-    return combos, use
+        if len(combo) == 1:
+            t_fast[c] = t_slow[c] = combo[0][0].time_s
+        else:
+            (fa, _), (sl, ns) = sorted(combo, key=lambda x: x[0].time_s)
+            t_fast[c], t_slow[c], n_slow[c] = fa.time_s, sl.time_s, ns
+    return combos, use, t_fast, t_slow, n_slow
 
 
 def _prune(U: np.ndarray, price: np.ndarray) -> np.ndarray:
@@ -64,7 +70,7 @@ def _prune(U: np.ndarray, price: np.ndarray) -> np.ndarray:
     if K == 2:
         order = np.lexsort((U[:, 1], U[:, 0]))
         u1 = U[order, 1]
-        prev_min = np.minimum.accumulate(np.concatenate([[np.iinfo(np.int64).max], u1[:-1]]))
+        prev_min = np.minimum.accumulate(np.concatenate([[_BIG], u1[:-1]]))
         return order[u1 < prev_min]
     order = np.argsort(U @ price, kind="stable")
     kept: list[int] = []
@@ -77,17 +83,44 @@ def _prune(U: np.ndarray, price: np.ndarray) -> np.ndarray:
     return np.array(kept)
 
 
+def slots(D: int, total: int | None) -> tuple[float, int]:
+    """(relax, extra): ``extra`` of the D pipelines run one microbatch more than the rest (the
+    fastest replicas' pipelines); a replica on one of the others may be ``relax`` times slower
+    than the bound and still finish its microbatches as early."""
+    if not total or total < D:
+        return 1.0, 0
+    lo, extra = divmod(total, D)
+    return ((lo + 1) / lo if extra else 1.0), extra
+
+
 def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-           region_of: list[int], tau: float) -> Allocation | None:
-    """Cheapest allocation whose slowest replica takes at most ``tau`` per microbatch."""
+           region_of: list[int], tau: float, total: int | None = None) -> Allocation | None:
+    """Cheapest allocation in which every replica finishes its pipeline's microbatches within
+    those of a replica taking ``tau`` per microbatch in the busiest pipeline (with ``total``
+    microbatches shared as by ``build.shares``; without, every replica takes at most ``tau``)."""
     K = len(avail)
+    relax, extra = slots(D, total)
     U = np.zeros((1, K), dtype=np.int64)
     back: list[tuple[np.ndarray, np.ndarray, list]] = []
     for opts in stage_opts:
-        allowed = [o for o in opts if o.time_s <= tau]
-        if not allowed:
+        # per GPU kind only its smallest TP under the bound (for the busiest pipelines) and under
+        # the relaxed bound (for the others): a larger one uses more GPUs of that kind
+        pick: dict[tuple[int, bool], Option] = {}
+        for o in opts:
+            for slow, lim in ((False, tau), (True, tau * relax)):
+                cur = pick.get((o.kind, slow))
+                if o.time_s <= lim and (cur is None or (o.tp, o.time_s) < (cur.tp, cur.time_s)):
+                    pick[(o.kind, slow)] = o
+        if not pick:
             return None
-        combos, CU = _combos(tuple(allowed), D, tuple(region_of), K)
+        allowed = sorted(set(pick.values()), key=lambda o: (o.kind, o.tp))
+        combos, CU, t_fast, t_slow, n_slow = _combos(tuple(allowed), D, tuple(region_of), K)
+        # the slower replicas take the first pipelines: relaxed only if all of those run fewer
+        ok_c = (t_fast <= tau) & np.where(n_slow <= D - extra, t_slow <= tau * relax,
+                                          t_slow <= tau)
+        if not ok_c.any():
+            return None
+        CU = np.where(ok_c[:, None], CU, _BIG // 4)
         new = (U[:, None, :] + CU[None, :, :]).reshape(-1, K)
         fits = new[:, 0] <= avail[0]
         for k in range(1, K):
@@ -111,33 +144,32 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
         per_stage.append(tuple((o.kind, o.tp, n) for o, n in combos[combo[idx]]))
         idx = parent[idx]
     per_stage.reverse()
-    return Allocation(tuple(per_stage), tuple(int(x) for x in U[best]),
-                      _bottleneck(stage_opts, per_stage))
-
-
-def _bottleneck(stage_opts, per_stage) -> float:
-    worst = 0.0
-    for opts, st in zip(stage_opts, per_stage, strict=True):
-        for k, tp, _ in st:
-            worst = max(worst, next(o.time_s for o in opts if o.kind == k and o.tp == tp))
-    return worst
+    return Allocation(tuple(per_stage), tuple(int(x) for x in U[best]), tau)
 
 
 def fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-            region_of: list[int]) -> Allocation | None:
-    """The allocation with the smallest slowest-replica time (then the cheapest)."""
-    taus = sorted({o.time_s for opts in stage_opts for o in opts})
+            region_of: list[int], at_least: float = 0.0,
+            total: int | None = None) -> Allocation | None:
+    """The allocation with the smallest slowest-replica time (then the cheapest).
+
+    ``at_least``: a known lower bound on that time (a caller's relaxation); the bisection over
+    the stage times starts there."""
+    relax, _ = slots(D, total)
+    taus = sorted({t for opts in stage_opts for o in opts for t in (o.time_s, o.time_s / relax)})
     if not taus:
         return None
-    best = _solve(stage_opts, D, avail, price, region_of, taus[-1])
+    # no bound below the slowest stage's fastest option can be met
+    floor = max(max(min(o.time_s for o in opts) for opts in stage_opts) / relax, at_least)
+    lo = int(np.searchsorted(taus, floor - 1e-15 * max(floor, 1.0)))
+    hi = len(taus) - 1
+    if lo > hi:
+        return None
+    best = _solve(stage_opts, D, avail, price, region_of, taus[hi], total)
     if best is None:
         return None
-    # no bound below the slowest stage's fastest option can be met
-    floor = max(min(o.time_s for o in opts) for opts in stage_opts)
-    lo, hi = taus.index(floor), len(taus) - 1  # taus[hi] is feasible
     while lo < hi:
         mid = (lo + hi) // 2
-        a = _solve(stage_opts, D, avail, price, region_of, taus[mid])
+        a = _solve(stage_opts, D, avail, price, region_of, taus[mid], total)
         if a is not None:
             hi, best = mid, a
         else:
@@ -146,17 +178,50 @@ def fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np
 
 
 def tradeoffs(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-              region_of: list[int], levels: int = 6) -> list[Allocation]:
+              region_of: list[int], levels: int = 6, at_least: float = 0.0,
+              total: int | None = None) -> list[Allocation]:
     """Cheapest allocations under several bottleneck bounds, from the fastest feasible up:
     the time-cost trade-offs of one plan shape."""
-    best = fastest(stage_opts, D, avail, price, region_of)
+    best = fastest(stage_opts, D, avail, price, region_of, at_least, total)
     if best is None:
         return []
-    taus = sorted({o.time_s for opts in stage_opts for o in opts if o.time_s >= best.bottleneck_s})
+    relax, _ = slots(D, total)
+    taus = sorted({t for opts in stage_opts for o in opts for t in (o.time_s, o.time_s / relax)
+                   if t >= best.bottleneck_s})
     pick = sorted(set(np.linspace(0, len(taus) - 1, min(levels, len(taus))).round().astype(int)))
     out = [best]
     for i in pick[1:]:
-        a = _solve(stage_opts, D, avail, price, region_of, taus[i])
+        a = _solve(stage_opts, D, avail, price, region_of, taus[i], total)
         if a is not None and a.usage != out[-1].usage:
             out.append(a)
     return out
+
+
+def upgraded(alloc: Allocation, stage_opts: list[list[Option]], avail: np.ndarray) -> Allocation:
+    """``alloc`` with its replicas moved to faster (larger-TP) options of the same GPU kind while
+    the pool has GPUs left, the slowest stage first: the bottleneck program picks the cheapest
+    replicas that meet the bound, but shorter non-bottleneck stages also shorten the pipeline's
+    fill and drain."""
+    left = avail - np.asarray(alloc.usage)
+    per_stage = [list(st) for st in alloc.per_stage]
+    time_of = [{(o.kind, o.tp): o.time_s for o in opts} for opts in stage_opts]
+    changed = True
+    while changed:
+        changed = False
+        order = sorted(range(len(per_stage)), key=lambda i: -max(
+            time_of[i][(k, tp)] for k, tp, _ in per_stage[i]))
+        for i in order:
+            for j, (k, tp, n) in enumerate(per_stage[i]):
+                faster = sorted((t2, tp2) for (k2, tp2), t2 in time_of[i].items()
+                                if k2 == k and tp2 > tp and t2 < time_of[i][(k, tp)]
+                                and n * (tp2 - tp) <= left[k])
+                if faster:
+                    tp2 = faster[0][1]
+                    left[k] -= n * (tp2 - tp)
+                    per_stage[i][j] = (k, tp2, n)
+                    changed = True
+                    break
+            if changed:
+                break
+    usage = tuple(int(x) for x in avail - left)
+    return Allocation(tuple(tuple(st) for st in per_stage), usage, alloc.bottleneck_s)

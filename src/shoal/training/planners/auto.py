@@ -1,32 +1,50 @@
-"""shoal's default planner: Sailor's space and more, searched wider, costed in batches.
+"""shoal's default planner: a best-first branch and bound over plan shapes and data-parallel
+degrees, with Sailor's space widened.
 
-On top of the ``sailor`` strategy (whose plans it always costs too, so it is never worse):
+The space, beyond the ``sailor`` strategy's:
 - every TP degree that fits a node, not only the smallest that fits in memory;
 - for shallow pipelines every contiguous layer split, and for every depth the layers re-split
   so each stage's slowest GPU takes about equal time (a linear-partition dynamic program);
-- every data-parallel degree, not only the walk that stops at the first non-improvement;
-- for each plan shape, the cheapest allocation under several bottleneck bounds, so time-cost
+- every data-parallel degree worth trying, not only the walk that stops at the first
+  non-improvement;
+- for cost objectives, the cheapest allocation under several bottleneck bounds, so time-cost
   trade-offs reach the estimator and the Pareto front;
 - every objective uses every pipeline depth (Sailor's public planner keeps min-cost searches to
-  one stage);
-- activation recompute where the job allows it (it lets smaller GPUs or smaller TP fit);
-- all candidates of a shape are costed in one batched kernel call.
+  one stage), and activation recompute where the job allows it.
+
+The search: (when minimising cost, Sailor's single-stage walk first, for an incumbent) every
+(shape, degree) pair gets a lower bound on iteration time and on $/iteration
+that holds for any allocation of the pool (see ``Bounds``). Pairs are taken cheapest bound
+first; each is given its allocation by the stage dynamic program and costed by the estimator in
+batches; the search stops when the next bound cannot beat the best plan found. Only the bounds
+cut the space, so on it the result is the same as costing every pair.
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 
+from shoal.profiles.network import bandwidth
 from shoal.training.planners import sailor
-from shoal.training.planners.allocate import Allocation, Option, fastest, tradeoffs
+from shoal.training.planners.allocate import (
+    Allocation,
+    Option,
+    fastest,
+    slots,
+    tradeoffs,
+    upgraded,
+)
 from shoal.training.planners.build import build_spec
 from shoal.training.planners.common import Evaluator, score
 from shoal.training.planners.space import Space, balanced_split
 
 ALL_SPLITS_UP_TO = 3  # pipeline depths whose every contiguous split is tried ...
 MAX_SPLITS = 120  # ... when there are at most this many
+PACKINGS = ("stage", "pipeline")  # zone placements tried for each allocation
+BATCH = 12  # (shape, degree) pairs allocated and costed per estimator call
 
 
 def splits_for(L: int, P: int) -> list[tuple[tuple[int, int], ...]]:
@@ -68,48 +86,222 @@ def rebalanced(space: Space, alloc: Allocation, opts: list[list[Option]], L: int
     return tuple((edges[i], edges[i + 1]) for i in range(P))
 
 
-def staircase(total: int, Dmax: int) -> list[int]:
-    """The data-parallel degrees worth trying: with ``total`` microbatches over D pipelines the
-    busiest pipeline runs ceil(total / D) of them, so among degrees with the same count the
-    smallest (fewest GPUs, least gradient traffic) is best: D = ceil(total / k) for each k."""
-    return sorted({-(-total // k) for k in range(1, total + 1)} & set(range(1, Dmax + 1)))
+@dataclass(frozen=True)
+class Shape:
+    recompute: bool
+    mbs: int
+    split: tuple[tuple[int, int], ...]
+    opts: tuple[tuple[Option, ...], ...]
+    rebalance: bool
 
 
-def _coarse(degrees: list[int], n: int = 10) -> list[int]:
-    """About n of ``degrees`` spread geometrically (throughput over D rises, then flattens or
-    falls: a coarse pass finds the region, a local pass the best degree)."""
-    if len(degrees) <= n:
-        return degrees
-    idx = np.unique(np.geomspace(1, len(degrees), n).round().astype(int) - 1)
-    return sorted({degrees[0], degrees[-1], *(degrees[i] for i in idx)})
+class Bounds:
+    """Lower bounds on the iteration time and $/iteration of any plan of a shape with D
+    pipelines, whatever GPUs of the pool it is given. With n = total microbatches:
+
+    - tail_s(D): a stage's gradient all-reduce over the fastest link of the problem plus its
+      fastest update; every worker's compute ends at least min_s tail_s before the iteration does;
+    - the slowest replica per stage, tau(D), is at least the smallest stage time for which the
+      pool holds enough GPUs (total, and per stage from the kinds fast enough); pipeline 0 pairs
+      the slowest replicas and runs floor(n / D) microbatches: T >= floor(n/D) tau + min tail;
+    - the busiest pipeline runs ceil(n / D) microbatches, each at least the stage's fastest
+      option: T >= ceil(n/D) t_min,s + tail_s for every stage;
+    - work: GPU-seconds of compute (fastest option per stage, plus the sends every stage makes),
+      and the fill/drain each worker of stage s idles (the stages before it), weighted per kind
+      by its speed, fit in the pool's weighted GPU-seconds before the tail (an LP dual bound);
+    - cost: each worker is paid for its busy time, its idle fill/drain and the tail, and the whole
+      allocation for T; the cheaper kind per stage bounds both.
+    """
+
+    def __init__(self, space: Space, avail: np.ndarray, price_h: np.ndarray,
+                 region_of: list[int]):
+        pb, tb = space.problem, space.tb
+        self.space, self.tc = space, pb.timing
+        self.avail = avail.astype(float)
+        self.N = float(avail.sum())
+        self.region_of = np.asarray(region_of)
+        self.region_N = np.bincount(self.region_of, weights=self.avail)
+        self.price_s = price_h / 3600.0
+        self.gi = np.array([tb.gi(k.gpu) for k in space.kinds])
+        self.lat_min = float(tb.flat_lat.min())
+        self.p2p_min = tb.p2p_time.min(axis=1) * self.tc.p2p_scale + self.tc.p2p_overhead_s  # per mbs
+        # link classes by where the two ends are: 0 same zone, 1 same region, 2 across regions
+        G, Z, _, _, T = tb.link_div.shape
+        _, za, _, zb, _ = np.indices((G, Z, G, Z, T)).reshape(5, -1)
+        reg = np.array([pb.zone_region[z] for z in tb.zones])
+        self.link_class = np.where(za == zb, 0, np.where(reg[za] == reg[zb], 1, 2))
+        # the most GPUs one zone / one region holds: a ring over more must leave it
+        per_zone: dict[str, int] = {}
+        for (_, z), n in pb.avail.items():
+            per_zone[z] = per_zone.get(z, 0) + n
+        per_region: dict[str, int] = {}
+        for z, n in per_zone.items():
+            per_region[pb.zone_region[z]] = per_region.get(pb.zone_region[z], 0) + n
+        self.zone_most = max(per_zone.values(), default=0)
+        self.region_most = max(per_region.values(), default=0)
+        self._sync: dict[tuple[int, int], np.ndarray] = {}
+
+    def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
+        """(3, TPs): seconds per 2(D-1)/D of a stage's gradients over the fastest link of each
+        class (same zone, same region, across regions; no faster class counts for the slower
+        ones), per TP degree of the replicas (a TP group sends over that many flows)."""
+        key = (a, b)
+        if key not in self._sync:
+            tb = self.space.tb
+            nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * 2.0
+            div = tb.flat_div
+            t = nbytes / (div * bandwidth(tb.flat_curve, nbytes / div))
+            T = len(tb.tps)
+            tpi = np.arange(len(t)) % T
+            out = np.full((3, T), np.inf)
+            for c in range(3):
+                for ti in range(T):
+                    sel = (self.link_class >= c) & (tpi == ti)
+                    if sel.any():
+                        out[c, ti] = t[sel].min()
+            self._sync[key] = out
+        return self._sync[key]
+
+    def __call__(self, sh: Shape, Ds: np.ndarray, total: int):
+        """(time, cost, slowest replica's compute time) lower bounds for each degree in ``Ds``;
+        inf where the pool cannot hold D replicas of every stage."""
+        tb, tc = self.space.tb, self.tc
+        P = len(sh.split)
+        mi = tb.mi(sh.mbs)
+        p2p = self.p2p_min[mi]
+        rf = tc.recv_fraction
+        D = Ds.astype(float)
+        n_hi, n_lo = np.ceil(total / D), np.floor(total / D)
+        tmin, fmin, bmin, upd = (np.empty(P) for _ in range(4))
+        busy_w = np.empty(P)  # weighted GPU-seconds per microbatch
+        idle_w = np.empty(P)  # weighted GPUs per replica
+        busy_c = np.empty(P)  # USD per microbatch
+        rate = np.empty(P)  # USD/s per replica
+        ring_s = np.empty((P, 3))
+        y = self._weights(sh)
+        times, extras, tps, kinds, stage_of = [], [], [], [], []
+        for s, ((a, b), opts) in enumerate(zip(sh.split, sh.opts, strict=True)):
+            # sends and blocking receives as the kernel adds them to forward and backward
+            f_extra = p2p * ((s < P - 1) + rf * (s > 0))
+            b_extra = p2p * ((s > 0) + rf * (s < P - 1))
+            k = np.array([o.kind for o in opts])
+            tp = np.array([o.tp for o in opts], dtype=float)
+            ti = np.array([tb.ti(o.tp) for o in opts])
+            g = self.gi[k]
+            f = (tb.cum_f[g, ti, mi, b] - tb.cum_f[g, ti, mi, a]) * tc.compute_scale
+            t_c = np.array([o.time_s for o in opts])
+            t = t_c + f_extra + b_extra
+            tmin[s], fmin[s], bmin[s] = t.min(), (f + f_extra).min(), (t_c - f + b_extra).min()
+            u = tb.cum_u[g, ti, b] - tb.cum_u[g, ti, a]
+            upd[s] = u.min()
+            busy_w[s] = (y[k] * t * tp).min()
+            idle_w[s] = (y[k] * tp).min()
+            busy_c[s] = (self.price_s[k] * t * tp).min()
+            rate[s] = (self.price_s[k] * tp).min()
+            ring_s[s] = self._ring_bytes_time(a, b)[:, np.unique(ti)].min(axis=1)
+            times.append(t_c)
+            extras.append(f_extra + b_extra)
+            tps.append(tp)
+            kinds.append(k)
+            stage_of.append(np.full(len(opts), s))
+        pre = np.concatenate([[0.0], np.cumsum(tmin)[:-1]])  # forward and backward before s
+        fpre = np.concatenate([[0.0], np.cumsum(fmin)[:-1]])  # forwards before s
+        post = np.concatenate([np.cumsum(tmin[::-1])[::-1][1:], [0.0]])  # stages after s
+        # a stage whose D replicas (at its fewest GPUs each) outnumber one zone's or one
+        # region's GPUs all-reduces over at least one link between zones or regions
+        min_tp = np.array([min(o.tp for o in opts) for opts in sh.opts], dtype=float)
+        span = ((D[None, :] * min_tp[:, None] > self.zone_most).astype(int)
+                + (D[None, :] * min_tp[:, None] > self.region_most))
+        ring = np.take_along_axis(ring_s, span, axis=1)  # (P, nD)
+        sync = np.where(D[None, :] > 1, ((2 * (D - 1) / D)[None, :] * ring
+                                         + 2 * (D - 1)[None, :] * self.lat_min) * tc.sync_scale, 0.0)
+        tail = sync + upd[:, None]  # (P, nD)
+        tail_min = tail.min(axis=0)
+        work = (total * busy_w.sum() + D * (pre * idle_w).sum()) / max(float(y @ self.avail), 1e-300)
+        tau = self._tau(np.concatenate(times), np.concatenate(tps), np.concatenate(kinds),
+                        np.concatenate(stage_of), P, Ds)
+        # the busiest pipeline's replica of stage s: it starts after the forwards before it,
+        # runs n microbatches (its last forward is followed by the later stages' forward and
+        # backward and its own backward), then the earlier stages' backwards and stage 0's tail
+        # follow; or its own tail follows directly
+        nh = n_hi[None, :]
+        chain = np.maximum(nh * tmin[:, None], nh * fmin[:, None] + (bmin + post)[:, None])
+        T = np.maximum.reduce([
+            tail_min + work,
+            n_lo * (tau + min(extras)) + tail_min,
+            (pre[:, None] + chain).max(axis=0) + tail[0],
+            (fpre[:, None] + chain + tail).max(axis=0),
+        ])
+        T = T + tc.step_overhead_s
+        C = np.maximum(T * D * rate.sum(),
+                       total * busy_c.sum() + D * (rate[:, None] * (pre[:, None] + tail)).sum(axis=0))
+        C = np.where(np.isfinite(T), C, np.inf)
+        return T, C, tau
+
+    def _weights(self, sh: Shape) -> np.ndarray:
+        """Per kind, 1 / (its mean GPU-seconds per stage and microbatch); 0 for kinds that fit
+        no stage (they cannot be used)."""
+        K = len(self.avail)
+        acc, cnt = np.zeros(K), np.zeros(K)
+        for opts in sh.opts:
+            best: dict[int, float] = {}
+            for o in opts:
+                best[o.kind] = min(best.get(o.kind, np.inf), o.time_s * o.tp)
+            for k, v in best.items():
+                acc[k] += v
+                cnt[k] += 1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(acc > 0, cnt / acc, 0.0)
+
+    def _tau(self, t, tp, k, st, P: int, Ds: np.ndarray) -> np.ndarray:
+        """Per degree, the smallest slowest-replica time the pool's GPU counts allow: in all,
+        per stage (its D replicas in one region, H5), and stages per region."""
+        taus = np.unique(t)
+        ok = t[None, :] <= taus[:, None]  # (nT, O)
+        R = int(self.region_of.max()) + 1
+        nT = len(taus)
+        # per region: fewest GPUs per replica of each stage, and replicas its kinds can give it
+        g = np.full((R, nT, P), np.inf)
+        cap = np.zeros((R, nT, P))
+        for s in range(P):
+            for kk in range(len(self.avail)):
+                sel = (st == s) & (k == kk)
+                if not sel.any():
+                    continue
+                r = self.region_of[kk]
+                m = np.where(ok[:, sel], tp[None, sel], np.inf).min(axis=1)
+                g[r, :, s] = np.minimum(g[r, :, s], m)
+                cap[r, :, s] += np.where(np.isfinite(m), np.floor(self.avail[kk] / np.where(
+                    np.isfinite(m), m, 1.0)), 0.0)
+        G = g.min(axis=0).sum(axis=1)  # (nT,)
+        Dcap = cap.max(axis=0).min(axis=1)  # (nT,)
+        Dv = Ds[None, :].astype(float)
+        feas = (Dv * G[:, None] <= self.N) & (Dv <= Dcap[:, None])  # (nT, nD)
+        gmin = g.min(axis=2)  # (R, nT)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fit = np.floor(self.region_N[:, None, None] / (gmin[:, :, None] * Dv[None, :, :]))
+        feas &= np.where(np.isfinite(fit), fit, 0.0).sum(axis=0) >= P
+        first = np.where(feas.any(axis=0), feas.argmax(axis=0), -1)
+        return np.where(first >= 0, taus[np.maximum(first, 0)], np.inf)
 
 
-def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
-           max_stages: int | None = None) -> None:
-    # Sailor's own candidates first, so auto is never worse than the sailor strategy
-    sailor.search(ev, space, objective, mbs_values, max_stages)
-    if objective == "min-cost":
-        sailor.search(ev, space, "max-throughput", mbs_values, max_stages)
+def _shapes(space: Space, mbs_values: list[int], max_stages: int | None):
     problem = space.problem
     L = problem.n_layers
-    gbs = problem.job.global_batch
-    avail, price, region_of = sailor.arrays(space)
     for recompute in sorted(set(problem.job.recompute)):
         for P in range(1, min(L, max_stages or L) + 1):
             for mbs in mbs_values:
-                total = gbs // mbs
+                bal = balanced_split(L, P)
                 for split in splits_for(L, P):
-                    if ev.out_of_time():
-                        return
                     opts = sailor.stage_options(space, split, mbs, recompute, 0, 1, all_tp=True)
                     if opts is None:
-                        ev.stats.no_fit += 1
+                        yield None
                         continue
                     if recompute and _fits_without_recompute(space, split, mbs, opts):
-                        ev.stats.pruned += 1  # recompute only slows a shape that already fits
+                        yield False  # recompute only slows a shape that already fits
                         continue
-                    _shape(ev, space, opts, split, mbs, recompute, objective, total, avail, price,
-                           region_of, rebalance=P > 1 and split == balanced_split(L, P))
+                    yield Shape(recompute, mbs, split, tuple(tuple(o) for o in opts),
+                                rebalance=P > 1 and split == bal)
 
 
 def _fits_without_recompute(space: Space, split, mbs: int, opts) -> bool:
@@ -121,74 +313,121 @@ def _fits_without_recompute(space: Space, split, mbs: int, opts) -> bool:
                for a, b in zip(plain, opts, strict=True))
 
 
-def _shape(ev, space, opts, split, mbs, recompute, objective, total, avail, price, region_of,
-           rebalance: bool) -> None:
-    """Search the data-parallel degree of one plan shape: a coarse pass over degrees, then the
-    neighbours of the best two, each with its fastest and cheaper allocations."""
-    L = space.problem.n_layers
-    Dmax = sailor.max_dp(space, opts, total)
-    if Dmax < 1:
-        ev.stats.pruned += 1
-        return
-
-    def specs_for(D: int, levels: int) -> list:
-        allocs = tradeoffs(opts, D, avail, price, region_of, levels=levels)
-        if not allocs:
-            ev.stats.pruned += 1
-            return []
-        out = [build_spec(space, a, opts, split, mbs, D, recompute=recompute) for a in allocs]
-        if rebalance:
-            new = rebalanced(space, allocs[0], opts, L, mbs, recompute)
-            if new != split and min(b - a for a, b in new) > 0:
-                o2 = sailor.stage_options(space, new, mbs, recompute, 0, 1, all_tp=True)
-                a2 = fastest(o2, D, avail, price, region_of) if o2 else None
-                if a2 is not None:
-                    out.append(build_spec(space, a2, o2, new, mbs, D, recompute=recompute))
-        return [s for s in out if s is not None]
-
-    # Bound first (the issue's "bounds that prune stage choices before the DP"): every pipeline
-    # runs at least ceil(total / D) microbatches through its slowest stage, which takes at least
-    # the fastest option of the slowest stage; that bound on time (and, times the cheapest GPUs
-    # a stage could use, on cost) skips degrees that cannot beat the best plan found so far.
-    stage_floor = max(min(o.time_s for o in st) for st in opts)
-    fill = sum(min(o.time_s for o in st) for st in opts)  # one microbatch through every stage
-    cheapest_rate = sum(min(o.tp * price[o.kind] for o in st) for st in opts) / 3600.0
-
-    def hopeless(D: int) -> bool:
-        inc = ev.incumbent
-        if inc is None:
-            return False
-        t_lb = (-(-total // D) - 1) * stage_floor + fill
-        if objective == "max-throughput":
-            return t_lb >= inc.iteration_time_s
-        if objective == "min-cost":
-            return t_lb * cheapest_rate * D >= inc.cost_usd
-        return t_lb * t_lb * cheapest_rate * D >= inc.iteration_time_s * inc.cost_usd
-
-    scored: dict[int, float] = {}
-    degrees = staircase(total, Dmax)
-    if not degrees:
-        return
-    coarse = [D for D in _coarse(degrees) if not hopeless(D)]
-    ev.stats.pruned += len(_coarse(degrees)) - len(coarse)
-    if not coarse:
-        return
-    for D in coarse:
-        cands = [c for c in ev.cost(specs_for(D, 1)) if c is not None]
-        if cands:
-            scored[D] = min(score(c, objective) for c in cands)[0]
-    if not scored:
-        return
-    near: set[int] = set()
-    for D in sorted(scored, key=scored.get)[:2]:
-        i = coarse.index(D)
-        lo = coarse[i - 1] if i > 0 else degrees[0]
-        hi = coarse[i + 1] if i + 1 < len(coarse) else degrees[-1]
-        near.update(x for x in degrees if lo <= x <= hi)
-    specs = []
-    for D in sorted(near):
-        if hopeless(D):
+def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
+           max_stages: int | None = None) -> None:
+    problem = space.problem
+    gbs = problem.job.global_batch
+    avail, price, region_of = sailor.arrays(space)
+    bounds = Bounds(space, avail, price, region_of)
+    cons = ev.constraints
+    shapes: list[Shape] = []
+    rows = []  # per shape: degrees, time bounds, cost bounds, slowest-replica bounds
+    for sh in _shapes(space, mbs_values, max_stages):
+        if sh is None:
+            ev.stats.no_fit += 1
+            continue
+        if sh is False:
             ev.stats.pruned += 1
             continue
-        specs += specs_for(D, 4)
-    ev.cost([s for s in dict.fromkeys(specs) if s not in ev.feasible])
+        total = gbs // sh.mbs
+        Dmax = sailor.max_dp(space, [list(o) for o in sh.opts], total)
+        Ds = np.arange(1, Dmax + 1, dtype=np.int64)
+        if len(Ds) == 0:
+            ev.stats.pruned += 1
+            continue
+        T, C, tau = bounds(sh, Ds, total)
+        ok = np.isfinite(T)
+        ev.stats.pruned += int((~ok).sum())
+        shapes.append(sh)
+        rows.append((np.full(int(ok.sum()), len(shapes) - 1), Ds[ok], T[ok], C[ok], tau[ok]))
+    if not shapes:
+        return
+    sid, Ds, T, C, tau = (np.concatenate(x) for x in zip(*rows, strict=True))
+    keep = np.ones(len(sid), dtype=bool)  # the constraints, on the bounds
+    if cons.min_iters_per_s is not None:
+        keep &= 1.0 / cons.min_iters_per_s >= T
+    if cons.max_cost_per_iteration_usd is not None:
+        keep &= cons.max_cost_per_iteration_usd >= C
+    if cons.max_gpus is not None:
+        fewest = np.array([sum(min(o.tp for o in st) for st in sh.opts) for sh in shapes])
+        keep &= Ds * fewest[sid] <= cons.max_gpus
+    ev.stats.pruned += int((~keep).sum())
+    if objective == "min-cost":
+        # Sailor's walk up the data-parallel degree of single-stage plans is quick and lands
+        # near the cheapest plan: an incumbent that prunes most of the cost bounds at once
+        sailor.search(ev, space, objective, mbs_values, max_stages)
+    run = _BranchAndBound(ev, space, shapes, sid, Ds, tau, avail, price, region_of)
+    run(keep, _key(T, C, objective), objective, lambda: ev.incumbent)
+    if not ev.feasible and not keep.all():
+        # the constraints cut every plan: find the fastest (cheapest) plans anyway, so the
+        # error can name the binding constraint and how far to relax it
+        if cons.max_cost_per_iteration_usd is not None:
+            run(np.ones(len(sid), dtype=bool), C, "min-cost", lambda: ev.cheapest)
+        if cons.min_iters_per_s is not None or cons.max_gpus is not None:
+            run(np.ones(len(sid), dtype=bool), T, "max-throughput", lambda: ev.fastest)
+
+
+class _BranchAndBound:
+    """Takes (shape, degree) pairs by increasing bound, allocates and costs them in batches,
+    and stops when the next bound cannot beat the best plan so far."""
+
+    def __init__(self, ev, space, shapes, sid, Ds, tau, avail, price, region_of):
+        self.ev, self.space, self.shapes = ev, space, shapes
+        self.sid, self.Ds, self.tau = sid, Ds, tau
+        self.avail, self.price, self.region_of = avail, price, region_of
+
+    def __call__(self, mask: np.ndarray, key: np.ndarray, objective: str, best) -> None:
+        ev = self.ev
+        idx = np.nonzero(mask)[0]
+        idx = idx[np.argsort(key[idx], kind="stable")]
+        levels = 1 if objective == "max-throughput" else 4
+        L = self.space.problem.n_layers
+        i = 0
+        while i < len(idx):
+            if ev.out_of_time():
+                return
+            inc = best()
+            bar = score(inc, objective)[0] if inc is not None else np.inf
+            if key[idx[i]] >= bar:
+                ev.stats.pruned += len(idx) - i
+                return
+            specs = []
+            j = i
+            while j < len(idx) and j < i + BATCH and key[idx[j]] < bar:
+                e = idx[j]
+                specs += _specs(self.space, self.shapes[self.sid[e]], int(self.Ds[e]),
+                                float(self.tau[e]), self.avail, self.price, self.region_of,
+                                levels, L)
+                j += 1
+            i = j
+            ev.cost([s for s in dict.fromkeys(specs) if s not in ev.feasible])
+
+
+def _key(T: np.ndarray, C: np.ndarray, objective: str) -> np.ndarray:
+    if objective == "max-throughput":
+        return T
+    if objective == "min-cost":
+        return C
+    return T * C
+
+
+def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of, levels: int,
+           L: int) -> list:
+    opts = [list(o) for o in sh.opts]
+    total = space.problem.job.global_batch // sh.mbs
+    allocs = tradeoffs(opts, D, avail, price, region_of, levels=levels,
+                       at_least=tau / slots(D, total)[0], total=total)
+    if allocs:
+        up = upgraded(allocs[0], opts, avail)
+        if up.per_stage != allocs[0].per_stage:
+            allocs = [*allocs, up]
+    out = [build_spec(space, a, opts, sh.split, sh.mbs, D, recompute=sh.recompute, packing=pk)
+           for a in allocs for pk in PACKINGS]
+    if sh.rebalance and allocs:
+        new = rebalanced(space, allocs[0], opts, L, sh.mbs, sh.recompute)
+        if new != sh.split and min(b - a for a, b in new) > 0:
+            o2 = sailor.stage_options(space, new, sh.mbs, sh.recompute, 0, 1, all_tp=True)
+            a2 = fastest(o2, D, avail, price, region_of, total=total) if o2 else None
+            if a2 is not None:
+                out.append(build_spec(space, a2, o2, new, sh.mbs, D, recompute=sh.recompute))
+    return [s for s in out if s is not None]

@@ -16,11 +16,14 @@ def shares(total: int, D: int) -> list[int]:
 
 def build_spec(space: Space, alloc: Allocation, stage_opts: list[list[Option]],
                split: tuple[tuple[int, int], ...], mbs: int, D: int, *, recompute: bool = False,
-               zero: int = 0, schedule: str = "1f1b") -> PlanSpec | None:
+               zero: int = 0, schedule: str = "1f1b", packing: str = "stage") -> PlanSpec | None:
     """A plan spec for ``alloc``, or None if a TP group finds no zone with enough free GPUs.
 
     In every stage the replicas are ordered slowest first, so pipeline j pairs the j-th slowest
-    replica of each stage: slow replicas share pipelines instead of slowing every pipeline."""
+    replica of each stage: slow replicas share pipelines instead of slowing every pipeline.
+    Zones inside a stage's region: ``packing="stage"`` keeps a stage's replicas in as few zones
+    as fit (its gradient ring crosses fewest zone boundaries), ``"pipeline"`` keeps each
+    pipeline's replicas in the zone of its previous stage (activations stay in the zone)."""
     total = space.problem.job.global_batch // mbs
     if total < D:
         return None
@@ -36,7 +39,11 @@ def build_spec(space: Space, alloc: Allocation, stage_opts: list[list[Option]],
         out = []
         for j, (_, k, tp) in enumerate(reps):
             kind = space.kinds[k]
-            z = space.place(kind, tp, used)
+            if packing == "stage":
+                prefer = out[-1][2] if out else None
+            else:
+                prefer = stages[-1][2][j][2] if stages else None
+            z = space.place(kind, tp, used, prefer)
             if z is None:
                 return None
             out.append((kind.gpu, tp, z, m[j]))

@@ -80,8 +80,10 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
             for at in range(0, len(walk), WALK_CHUNK):
                 specs = []
                 for D in walk[at:at + WALK_CHUNK]:
-                    alloc = (fastest(opts, D, avail, price, region_of) if objective != "min-cost"
-                             else (tradeoffs(opts, D, avail, price, region_of) or [None])[-1])
+                    alloc = (fastest(opts, D, avail, price, region_of, total=total)
+                             if objective != "min-cost"
+                             else (tradeoffs(opts, D, avail, price, region_of, total=total)
+                                   or [None])[-1])
                     spec = build_spec(space, alloc, opts, split, mbs, D) if alloc else None
                     if spec is None:
                         ev.stats.pruned += 1

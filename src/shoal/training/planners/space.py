@@ -100,14 +100,18 @@ class Space:
                 return tp
         return None
 
-    def place(self, kind: Kind, tp: int, used: dict[tuple[str, str], int]) -> str | None:
+    def place(self, kind: Kind, tp: int, used: dict[tuple[str, str], int],
+              prefer: str | None = None) -> str | None:
         """A zone of ``kind``'s region with ``tp`` free GPUs of its type (a TP group stays in
-        one node, so in one zone); the zone with the most free GPUs first."""
+        one node, so in one zone): ``prefer`` if it has room, else the zone with the most free
+        GPUs."""
         best, free_best = None, -1
         for z, n in self.zones_of[kind]:
             free = n - used.get((kind.gpu, z), 0)
-            if free >= tp and free > free_best:
+            if free >= tp and (z == prefer or free > free_best):
                 best, free_best = z, free
+                if z == prefer:
+                    break
         if best is not None:
             used[(kind.gpu, best)] = used.get((kind.gpu, best), 0) + tp
         return best
