@@ -201,7 +201,7 @@ def plan(
         p = c.plan
         t.add_row(str(i + 1), f"{c.throughput_iters_per_s:.4g}", f"{tokens * c.throughput_iters_per_s:,.0f}",
                   f"{c.cost_usd:.4g}", str(c.num_gpus), str(len(p.stages)), str(len(p.stages[0].replicas)),
-                  str(p.microbatch_size), _shape(p))
+                  str(p.microbatch_size), p.summary())
     out.print(t)
     rent = _table("What to rent for plan 1", ["zone", "GPU", "GPUs", "nodes"], left=("zone", "GPU"))
     for row in _rent(problem, best):
@@ -210,7 +210,7 @@ def plan(
     pt = _table("Throughput-cost Pareto front", ["it/s", "$/iter", "GPUs", "stages: GPU(TP) x replicas"],
                 left=("stages: GPU(TP) x replicas",))
     for c in result.pareto:
-        pt.add_row(f"{c.throughput_iters_per_s:.4g}", f"{c.cost_usd:.4g}", str(c.num_gpus), _shape(c.plan))
+        pt.add_row(f"{c.throughput_iters_per_s:.4g}", f"{c.cost_usd:.4g}", str(c.num_gpus), c.plan.summary())
     out.print(pt)
     st = result.stats
     out.print(f"searched in {st.search_time_s:.2f} s: {st.candidates_costed} plans costed, {st.oom} out of "
@@ -220,24 +220,6 @@ def plan(
         out.print(f"best plan written to {output}")
     if figure is not None:
         out.print(f"Pareto front drawn in {figure}")
-
-
-def _shape(p) -> str:
-    """'S0-1: V100-16GB(4)x9 | S2: A100-40GB(1)x6+V100-16GB(4)x3' (runs of identical stages)."""
-    parts, prev, start = [], None, 0
-    descs = []
-    for st in p.stages:
-        counts: dict[str, int] = {}
-        for r in st.replicas:
-            key = f"{r.gpu}({r.tp})"
-            counts[key] = counts.get(key, 0) + 1
-        descs.append("+".join(f"{k}x{n}" for k, n in counts.items()))
-    for i, d in enumerate([*descs, None]):
-        if d != prev:
-            if prev is not None:
-                parts.append(f"S{start}{'' if start == i - 1 else f'-{i - 1}'}: {prev}")
-            prev, start = d, i
-    return " | ".join(parts)
 
 
 def _rent(problem, p) -> list[dict]:
@@ -348,6 +330,149 @@ def _summary_table(est) -> Table:
     t.add_row("memory", Text(f"OOM on {n_oom} of {len(est.workers)} workers", style="bold red")
               if est.oom else Text("fits on every worker", style="green"))
     return t
+
+
+# ------------------------------------------------------------------------------------------ replay
+
+
+class Policy(StrEnum):
+    shoal = "shoal"
+    always = "always"
+    never = "never"
+    oracle = "oracle"
+    all = "all"
+
+
+@app.command()
+@handles_errors
+def replay(
+    scenario: Annotated[Path, typer.Argument(metavar="SCENARIO", help="scenario file (YAML or JSON)")],
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="availability trace: Sailor CSV or controller JSON, or shoal events")] = None,
+    synthetic: Annotated[str | None, typer.Option(
+        "--synthetic", help="instead of --trace: generate one (spot, scarcity, outage)")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="seed of --synthetic")] = 0,
+    hours: Annotated[float, typer.Option("--hours", min=0.01, help="length of --synthetic")] = 8.0,
+    trace_gpu: Annotated[str | None, typer.Option(
+        "--trace-gpu", help="GPU type of a controller JSON trace (default A100-40GB)")] = None,
+    trace_zone: Annotated[str | None, typer.Option(
+        "--trace-zone", help="zone of a controller JSON trace (default: the only one with it)")] = None,
+    policy: Annotated[Policy, typer.Option(help="when to move plans; 'all' compares them")] = Policy.shoal,
+    strategy: Annotated[Strategy, typer.Option(help="planner for each state")] = Strategy.auto,
+    budget: Annotated[float, typer.Option("--budget", min=0.1, help="search time limit per state, s")] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here")] = None,
+    figure: Annotated[Path | None, typer.Option(
+        "--figure", help="write availability, throughput and tokens over time (PNG) here")] = None,
+) -> None:
+    """Follow availability over time: the plan at every change, when to move, tokens and dollars."""
+    from shoal.elastic.replan import Replanner
+    from shoal.elastic.replay import plan_trace, simulate
+    from shoal.elastic.traces import load_trace
+    from shoal.elastic.traces import synthetic as make_synthetic
+    from shoal.files import check_output
+    from shoal.problem import load_problem
+
+    for path, opt in ((output, "--output"), (figure, "--figure")):
+        if path is not None:
+            check_output(path, opt)
+    if (trace is None) == (synthetic is None):
+        raise SpecError("give exactly one of --trace FILE and --synthetic KIND", field="--trace")
+    problem = load_problem(scenario)
+    if trace is not None:
+        tr = load_trace(trace, problem, gpu=trace_gpu, zone=trace_zone)
+    else:
+        tr = make_synthetic(problem, synthetic, seed=seed, duration_s=hours * 3600)
+    replanner = Replanner(problem, strategy=strategy.value, budget_s=budget)
+    if as_json:
+        options = plan_trace(problem, tr, replanner)
+    else:
+        from rich.progress import Progress
+
+        with Progress(console=_err(), transient=True) as bar:
+            task = bar.add_task("planning each availability state", total=len(tr.states))
+            options = plan_trace(problem, tr, replanner,
+                                 lambda done, total: bar.update(task, completed=done))
+    names = [p.value for p in Policy if p is not Policy.all] if policy is Policy.all else [policy.value]
+    runs = [simulate(problem, tr, options, name) for name in names]
+    doc = _replay_json(problem, tr, runs, replanner)
+    if output is not None:
+        tmp = output.with_name(output.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1))
+        tmp.replace(output)
+    if figure is not None:
+        from shoal.report.figures import draw_replay
+
+        draw_replay(runs, tr, figure)
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    out = _out()
+    if len(runs) == 1:
+        out.print(_replay_steps(runs[0]))
+    totals = _table(f"Totals over {tr.end_s / 3600:.2f} h of {tr.source}",
+                    ["policy", "tokens", "USD", "tokens/USD", "moves", "switching"], left=("policy",))
+    for r in runs:
+        t = r.totals()
+        totals.add_row(r.policy, f"{t['tokens']:.4g}", f"{t['cost_usd']:,.2f}",
+                       f"{t['tokens_per_usd']:,.0f}", str(t["switches"]), _s(t["switch_time_s"]))
+    out.print(totals)
+    calls = [c.time_s for c in replanner.calls if not c.remembered]
+    if calls:
+        out.print(f"{len(tr.states)} availability states, {len(calls)} distinct: planned in "
+                  f"{sum(calls):.2f} s (slowest {max(calls):.2f} s)")
+    for path, what in ((output, "result"), (figure, "figure")):
+        if path is not None:
+            out.print(f"{what} written to {path}")
+
+
+def _avail_text(avail: dict) -> str:
+    items = sorted(avail.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+    return " ".join(f"{g}@{z}:{n}" for (g, z), n in items)
+
+
+def _replay_steps(rep) -> Table:
+    t = _table(f"Plan per availability change (policy {rep.policy})",
+               ["time", "available", "decision", "it/s", "$/h", "switch", "plan"],
+               left=("available", "decision", "plan"))
+    for s in rep.steps:
+        p = s.plan
+        t.add_row(f"{s.time_s / 3600:.2f} h", _avail_text(s.avail), s.decision,
+                  f"{1 / p.iteration_time_s:.4g}" if p else "-",
+                  f"{p.usd_per_s * 3600:,.1f}" if p else "-",
+                  _s(s.switch.total_s) if s.switch else "",
+                  p.cand.plan.summary() if p and s.decision != "keep" else "")
+    return t
+
+
+def _replay_json(problem, tr, runs, replanner) -> dict:
+    index: dict = {}
+    plans = []
+    for r in runs:
+        for p in r.plans:
+            if p.cand.spec not in index:
+                index[p.cand.spec] = len(plans)
+                plans.append({"plan": p.cand.plan.to_json(), "summary": p.cand.plan.summary(),
+                              "iters_per_s": 1 / p.iteration_time_s, "tokens_per_s": p.tokens_per_s,
+                              "usd_per_h": p.usd_per_s * 3600, "gpus": p.cand.num_gpus})
+
+    def one(r) -> dict:
+        return {"policy": r.policy, "objective": r.objective, "totals": r.totals(), "steps": [
+            {"time_s": s.time_s, "duration_s": s.duration_s,
+             "available": {f"{g}@{z}": n for (g, z), n in sorted(s.avail.items())},
+             "decision": s.decision, "plan": index[s.plan.cand.spec] if s.plan else None,
+             "iters_per_s": 1 / s.plan.iteration_time_s if s.plan else 0.0,
+             "usd_per_h": s.plan.usd_per_s * 3600 if s.plan else 0.0,
+             "switch": s.switch.to_json() if s.switch else None, "switch_s": s.switch_s,
+             "train_s": s.train_s, "tokens": s.tokens, "usd": s.usd} for s in r.steps]}
+
+    calls = [c.time_s for c in replanner.calls if not c.remembered]
+    doc = {"trace": tr.source, "states": len(tr.states), "end_s": tr.end_s, "plans": plans,
+           "replan": {"states": len(replanner.calls), "searched": len(calls),
+                      "total_s": sum(calls), "max_s": max(calls, default=0.0)}}
+    if len(runs) == 1:
+        return {**one(runs[0]), **doc}
+    return {**doc, "replays": [one(r) for r in runs]}
 
 
 # ------------------------------------------------------------------------------------------ schema

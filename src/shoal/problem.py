@@ -19,6 +19,7 @@ from shoal.profiles.network import NetworkModel
 from shoal.specs.job import Constraints, JobSpec
 from shoal.specs.model import ModelSpec
 from shoal.specs.scenario import HFModelRef, Scenario, load_scenario
+from shoal.specs.switching import SwitchingSpec
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Problem:
     timing: TimeConstants = field(default_factory=TimeConstants)
     flash_attention: bool = False
     file: str | None = None
+    switching: SwitchingSpec = field(default_factory=SwitchingSpec)
 
     @property
     def n_layers(self) -> int:
@@ -182,6 +184,7 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
         region_geo=region_geo, quotas=quotas, prices=prices, network=network, profile=profile,
         sizes=layer_sizes(model, job.seq_len), constraints=scn.constraints,
         objective=scn.objective.goal, flash_attention=flash, file=file,
+        switching=scn.switching,
     )
 
 

@@ -29,3 +29,41 @@ def draw_pareto(result, path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_png(fig, path)
+
+
+def draw_replay(replays, trace, path: str | Path) -> Path:
+    """Over the trace: GPUs available per type and zone; each policy's tokens/s (zero while
+    switching or idle over a whole state) and cumulative tokens, with its moves marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    h = 1 / 3600
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    ends = [*(s.time_s for s in trace.states[1:]), trace.end_s]
+    keys = sorted({k for s in trace.states for k in s.avail})
+    for k in keys:
+        ys = [s.avail.get(k, 0) for s in trace.states]
+        axes[0].step([s.time_s * h for s in trace.states] + [trace.end_s * h], ys + ys[-1:],
+                     where="post", label=f"{k[0]} @ {k[1]}")
+    axes[0].set_ylabel("GPUs available")
+    axes[0].legend(fontsize=7, ncol=2)
+    for rep in replays:
+        t = np.array([s.time_s for s in rep.steps])
+        rate = np.array([s.tokens / s.duration_s if s.duration_s > 0 else 0.0 for s in rep.steps])
+        line = axes[1].step(np.append(t, ends[-1]) * h, np.append(rate, rate[-1:]), where="post",
+                            label=rep.policy)[0]
+        cum = np.concatenate([[0.0], np.cumsum([s.tokens for s in rep.steps])])
+        axes[2].plot(np.append(t, ends[-1]) * h, cum, color=line.get_color(), label=rep.policy)
+        moves = [s.time_s * h for s in rep.steps if s.decision in ("switch", "forced", "start")]
+        axes[1].plot(moves, [0] * len(moves), "|", markersize=12, color=line.get_color())
+    axes[1].set_ylabel("tokens/s (state mean)")
+    axes[1].legend(fontsize=8)
+    axes[2].set_ylabel("cumulative tokens")
+    axes[2].set_xlabel("hours (ticks on the middle axis: plan moves)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].set_title(f"replay of {trace.source}")
+    return save_png(fig, path)

@@ -48,3 +48,21 @@ class TrainingPlan(BaseModel):
             for r in s.replicas:
                 out[(r.gpu, r.zone)] = out.get((r.gpu, r.zone), 0) + r.tp
         return out
+
+    def summary(self) -> str:
+        """'S0-1: V100-16GB(4)x9 | S2: A100-40GB(1)x6+V100-16GB(4)x3' (runs of identical
+        stages: GPU type(TP) x replicas)."""
+        descs = []
+        for st in self.stages:
+            counts: dict[str, int] = {}
+            for r in st.replicas:
+                key = f"{r.gpu}({r.tp})"
+                counts[key] = counts.get(key, 0) + 1
+            descs.append("+".join(f"{k}x{n}" for k, n in counts.items()))
+        parts, prev, start = [], None, 0
+        for i, d in enumerate([*descs, None]):
+            if d != prev:
+                if prev is not None:
+                    parts.append(f"S{start}{'' if start == i - 1 else f'-{i - 1}'}: {prev}")
+                prev, start = d, i
+        return " | ".join(parts)

@@ -13,6 +13,7 @@ from shoal.specs.cluster import PoolSpec, PriceSpec
 from shoal.specs.job import Constraints, JobSpec, ObjectiveSpec
 from shoal.specs.model import ModelSpec
 from shoal.specs.network import NetworkSpec
+from shoal.specs.switching import SwitchingSpec
 
 SCENARIO_SCHEMA = "shoal/scenario@1"
 
@@ -50,6 +51,8 @@ class Scenario(BaseModel):
     profiles: ProfilesSpec = Field(default_factory=ProfilesSpec)
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     constraints: Constraints = Field(default_factory=Constraints)
+    switching: SwitchingSpec = Field(default_factory=SwitchingSpec,
+                                     description="what a change of plan costs (`shoal replay`)")
 
 
 def _model_class_names() -> set[str]:

@@ -5,7 +5,10 @@
 
 from __future__ import annotations
 
-from shoal.errors import SpecError
+from dataclasses import dataclass, field
+
+from shoal.errors import InfeasibleError, SpecError
+from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
 from shoal.specs.job import Constraints
 from shoal.training.planners import auto, exhaustive, sailor
@@ -17,20 +20,41 @@ from shoal.training.planners.common import (
     SearchStats,
     finish,
 )
+from shoal.training.planners.memory import PairMemory
 from shoal.training.planners.space import Space, mbs_options
+
+
+@dataclass
+class Reuse:
+    """What one search leaves for the next search of the same problem under other GPU counts:
+    cost tables and smallest fitting TPs depend on GPU types, zones and the model, not on how
+    many GPUs are free."""
+
+    tables: CostTables | None = None
+    min_tp: dict = field(default_factory=dict)
+    pairs: dict[tuple, PairMemory] = field(default_factory=dict)  # per objective, constraints
+
+    def memory(self, objective: str, constraints: Constraints) -> PairMemory:
+        key = (objective, constraints.model_dump_json())
+        return self.pairs.setdefault(key, PairMemory())
+
 
 STRATEGIES = {"auto": auto.search, "sailor": sailor.search, "exhaustive": exhaustive.search}
 
-__all__ = ["OBJECTIVES", "STRATEGIES", "Candidate", "SearchResult", "search"]
+__all__ = ["OBJECTIVES", "STRATEGIES", "Candidate", "Reuse", "SearchResult", "search"]
 
 
 def search(problem: Problem, *, strategy: str = "auto", objective: str | None = None,
            constraints: Constraints | None = None, top_k: int = 10,
-           max_stages: int | None = None, budget_s: float | None = None) -> SearchResult:
+           max_stages: int | None = None, budget_s: float | None = None,
+           reuse: Reuse | None = None, seeds: tuple = ()) -> SearchResult:
     """Ranked plans for ``problem`` under ``objective`` and ``constraints`` (default: the
     scenario's), with the throughput-cost Pareto front and search statistics. ``budget_s``
     bounds the search time (``auto`` stops taking new plan shapes; the result says it was
-    truncated). Raises InfeasibleError naming the binding constraint when nothing fits."""
+    truncated). ``reuse`` carries what does not depend on GPU counts from one search of this
+    problem to the next (cost tables, smallest fitting TPs); ``seeds`` are plans known to fit
+    the pool, costed first so that the search starts with an incumbent. Raises InfeasibleError
+    naming the binding constraint when nothing fits."""
     if strategy not in STRATEGIES:
         raise SpecError("unknown strategy", field="--strategy", value=strategy,
                         allowed=", ".join(STRATEGIES))
@@ -41,9 +65,22 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     constraints = constraints or problem.constraints
     mbs = mbs_options(problem)
     stats = SearchStats(strategy=strategy)
-    ev = Evaluator(problem, mbs, constraints, stats, objective)
+    remember = reuse is not None
+    reuse = reuse if reuse is not None else Reuse()
+    if reuse.tables is None or reuse.tables.mbs != mbs:
+        reuse.tables, reuse.min_tp, reuse.pairs = None, {}, {}
+    ev = Evaluator(problem, mbs, constraints, stats, objective, tables=reuse.tables)
+    if remember:
+        ev.memory = reuse.memory(objective, constraints)
+    reuse.tables = ev.tb
     space = Space(problem, ev.tb)
+    space._min_tp = reuse.min_tp
     if budget_s is not None:
         ev.deadline = stats.started + budget_s
+    if not space.kinds:
+        raise InfeasibleError("the pool has no GPUs the job can use", binding="pool",
+                              relaxation="add GPUs (with bf16 support for a mixed-bf16 job)")
+    if seeds:
+        ev.cost(list(dict.fromkeys(seeds)))
     STRATEGIES[strategy](ev, space, objective, mbs, max_stages)
     return finish(ev, objective, top_k)

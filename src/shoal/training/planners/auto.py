@@ -357,7 +357,17 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
         # near the cheapest plan: an incumbent that prunes most of the cost bounds at once
         sailor.search(ev, space, objective, mbs_values, max_stages)
     run = _BranchAndBound(ev, space, shapes, sid, Ds, tau, avail, price, region_of)
-    run(keep, _key(T, C, objective), objective, lambda: ev.incumbent)
+    key = _key(T, C, objective)
+    memory = ev.memory
+    if memory is None:
+        run(keep, key, objective, lambda: ev.incumbent)
+    else:
+        pairs = [(shapes[a].recompute, shapes[a].mbs, shapes[a].split, int(d))
+                 for a, d in zip(sid, Ds, strict=True)]
+        key, todo = memory.tighten(problem.avail, pairs, key, keep, ev)
+        found: dict = {}
+        run(todo, key, objective, lambda: ev.incumbent, found)
+        memory.record(problem.avail, {pairs[e]: v for e, v in found.items()}, ev)
     if not ev.feasible and not keep.all():
         # the constraints cut every plan: find the fastest (cheapest) plans anyway, so the
         # error can name the binding constraint and how far to relax it
@@ -376,7 +386,10 @@ class _BranchAndBound:
         self.sid, self.Ds, self.tau = sid, Ds, tau
         self.avail, self.price, self.region_of = avail, price, region_of
 
-    def __call__(self, mask: np.ndarray, key: np.ndarray, objective: str, best) -> None:
+    def __call__(self, mask: np.ndarray, key: np.ndarray, objective: str, best,
+                 found: dict | None = None) -> None:
+        """``found`` (pair index -> (score, spec) of the pair's best plan) is filled for every
+        pair allocated and costed."""
         ev = self.ev
         idx = np.nonzero(mask)[0]
         idx = idx[np.argsort(key[idx], kind="stable")]
@@ -391,16 +404,25 @@ class _BranchAndBound:
             if key[idx[i]] >= bar:
                 ev.stats.pruned += len(idx) - i
                 return
-            specs = []
+            per_pair = []
             j = i
             while j < len(idx) and j < i + BATCH and key[idx[j]] < bar:
                 e = idx[j]
-                specs += _specs(self.space, self.shapes[self.sid[e]], int(self.Ds[e]),
-                                float(self.tau[e]), self.avail, self.price, self.region_of,
-                                levels, L)
+                per_pair.append((e, _specs(self.space, self.shapes[self.sid[e]], int(self.Ds[e]),
+                                           float(self.tau[e]), self.avail, self.price,
+                                           self.region_of, levels, L)))
                 j += 1
             i = j
-            ev.cost([s for s in dict.fromkeys(specs) if s not in ev.feasible])
+            fresh = [s for s in dict.fromkeys(s for _, specs in per_pair for s in specs)
+                     if s not in ev.feasible]
+            costed = dict(zip(fresh, ev.cost(fresh), strict=True))
+            if found is None:
+                continue
+            for e, specs in per_pair:
+                cands = [c for c in (costed.get(s) or ev.feasible.get(s) for s in specs) if c]
+                top = min(cands, key=lambda c: score(c, objective), default=None)
+                found[int(e)] = ((score(top, objective)[0], top.spec) if top is not None
+                                 else (np.inf, None))
 
 
 def _key(T: np.ndarray, C: np.ndarray, objective: str) -> np.ndarray:

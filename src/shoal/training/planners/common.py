@@ -11,6 +11,7 @@ import numpy as np
 from shoal.errors import InfeasibleError
 from shoal.estimate.api import run_kernel, tables_for
 from shoal.estimate.encode import PlanSpec, encode_specs
+from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
 from shoal.specs.job import Constraints
 from shoal.specs.plan import TrainingPlan
@@ -71,9 +72,10 @@ class Evaluator:
     """Costs compact plans in kernel batches, keeps every feasible one, counts the rest."""
 
     def __init__(self, problem: Problem, mbs_values: list[int], constraints: Constraints,
-                 stats: SearchStats, objective: str = "max-throughput"):
+                 stats: SearchStats, objective: str = "max-throughput",
+                 tables: CostTables | None = None):
         self.problem = problem
-        self.tb = tables_for(problem, mbs_values)
+        self.tb = tables if tables is not None else tables_for(problem, mbs_values)
         self.constraints = constraints
         self.stats = stats
         self.feasible: dict[PlanSpec, Candidate] = {}
@@ -84,6 +86,7 @@ class Evaluator:
         self.objective = objective
         self.deadline: float | None = None  # perf_counter time after which the search stops
         self.incumbent: Candidate | None = None  # best feasible plan so far under the objective
+        self.memory = None  # a PairMemory shared with searches of this problem on other pools
 
     def _within_quotas(self, sp: PlanSpec) -> bool:
         used: dict[str, int] = {}
@@ -106,7 +109,6 @@ class Evaluator:
         out = run_kernel(self.problem, self.tb, encode_specs(self.tb, specs))
         self.stats.candidates_costed += len(specs)
         res: list[Candidate | None] = []
-        c = self.constraints
         ratio = (out["peak_bytes"] / np.maximum(out["capacity_bytes"], 1)).max(axis=(1, 2))
         for i, sp in enumerate(specs):
             if out["oom"][i]:
@@ -121,21 +123,28 @@ class Evaluator:
                 continue
             cand = Candidate(sp, float(out["iteration_time_s"][i]), float(out["cost_compute_usd"][i]),
                              float(out["cost_egress_usd"][i]), n_gpus)
-            self.fits += 1
-            if self.fastest is None or cand.iteration_time_s < self.fastest.iteration_time_s:
-                self.fastest = cand
-            if self.cheapest is None or cand.cost_usd < self.cheapest.cost_usd:
-                self.cheapest = cand
-            if not meets(cand, c):
-                self.stats.infeasible += 1
+            if not self.adopt(cand):
                 res.append(None)
                 continue
-            self.feasible[sp] = cand
-            if self.incumbent is None or (score(cand, self.objective)
-                                          < score(self.incumbent, self.objective)):
-                self.incumbent = cand
             res.append(cand)
         return res
+
+    def adopt(self, cand: Candidate) -> bool:
+        """Count a plan that fits in memory (costed now, or before on another pool); keep it
+        when it meets the constraints (True)."""
+        self.fits += 1
+        if self.fastest is None or cand.iteration_time_s < self.fastest.iteration_time_s:
+            self.fastest = cand
+        if self.cheapest is None or cand.cost_usd < self.cheapest.cost_usd:
+            self.cheapest = cand
+        if not meets(cand, self.constraints):
+            self.stats.infeasible += 1
+            return False
+        self.feasible[cand.spec] = cand
+        if self.incumbent is None or (score(cand, self.objective)
+                                      < score(self.incumbent, self.objective)):
+            self.incumbent = cand
+        return True
 
 
 def meets(c: Candidate, cons: Constraints) -> bool:

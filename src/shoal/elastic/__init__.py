@@ -1,0 +1,1 @@
+"""Availability over time: traces, switch costs, re-planning, policies, replay."""

@@ -1,0 +1,137 @@
+"""Replay an availability trace: plan every state, let a policy decide when to move, and add up
+the tokens, dollars and time spent switching.
+
+Accounting (the same for every policy): while a plan holds its GPUs it pays their rent, also
+while it is switching; it trains, at its estimated throughput, only outside switching. A switch
+longer than its state continues into the next one unless that one moves again. Checkpoints are
+written every ``switching.checkpoint_interval`` of training time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from shoal.elastic.policy import check_policy, choose, oracle_choices
+from shoal.elastic.replan import Replanner
+from shoal.elastic.switch import Running, SwitchCost, running, switch_cost
+from shoal.elastic.traces import Trace
+from shoal.errors import InfeasibleError
+from shoal.problem import Problem
+
+
+@dataclass(frozen=True)
+class Step:
+    time_s: float
+    duration_s: float
+    avail: dict[tuple[str, str], int]
+    decision: str  # start | keep | switch | forced | stop | idle
+    plan: Running | None
+    switch: SwitchCost | None
+    switch_s: float  # time of this state spent switching (this move's or one carried over)
+    train_s: float
+    tokens: float
+    usd: float
+
+
+@dataclass
+class Replay:
+    policy: str
+    objective: str
+    steps: list[Step]
+    plans: list[Running] = field(default_factory=list)  # distinct plans used, in order
+
+    @property
+    def tokens(self) -> float:
+        return sum(s.tokens for s in self.steps)
+
+    @property
+    def usd(self) -> float:
+        return sum(s.usd for s in self.steps)
+
+    @property
+    def switch_s(self) -> float:
+        return sum(s.switch_s for s in self.steps)
+
+    @property
+    def switches(self) -> int:
+        return sum(s.decision in ("switch", "forced", "start") for s in self.steps)
+
+    def totals(self) -> dict:
+        return {"tokens": self.tokens, "cost_usd": self.usd,
+                "tokens_per_usd": self.tokens / self.usd if self.usd > 0 else 0.0,
+                "switch_time_s": self.switch_s, "switches": self.switches,
+                "duration_s": sum(s.duration_s for s in self.steps)}
+
+
+def plan_trace(problem: Problem, trace: Trace, replanner: Replanner,
+               progress: Callable[[int, int], None] | None = None) -> list[list[Running]]:
+    """Ranked plans of every state (empty where nothing fits); a plan met in several states is
+    one ``Running`` object."""
+    seen: dict = {}
+    out = []
+    for i, st in enumerate(trace.states):
+        try:
+            ranked = replanner.plan(st.avail).ranked
+        except InfeasibleError:
+            ranked = []
+        out.append([seen.setdefault(c.spec, running(problem, c)) for c in ranked])
+        if progress is not None:
+            progress(i + 1, len(trace.states))
+    return out
+
+
+def simulate(problem: Problem, trace: Trace, options: list[list[Running]], policy: str,
+             objective: str | None = None) -> Replay:
+    """Run ``policy`` over the trace given every state's ranked plans."""
+    check_policy(policy)
+    objective = objective or problem.objective
+    sw = problem.switching
+    fixed = oracle_choices(problem, trace, options) if policy == "oracle" else None
+    cur: Running | None = None
+    busy = 0.0  # switching left over from an earlier state
+    since_ckpt = 0.0
+    steps: list[Step] = []
+    used: dict = {}
+    durations = trace.durations()
+    for i, st in enumerate(trace.states):
+        d = durations[i]
+        forced = cur is not None and not cur.fits(st.avail)
+        if fixed is not None:
+            new = fixed[i]
+        else:
+            new = choose(policy, problem, objective, cur, options[i], forced=forced,
+                         notice_s=st.notice_s, since_checkpoint_s=since_ckpt, pending_s=busy,
+                         seen_times=[s.time_s for s in trace.states[:i + 1]])
+        cost = None
+        if new is None:
+            decision = "stop" if cur is not None else "idle"
+            busy = 0.0
+        elif cur is not None and new.cand.spec == cur.cand.spec:
+            decision = "keep"
+        else:
+            decision = "start" if cur is None else ("forced" if forced else "switch")
+            cost = switch_cost(problem, cur, new, forced=forced, notice_s=st.notice_s,
+                               since_checkpoint_s=since_ckpt, pending_s=busy)
+            busy, since_ckpt = cost.total_s, 0.0
+        cur = new
+        if cur is None:
+            steps.append(Step(st.time_s, d, st.avail, decision, None, None, 0.0, 0.0, 0.0, 0.0))
+            continue
+        used.setdefault(cur.cand.spec, cur)
+        switching = min(busy, d)
+        busy -= switching
+        train = d - switching
+        since_ckpt = (since_ckpt + train) % sw.checkpoint_interval
+        iters = train / cur.iteration_time_s
+        steps.append(Step(st.time_s, d, st.avail, decision, cur, cost, switching, train,
+                          iters * cur.tokens_per_iter,
+                          cur.usd_per_s * d + cur.egress_usd_per_iter * iters))
+    return Replay(policy=policy, objective=objective, steps=steps, plans=list(used.values()))
+
+
+def replay(problem: Problem, trace: Trace, policy: str, *, replanner: Replanner | None = None,
+           progress: Callable[[int, int], None] | None = None) -> Replay:
+    replanner = replanner or Replanner(problem)
+    return simulate(problem, trace, plan_trace(problem, trace, replanner, progress), policy,
+                    replanner.objective)

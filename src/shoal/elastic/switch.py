@@ -1,0 +1,114 @@
+"""What running a plan costs per second, and what moving from one plan to another costs.
+
+A move stops training for: saving a checkpoint of the old plan (when it is still running, or
+when the preemption notice leaves time to save), or else redoing the work since the last periodic
+checkpoint; rebuilding process groups; starting VMs the old plan did not rent; loading each new
+worker's share of the checkpoint; and the warm-up iterations. Parameters: the scenario's
+``switching`` section (shoal.specs.switching).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from shoal.estimate.api import _state_bytes
+from shoal.problem import Problem
+from shoal.training.planners.common import Candidate
+
+
+@dataclass(frozen=True)
+class Running:
+    """A plan as the replay sees it: speed, rent, the GPUs it holds and its checkpoint times."""
+
+    cand: Candidate
+    tokens_per_iter: int
+    usage: dict[tuple[str, str], int]  # (gpu, zone) -> GPUs held
+    nodes: dict[tuple[str, str], int]  # (gpu, zone) -> VMs rented
+    usd_per_s: float  # GPU rent while the plan holds its GPUs (training or switching)
+    egress_usd_per_iter: float
+    save_s: float  # write one copy of the training state, every GPU of a stage writing its share
+    load_s: float  # every replica reads its own copy of its stage's state
+
+    @property
+    def iteration_time_s(self) -> float:
+        return self.cand.iteration_time_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_iter / self.cand.iteration_time_s
+
+    def fits(self, avail: dict[tuple[str, str], int]) -> bool:
+        return all(avail.get(k, 0) >= n for k, n in self.usage.items())
+
+
+def checkpoint_bytes_per_param(problem: Problem) -> float:
+    """Bytes a checkpoint holds per parameter: the fp32 weights (the master copy under mixed
+    precision) and the optimizer's state."""
+    _, (weights, _, optimizer) = _state_bytes(problem)
+    return optimizer + (weights if problem.job.precision == "fp32" else 0.0)
+
+
+def running(problem: Problem, cand: Candidate) -> Running:
+    usage: dict[tuple[str, str], int] = {}
+    per_param = checkpoint_bytes_per_param(problem)
+    bw = problem.switching.storage_bandwidth
+    save_s = load_s = 0.0
+    for a, b, reps in cand.spec[4]:
+        stage_bytes = float(problem.sizes.params[a:b].sum()) * per_param
+        gpus = sum(tp for _, tp, _, _ in reps)
+        save_s = max(save_s, stage_bytes / gpus / bw)
+        load_s = max(load_s, max(stage_bytes / tp for _, tp, _, _ in reps) / bw)
+        for g, tp, z, _ in reps:
+            usage[(g, z)] = usage.get((g, z), 0) + tp
+    nodes = {k: math.ceil(n / problem.gpus[k[0]].gpus_per_node) for k, n in usage.items()}
+    T = cand.iteration_time_s
+    return Running(cand=cand, tokens_per_iter=problem.job.global_batch * problem.job.seq_len,
+                   usage=usage, nodes=nodes, usd_per_s=cand.cost_compute_usd / T,
+                   egress_usd_per_iter=cand.cost_egress_usd, save_s=save_s, load_s=load_s)
+
+
+@dataclass(frozen=True)
+class SwitchCost:
+    save_s: float = 0.0
+    redo_s: float = 0.0
+    restart_s: float = 0.0
+    startup_s: float = 0.0
+    load_s: float = 0.0
+    warmup_s: float = 0.0
+    wait_s: float = 0.0  # for an earlier switch still under way to finish
+
+    @property
+    def total_s(self) -> float:
+        return (self.save_s + self.redo_s + self.restart_s + self.startup_s + self.load_s
+                + self.warmup_s + self.wait_s)
+
+    def to_json(self) -> dict:
+        return {"total_s": self.total_s, "save_s": self.save_s, "redo_s": self.redo_s,
+                "restart_s": self.restart_s, "startup_s": self.startup_s,
+                "load_s": self.load_s, "warmup_s": self.warmup_s, "wait_s": self.wait_s}
+
+
+def switch_cost(problem: Problem, old: Running | None, new: Running, *, forced: bool,
+                notice_s: float, since_checkpoint_s: float, pending_s: float = 0.0) -> SwitchCost:
+    """Seconds without progress when ``new`` replaces ``old`` (None: the job was idle).
+
+    A move the policy chooses saves first; a move forced by GPUs leaving saves only when the
+    notice covers the save, otherwise the iterations since the last checkpoint are redone at
+    the new plan's speed. A move made while an earlier one still has ``pending_s`` to go has
+    nothing new to save, and ends no sooner than that one would have (its VMs may be the ones
+    still starting)."""
+    sw = problem.switching
+    save = redo = 0.0
+    if old is not None and pending_s <= 0:
+        if not forced or notice_s >= old.save_s:
+            save = old.save_s
+        else:
+            redo = since_checkpoint_s / old.iteration_time_s * new.iteration_time_s
+    held = old.nodes if old is not None else {}
+    startup = sw.node_startup if any(n > held.get(k, 0) for k, n in new.nodes.items()) else 0.0
+    cost = SwitchCost(save_s=save, redo_s=redo, restart_s=sw.restart, startup_s=startup,
+                      load_s=new.load_s, warmup_s=sw.warmup_iterations * new.iteration_time_s)
+    if pending_s > cost.total_s:
+        cost = replace(cost, wait_s=pending_s - cost.total_s)
+    return cost

@@ -1,0 +1,268 @@
+"""Replay: switch costs, re-planning across pools, policies, the accounting properties, and the
+`shoal replay` command."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import replace
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from shoal.cli import app
+from shoal.elastic.policy import POLICIES, expected_gap_s, oracle_choices
+from shoal.elastic.replan import Replanner
+from shoal.elastic.replay import plan_trace, simulate
+from shoal.elastic.switch import running, switch_cost
+from shoal.elastic.traces import State, Trace
+from shoal.errors import InfeasibleError, SpecError
+from shoal.problem import build_problem
+from shoal.specs.scenario import parse_scenario
+from shoal.training.planners import search
+
+A, B = "us-central1-a", "us-central1-b"
+A100, V100 = "A100-40GB", "V100-16GB"
+KEYS = [(A100, A), (V100, A), (A100, B), (V100, B)]
+SCENARIO = {
+    "model": {"name": "small", "num_layers": 4, "hidden_size": 1024, "num_heads": 16,
+              "vocab_size": 32000, "max_seq_len": 2048},
+    "job": {"global_batch": 32, "seq_len": 2048},
+    "pool": {"regions": {"us-central1": {"zones": {
+        A: {"gpus": {A100: 4, V100: 4}}, B: {"gpus": {A100: 4, V100: 4}}}}},
+        "gpus_per_node": {A100: 4, V100: 4}},
+    "network": {"defaults": {"same_zone": {"bandwidth": "100Gbps", "latency": "20us"},
+                             "same_region": {"bandwidth": "25Gbps", "latency": "1ms"}}},
+}
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return build_problem(parse_scenario(copy.deepcopy(SCENARIO)))
+
+
+@pytest.fixture(scope="module")
+def replanner(problem):
+    """Shared across tests: each pool is searched once."""
+    return Replanner(problem)
+
+
+def pool(a100a=4, v100a=4, a100b=4, v100b=4) -> dict:
+    return dict(zip(KEYS, (a100a, v100a, a100b, v100b), strict=True))
+
+
+def trace(states: list[tuple[float, dict]], end_s: float, notice: dict | None = None) -> Trace:
+    notice = notice or {}
+    return Trace(tuple(State(t, a, notice.get(i, 0.0)) for i, (t, a) in enumerate(states)),
+                 end_s, "test")
+
+
+# ------------------------------------------------------------------------------ switch costs
+
+
+def test_switch_cost_parts(problem, replanner):
+    big = running(problem, replanner.plan(pool()).ranked[0])
+    small = running(problem, replanner.plan(pool(0, 0, 4, 4)).ranked[0])
+    sw = problem.switching
+    assert big.save_s > 0 and big.load_s >= big.save_s
+    # a chosen move saves first, rebuilds, loads and warms up
+    c = switch_cost(problem, big, small, forced=False, notice_s=0.0, since_checkpoint_s=300.0)
+    assert c.save_s == big.save_s and c.redo_s == 0.0
+    assert c.restart_s == sw.restart and c.load_s == small.load_s
+    assert c.warmup_s == pytest.approx(sw.warmup_iterations * small.iteration_time_s)
+    # forced without notice: the work since the last checkpoint is redone at the new speed
+    c = switch_cost(problem, big, small, forced=True, notice_s=0.0, since_checkpoint_s=300.0)
+    assert c.save_s == 0.0
+    assert c.redo_s == pytest.approx(300.0 / big.iteration_time_s * small.iteration_time_s)
+    # ... unless the notice leaves time to save
+    c = switch_cost(problem, big, small, forced=True, notice_s=big.save_s + 1,
+                    since_checkpoint_s=300.0)
+    assert c.save_s == big.save_s and c.redo_s == 0.0
+    # new VMs only when the new plan needs nodes the old one did not rent
+    shrink = switch_cost(problem, big, small, forced=False, notice_s=0, since_checkpoint_s=0)
+    grow = switch_cost(problem, small, big, forced=False, notice_s=0, since_checkpoint_s=0)
+    fresh = switch_cost(problem, None, big, forced=False, notice_s=0, since_checkpoint_s=0)
+    assert shrink.startup_s == (0.0 if all(small.nodes[k] <= big.nodes.get(k, 0)
+                                           for k in small.nodes) else sw.node_startup)
+    assert grow.startup_s == sw.node_startup and fresh.startup_s == sw.node_startup
+    assert fresh.save_s == 0.0
+    assert c.total_s == pytest.approx(c.save_s + c.redo_s + c.restart_s + c.startup_s
+                                      + c.load_s + c.warmup_s)
+    # moving again while a switch is under way: nothing new to save, and no sooner than it ends
+    again = switch_cost(problem, big, small, forced=False, notice_s=0, since_checkpoint_s=0,
+                        pending_s=1000.0)
+    assert again.save_s == 0.0 and again.total_s == pytest.approx(1000.0)
+    quick = switch_cost(problem, big, small, forced=False, notice_s=0, since_checkpoint_s=0,
+                        pending_s=1.0)
+    assert quick.wait_s == 0.0 and quick.total_s == pytest.approx(shrink.total_s - shrink.save_s)
+
+
+def test_checkpoint_grows_with_the_optimizer_state(problem, replanner):
+    cand = replanner.plan(pool()).ranked[0]
+    adam = running(problem, cand)
+    sgd_job = problem.job.model_copy(update={"optimizer": "sgd"})
+    sgd = running(replace(problem, job=sgd_job), cand)
+    assert sgd.save_s == pytest.approx(adam.save_s * 8 / 12)
+
+
+# ------------------------------------------------------------------------------ re-planning
+
+
+def test_replanner_matches_cold_search_on_every_pool(problem):
+    rp = Replanner(problem)
+    seq = [pool(), pool(4, 0, 4, 4), pool(0, 0, 4, 4), pool(4, 4, 4, 0), pool(), pool(4, 0, 4, 4)]
+    for avail in seq:
+        warm = rp.plan(avail).ranked[0]
+        cold = search(replace(problem, avail=avail)).ranked[0]
+        assert warm.iteration_time_s <= cold.iteration_time_s * (1 + 1e-9)
+    assert rp.calls[-1].remembered and not rp.calls[1].remembered
+
+
+def test_replanner_raises_when_nothing_fits(problem):
+    rp = Replanner(problem)
+    with pytest.raises(InfeasibleError, match="no GPUs"):
+        rp.plan(pool(0, 0, 0, 0))
+
+
+# ------------------------------------------------------------------------------ policies
+
+
+def test_expected_gap_learns_from_the_trace():
+    assert expected_gap_s([0.0], 3600.0) == 3600.0
+    assert expected_gap_s([0.0, 600.0, 1200.0], 3600.0) == pytest.approx((3600 + 1200) / 3)
+
+
+def test_short_blip_is_not_worth_a_switch(problem, replanner):
+    """After changes every minute, a better pool for a minute: ``always`` moves there and
+    back, ``shoal`` (which has learnt that changes come often) and the oracle stay."""
+    small, big = pool(0, 4, 4, 0), pool()
+    tr = trace([(60.0 * i, small) for i in range(10)] + [(600.0, big), (660.0, small)], 7200.0)
+    opts = plan_trace(problem, tr, replanner)
+    assert opts[10][0].tokens_per_s > opts[0][0].tokens_per_s
+    runs = {p: simulate(problem, tr, opts, p) for p in POLICIES}
+    assert [s.decision for s in runs["always"].steps][9:] == ["keep", "switch", "forced"]
+    for name in ("shoal", "never"):
+        assert [s.decision for s in runs[name].steps][1:] == ["keep"] * 11
+    assert runs["shoal"].tokens > runs["always"].tokens
+    assert runs["oracle"].tokens >= runs["shoal"].tokens
+    assert runs["oracle"].tokens == pytest.approx(runs["shoal"].tokens, rel=1e-3)
+
+
+def test_lasting_improvement_is_taken(problem, replanner):
+    """More GPUs for the rest of a long trace: ``shoal`` moves, ``never`` does not."""
+    tr = trace([(0.0, pool(0, 4, 4, 0)), (600.0, pool())], 8 * 3600.0)
+    opts = plan_trace(problem, tr, replanner)
+    shoal = simulate(problem, tr, opts, "shoal")
+    never = simulate(problem, tr, opts, "never")
+    oracle = simulate(problem, tr, opts, "oracle")
+    assert [s.decision for s in shoal.steps] == ["start", "switch"]
+    assert shoal.tokens > never.tokens
+    assert oracle.tokens >= shoal.tokens * (1 - 1e-12)
+
+
+def test_oracle_program_only_uses_plans_that_fit(problem, replanner):
+    tr = trace([(0.0, pool()), (100.0, pool(0, 0, 4, 4)), (200.0, pool(0, 0, 0, 0)),
+                (300.0, pool(4, 4, 0, 0))], 400.0)
+    opts = plan_trace(problem, tr, replanner)
+    assert opts[2] == []
+    picks = oracle_choices(problem, tr, opts)
+    assert picks[2] is None
+    for state, p in zip(tr.states, picks, strict=True):
+        assert p is None or p.fits(state.avail)
+
+
+def test_unknown_policy(problem, replanner):
+    tr = trace([(0.0, pool())], 100.0)
+    with pytest.raises(SpecError, match="unknown policy"):
+        simulate(problem, tr, plan_trace(problem, tr, replanner), "sometimes")
+
+
+# ------------------------------------------------------------------------------ properties
+
+COUNTS = st.sampled_from([0, 4])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(pools=st.lists(st.tuples(COUNTS, COUNTS, COUNTS, COUNTS), min_size=1, max_size=6),
+       gaps=st.lists(st.floats(1.0, 5000.0), min_size=6, max_size=6),
+       notices=st.lists(st.sampled_from([0.0, 30.0, 600.0]), min_size=6, max_size=6),
+       policy=st.sampled_from(POLICIES))
+def test_replay_accounting(problem, replanner, pools, gaps, notices, policy):
+    times = [0.0]
+    for g in gaps[:len(pools) - 1]:
+        times.append(times[-1] + g)
+    tr = trace([(t, pool(*p)) for t, p in zip(times, pools, strict=True)], times[-1] + gaps[-1],
+               notice=dict(enumerate(notices)))
+    rep = simulate(problem, tr, plan_trace(problem, tr, replanner), policy)
+    tokens = 0.0
+    for s in rep.steps:
+        if s.plan is None:
+            assert s.tokens == 0.0 and s.usd == 0.0
+            continue
+        # the plan in use never needs more GPUs of a type in a zone than the trace offers
+        for key, n in s.plan.usage.items():
+            assert n <= s.avail.get(key, 0)
+        assert s.train_s + s.switch_s == pytest.approx(s.duration_s)
+        assert s.train_s >= 0 and s.switch_s >= 0
+        tokens += s.plan.tokens_per_s * s.train_s
+    # the token count is the integral of throughput over the time not spent switching
+    assert rep.tokens == pytest.approx(tokens, rel=1e-12)
+    assert sum(s.duration_s for s in rep.steps) == pytest.approx(tr.end_s)
+
+
+# ------------------------------------------------------------------------------ command line
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def scenario_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("replay") / "scenario.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    return path
+
+
+def test_cli_replay_json_and_figure(scenario_file, tmp_path):
+    events = tmp_path / "events.csv"
+    events.write_text(f"time_s,gpu,zone,count,notice_s\n1800,{A100},{A},0,30\n3600,{A100},{A},4,0\n")
+    fig, out = tmp_path / "replay.png", tmp_path / "replay.json"
+    r = runner.invoke(app, ["replay", str(scenario_file), "--trace", str(events), "--json",
+                            "--figure", str(fig), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc == json.loads(out.read_text())
+    assert doc["policy"] == "shoal" and len(doc["steps"]) == 3
+    assert doc["steps"][1]["available"][f"{A100}@{A}"] == 0
+    assert doc["steps"][1]["decision"] == "forced"
+    t = doc["totals"]
+    assert t["tokens"] == pytest.approx(sum(s["tokens"] for s in doc["steps"]))
+    assert t["duration_s"] == pytest.approx(5400.0)
+    assert fig.stat().st_size > 10_000
+    assert all(0 <= s["plan"] < len(doc["plans"]) for s in doc["steps"])
+
+
+def test_cli_replay_compares_policies(scenario_file):
+    r = runner.invoke(app, ["replay", str(scenario_file), "--synthetic", "outage", "--seed", "3",
+                            "--hours", "6", "--policy", "all"])
+    assert r.exit_code == 0, r.output
+    for name in POLICIES:
+        assert name in r.output
+    assert "availability states" in r.output
+
+
+def test_cli_replay_bad_inputs(scenario_file, tmp_path):
+    r = runner.invoke(app, ["replay", str(scenario_file)])
+    assert r.exit_code == 2 and "exactly one of --trace" in r.output
+    bad = tmp_path / "bad.csv"
+    bad.write_text(f"time_s,gpu,zone,count\n0,{A100},{A},4\n10,{A100},{A},-1\n")
+    r = runner.invoke(app, ["replay", str(scenario_file), "--trace", str(bad)])
+    assert r.exit_code == 2 and "line 3" in r.output
+    r = runner.invoke(app, ["replay", str(scenario_file), "--synthetic", "meteor"])
+    assert r.exit_code == 2 and "spot" in r.output
+    r = runner.invoke(app, ["replay", str(scenario_file), "--synthetic", "spot",
+                            "-o", str(tmp_path / "missing" / "x.json")])
+    assert r.exit_code == 2 and not (tmp_path / "missing").exists()
