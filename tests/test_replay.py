@@ -135,20 +135,22 @@ def test_expected_gap_learns_from_the_trace():
     assert expected_gap_s([0.0, 600.0, 1200.0], 3600.0) == pytest.approx((3600 + 1200) / 3)
 
 
-def test_short_blip_is_not_worth_a_switch(problem, replanner):
-    """After changes every minute, a better pool for a minute: ``always`` moves there and
-    back, ``shoal`` (which has learnt that changes come often) and the oracle stay."""
+def test_flickering_gpus_are_not_chased(problem, replanner):
+    """Extra GPUs that come for a minute and go again, over and over: ``always`` moves every
+    time, ``shoal`` learns that they do not stay and keeps its plan."""
     small, big = pool(0, 4, 4, 0), pool()
-    tr = trace([(60.0 * i, small) for i in range(10)] + [(600.0, big), (660.0, small)], 7200.0)
+    states = [(0.0, small)]
+    for i in range(1, 13):
+        states.append((300.0 * i, big if i % 2 else small))
+    tr = trace(states, 4 * 3600.0)
     opts = plan_trace(problem, tr, replanner)
-    assert opts[10][0].tokens_per_s > opts[0][0].tokens_per_s
+    assert opts[1][0].tokens_per_s > opts[0][0].tokens_per_s
     runs = {p: simulate(problem, tr, opts, p) for p in POLICIES}
-    assert [s.decision for s in runs["always"].steps][9:] == ["keep", "switch", "forced"]
-    for name in ("shoal", "never"):
-        assert [s.decision for s in runs[name].steps][1:] == ["keep"] * 11
+    assert runs["always"].switches == 13
     assert runs["shoal"].tokens > runs["always"].tokens
+    # once it has seen the extra GPUs go twice, it stays put
+    assert {s.decision for s in runs["shoal"].steps[5:]} == {"keep"}
     assert runs["oracle"].tokens >= runs["shoal"].tokens
-    assert runs["oracle"].tokens == pytest.approx(runs["shoal"].tokens, rel=1e-3)
 
 
 def test_lasting_improvement_is_taken(problem, replanner):

@@ -154,7 +154,7 @@ def plan(
 ) -> None:
     """Which GPUs to rent and how to parallelise: ranked plans and the throughput-cost front."""
     from shoal.estimate import estimate as run_estimate
-    from shoal.files import check_output
+    from shoal.files import check_output, write_json
     from shoal.problem import load_problem
     from shoal.training.planners import search
 
@@ -175,9 +175,7 @@ def plan(
                             top_k=top, budget_s=budget)
     best = result.ranked[0].plan
     if output is not None:
-        tmp = output.with_name(output.name + ".tmp")
-        tmp.write_text(json.dumps(best.to_json(), indent=1))
-        tmp.replace(output)
+        write_json(output, best.to_json())
     if figure is not None:
         from shoal.report.figures import draw_pareto
 
@@ -370,7 +368,7 @@ def replay(
     from shoal.elastic.replay import plan_trace, simulate
     from shoal.elastic.traces import load_trace
     from shoal.elastic.traces import synthetic as make_synthetic
-    from shoal.files import check_output
+    from shoal.files import check_output, write_json
     from shoal.problem import load_problem
 
     for path, opt in ((output, "--output"), (figure, "--figure")):
@@ -397,9 +395,7 @@ def replay(
     runs = [simulate(problem, tr, options, name) for name in names]
     doc = _replay_json(problem, tr, runs, replanner)
     if output is not None:
-        tmp = output.with_name(output.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1))
-        tmp.replace(output)
+        write_json(output, doc)
     if figure is not None:
         from shoal.report.figures import draw_replay
 
@@ -426,18 +422,21 @@ def replay(
             out.print(f"{what} written to {path}")
 
 
-def _avail_text(avail: dict) -> str:
-    items = sorted(avail.items(), key=lambda kv: (kv[0][1], kv[0][0]))
-    return " ".join(f"{g}@{z}:{n}" for (g, z), n in items)
+def _avail_text(avail: dict, zones: list[str]) -> str:
+    """'A100-40GB 8/0, V100-16GB 8/8': GPUs of each type per zone, zones in ``zones`` order."""
+    gpus = sorted({g for g, _ in avail})
+    return ", ".join(f"{g} " + "/".join(str(avail.get((g, z), 0)) for z in zones) for g in gpus)
 
 
 def _replay_steps(rep) -> Table:
-    t = _table(f"Plan per availability change (policy {rep.policy})",
+    zones = sorted({z for s in rep.steps for _, z in s.avail})
+    t = _table(f"Plan per availability change (policy {rep.policy}; GPUs available per zone: "
+               f"{'/'.join(zones)})",
                ["time", "available", "decision", "it/s", "$/h", "switch", "plan"],
                left=("available", "decision", "plan"))
     for s in rep.steps:
         p = s.plan
-        t.add_row(f"{s.time_s / 3600:.2f} h", _avail_text(s.avail), s.decision,
+        t.add_row(f"{s.time_s / 3600:.2f} h", _avail_text(s.avail, zones), s.decision,
                   f"{1 / p.iteration_time_s:.4g}" if p else "-",
                   f"{p.usd_per_s * 3600:,.1f}" if p else "-",
                   _s(s.switch.total_s) if s.switch else "",

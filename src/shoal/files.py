@@ -61,6 +61,15 @@ def check_output(path: str | Path, option: str) -> Path:
     return p
 
 
+def write_json(path: str | Path, doc) -> Path:
+    """Write a JSON document through a temporary file (never a half-written result)."""
+    out = Path(path)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(out)
+    return out
+
+
 def save_png(fig, path: str | Path) -> Path:
     """Write a matplotlib figure as PNG through a temporary file (never a half-written image)."""
     import matplotlib.pyplot as plt

@@ -16,12 +16,13 @@ from __future__ import annotations
 import numpy as np
 
 from shoal.elastic.switch import Running, switch_cost
-from shoal.elastic.traces import Trace
+from shoal.elastic.traces import State, Trace
 from shoal.errors import SpecError
 from shoal.problem import Problem
 from shoal.training.planners.common import score
 
 POLICIES = ("shoal", "always", "never", "oracle")
+HORIZON_GAPS = 8  # the longest a plan is expected to last, in mean gaps between changes
 
 
 def check_policy(name: str) -> str:
@@ -45,10 +46,51 @@ def horizon_value(run: Running, horizon_s: float, switch_s: float, objective: st
     return tokens / max(run.usd_per_s * horizon_s, 1e-12)
 
 
+class Risk:
+    """How likely the next change is to take GPUs a plan holds, learnt from the states so far.
+
+    Per (GPU type, zone): the share of changes that lowered its count (a prior spreads half a
+    change over the pairs before anything is seen), and how deep a drop goes, as the share of
+    the count lost (the pair's own drops once it has three, else every pair's; before any drop,
+    a drop takes all). A plan is cut when a drop leaves fewer GPUs than it holds."""
+
+    def __init__(self, states: list[State]):
+        self.now = states[-1].avail
+        keys = sorted({k for st in states for k in st.avail})
+        self.drops: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
+        for prev, st in zip(states, states[1:], strict=False):
+            for k in keys:
+                a, b = prev.avail.get(k, 0), st.avail.get(k, 0)
+                if b < a:
+                    self.drops[k].append((a - b) / a)
+        self.changes = len(states) - 1
+        self.pooled = [f for v in self.drops.values() for f in v]
+
+    def cut_per_change(self, run: Running) -> float:
+        prior = 0.5 / max(len(self.drops), 1)
+        p = 0.0
+        for k, held in run.usage.items():
+            drops = self.drops.get(k, [])
+            depth = drops if len(drops) >= 3 else self.pooled
+            have = self.now.get(k, 0)
+            slack = (have - held) / have if have else 0.0  # a deeper drop cuts the plan
+            deep = float(np.mean(np.asarray(depth) > slack)) if depth else 1.0
+            p += (len(drops) + prior) / (self.changes + 1) * deep
+        return min(p, 1.0)
+
+
 def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
            options: list[Running], *, forced: bool, notice_s: float, since_checkpoint_s: float,
-           seen_times: list[float], pending_s: float = 0.0) -> Running | None:
-    """The plan to run from this change on (``cur`` to keep it); not for ``oracle``."""
+           seen: list[State], pending_s: float = 0.0) -> Running | None:
+    """The plan to run from this change on (``cur`` to keep it); not for ``oracle``.
+
+    ``shoal``: a forced move (or a start) takes the option worth most until the next change,
+    its switch included; the time to the next change is the mean gap between the changes seen
+    so far, with ``switching.prior_gap`` counted as one gap. A move it may choose is compared
+    with staying over the time both would last: each plan lasts until a change cuts it (the
+    mean gap over its ``Risk`` of a cut per change, at most ``HORIZON_GAPS`` gaps), and the plan
+    cut first pays the forced move that follows (redoing half a checkpoint interval unless drops
+    have come with notice enough to save)."""
     if not options:
         return None if (forced or cur is None) else cur
     if cur is None or forced:
@@ -59,16 +101,40 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
     elif policy == "always":
         best = options[0]
         return best if score(best.cand, objective) < score(cur.cand, objective) else cur
-    H = expected_gap_s(seen_times, problem.switching.prior_gap)
-    values = []
-    for q in options:
-        c = switch_cost(problem, cur, q, forced=forced, notice_s=notice_s,
-                        since_checkpoint_s=since_checkpoint_s, pending_s=pending_s).total_s
-        values.append(horizon_value(q, H, c, objective))
-    i = int(np.argmax(values))
-    if cur is not None and not forced and values[i] <= horizon_value(cur, H, pending_s, objective):
-        return cur
-    return options[i]
+    sw = problem.switching
+    H = expected_gap_s([st.time_s for st in seen], sw.prior_gap)
+    costs = [switch_cost(problem, cur, q, forced=forced, notice_s=notice_s,
+                         since_checkpoint_s=since_checkpoint_s, pending_s=pending_s).total_s
+             for q in options]
+    if cur is None or forced:
+        return options[int(np.argmax([horizon_value(q, H, c, objective)
+                                      for q, c in zip(options, costs, strict=True)]))]
+    risk = Risk(seen)
+    notices = [st.notice_s for prev, st in zip(seen, seen[1:], strict=False)
+               if any(st.avail.get(k, 0) < n for k, n in prev.avail.items())]
+    notice = float(np.median(notices)) if notices else 0.0
+
+    def life(q: Running) -> float:
+        p = risk.cut_per_change(q)
+        return min(H / p if p > 0 else np.inf, HORIZON_GAPS * H)
+
+    def forced_move(q: Running) -> float:
+        return switch_cost(problem, q, q, forced=True, notice_s=notice,
+                           since_checkpoint_s=sw.checkpoint_interval / 2).total_s
+
+    stay_life = life(cur)
+    best, best_gain = cur, 0.0
+    for q, c in zip(options, costs, strict=True):
+        q_life = life(q)
+        window = min(q_life, stay_life)
+        move = q.tokens_per_s * (window - c - (forced_move(q) if q_life <= stay_life else 0.0))
+        stay = cur.tokens_per_s * (window - pending_s
+                                   - (forced_move(cur) if stay_life <= q_life else 0.0))
+        if objective != "max-throughput":
+            move, stay = move / q.usd_per_s, stay / cur.usd_per_s
+        if move - stay > best_gain:
+            best, best_gain = q, move - stay
+    return best
 
 
 def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]

@@ -8,6 +8,16 @@ states what does not depend on GPU counts, and starting each search from plans t
   the search returns nothing worse than the best of them.
 * A state seen before is answered from memory (traces go back and forth between the same
   counts).
+* A pool with no more GPUs of any type in any zone than a pool searched before has only plans
+  that pool had: when that pool's best plan fits, it would be the best here too if the search
+  were exact. Allocation and zone placement are heuristics that sometimes find a better plan
+  on the smaller pool, so the most promising ``CHECK_PAIRS`` (plan shape, data-parallel degree)
+  pairs are still searched, from that plan as the incumbent.
+* Otherwise the pool is searched (with the tables and the earlier plans that fit).
+
+A bound per (plan shape, data-parallel degree) from larger pools would prune far more, but the
+zone placement and the allocation are heuristics whose result on a smaller pool can beat the
+larger pool's by several percent; such a bound then cuts plans a cold search finds.
 """
 
 from __future__ import annotations
@@ -20,9 +30,22 @@ from shoal.estimate.encode import PlanSpec
 from shoal.problem import Problem
 from shoal.specs.job import Constraints
 from shoal.training.planners import Reuse, SearchResult, search
-from shoal.training.planners.memory import fits, usage
 
 Avail = dict[tuple[str, str], int]
+CHECK_PAIRS = 60  # pairs searched when a larger pool's best plan fits (five estimator batches)
+
+
+def usage(spec: PlanSpec) -> Avail:
+    """GPUs a plan holds per (GPU type, zone)."""
+    out: Avail = {}
+    for _, _, reps in spec[4]:
+        for g, tp, z, _ in reps:
+            out[(g, z)] = out.get((g, z), 0) + tp
+    return out
+
+
+def fits(need: Avail, avail: Avail) -> bool:
+    return all(avail.get(k, 0) >= n for k, n in need.items())
 
 
 @dataclass
@@ -30,6 +53,7 @@ class ReplanCall:
     time_s: float
     remembered: bool  # the same counts were planned before
     seeds: int  # earlier plans that fit and were costed first
+    from_larger: bool = False  # a larger pool's best plan fits: a bounded search
 
 
 @dataclass
@@ -56,14 +80,17 @@ class Replanner:
         if key in self._results:
             self.calls.append(ReplanCall(time.perf_counter() - start, True, 0))
             return self._answer(self._results[key])
-        seeds = [sp for sp, use in reversed(self._ranked.items()) if fits(use, avail)]
+        inherited = self._from_larger(avail)
+        seeds = inherited + [sp for sp, use in reversed(self._ranked.items())
+                             if fits(use, avail) and sp not in inherited]
         seeds = seeds[:self.max_seeds]
         problem = replace(self.problem, avail={**self.problem.avail, **avail})
         try:
             res: SearchResult | InfeasibleError = search(
                 problem, strategy=self.strategy, objective=self.objective,
                 constraints=self.constraints, top_k=self.top_k, budget_s=self.budget_s,
-                reuse=self.reuse, seeds=tuple(seeds))
+                reuse=self.reuse, seeds=tuple(seeds),
+                max_pairs=CHECK_PAIRS if inherited else None)
         except InfeasibleError as exc:
             res = exc
         self._results[key] = res
@@ -71,8 +98,22 @@ class Replanner:
             for c in res.ranked:
                 self._ranked.pop(c.spec, None)
                 self._ranked[c.spec] = usage(c.spec)  # most recent last
-        self.calls.append(ReplanCall(time.perf_counter() - start, False, len(seeds)))
+        self.calls.append(ReplanCall(time.perf_counter() - start, False, len(seeds),
+                                     bool(inherited)))
         return self._answer(res)
+
+    def _from_larger(self, avail: Avail) -> list[PlanSpec]:
+        """The plans ranked by a complete search of a pool containing ``avail`` that fit it,
+        when that search's best plan fits; else none."""
+        for key, res in self._results.items():
+            if not isinstance(res, SearchResult) or res.stats.truncated:
+                continue
+            have = dict(key)
+            if any(n > have.get(k, 0) for k, n in avail.items() if n > 0):
+                continue
+            if fits(usage(res.ranked[0].spec), avail):
+                return [c.spec for c in res.ranked if fits(usage(c.spec), avail)]
+        return []
 
     @staticmethod
     def _answer(res: SearchResult | InfeasibleError) -> SearchResult:

@@ -102,7 +102,7 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
         else:
             new = choose(policy, problem, objective, cur, options[i], forced=forced,
                          notice_s=st.notice_s, since_checkpoint_s=since_ckpt, pending_s=busy,
-                         seen_times=[s.time_s for s in trace.states[:i + 1]])
+                         seen=list(trace.states[:i + 1]))
         cost = None
         if new is None:
             decision = "stop" if cur is not None else "idle"

@@ -20,7 +20,6 @@ from shoal.training.planners.common import (
     SearchStats,
     finish,
 )
-from shoal.training.planners.memory import PairMemory
 from shoal.training.planners.space import Space, mbs_options
 
 
@@ -32,11 +31,6 @@ class Reuse:
 
     tables: CostTables | None = None
     min_tp: dict = field(default_factory=dict)
-    pairs: dict[tuple, PairMemory] = field(default_factory=dict)  # per objective, constraints
-
-    def memory(self, objective: str, constraints: Constraints) -> PairMemory:
-        key = (objective, constraints.model_dump_json())
-        return self.pairs.setdefault(key, PairMemory())
 
 
 STRATEGIES = {"auto": auto.search, "sailor": sailor.search, "exhaustive": exhaustive.search}
@@ -47,7 +41,8 @@ __all__ = ["OBJECTIVES", "STRATEGIES", "Candidate", "Reuse", "SearchResult", "se
 def search(problem: Problem, *, strategy: str = "auto", objective: str | None = None,
            constraints: Constraints | None = None, top_k: int = 10,
            max_stages: int | None = None, budget_s: float | None = None,
-           reuse: Reuse | None = None, seeds: tuple = ()) -> SearchResult:
+           reuse: Reuse | None = None, seeds: tuple = (),
+           max_pairs: int | None = None) -> SearchResult:
     """Ranked plans for ``problem`` under ``objective`` and ``constraints`` (default: the
     scenario's), with the throughput-cost Pareto front and search statistics. ``budget_s``
     bounds the search time (``auto`` stops taking new plan shapes; the result says it was
@@ -65,18 +60,16 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     constraints = constraints or problem.constraints
     mbs = mbs_options(problem)
     stats = SearchStats(strategy=strategy)
-    remember = reuse is not None
     reuse = reuse if reuse is not None else Reuse()
     if reuse.tables is None or reuse.tables.mbs != mbs:
-        reuse.tables, reuse.min_tp, reuse.pairs = None, {}, {}
+        reuse.tables, reuse.min_tp = None, {}
     ev = Evaluator(problem, mbs, constraints, stats, objective, tables=reuse.tables)
-    if remember:
-        ev.memory = reuse.memory(objective, constraints)
     reuse.tables = ev.tb
     space = Space(problem, ev.tb)
     space._min_tp = reuse.min_tp
     if budget_s is not None:
         ev.deadline = stats.started + budget_s
+    ev.max_pairs = max_pairs
     if not space.kinds:
         raise InfeasibleError("the pool has no GPUs the job can use", binding="pool",
                               relaxation="add GPUs (with bf16 support for a mixed-bf16 job)")

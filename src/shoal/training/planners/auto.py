@@ -43,7 +43,7 @@ from shoal.training.planners.space import Space, balanced_split
 
 ALL_SPLITS_UP_TO = 3  # pipeline depths whose every contiguous split is tried ...
 MAX_SPLITS = 120  # ... when there are at most this many
-PACKINGS = ("stage", "pipeline")  # zone placements tried for each allocation
+PACKINGS = ("stage", "chain", "pipeline")  # zone placements tried for each allocation
 BATCH = 12  # (shape, degree) pairs allocated and costed per estimator call
 
 
@@ -357,17 +357,7 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
         # near the cheapest plan: an incumbent that prunes most of the cost bounds at once
         sailor.search(ev, space, objective, mbs_values, max_stages)
     run = _BranchAndBound(ev, space, shapes, sid, Ds, tau, avail, price, region_of)
-    key = _key(T, C, objective)
-    memory = ev.memory
-    if memory is None:
-        run(keep, key, objective, lambda: ev.incumbent)
-    else:
-        pairs = [(shapes[a].recompute, shapes[a].mbs, shapes[a].split, int(d))
-                 for a, d in zip(sid, Ds, strict=True)]
-        key, todo = memory.tighten(problem.avail, pairs, key, keep, ev)
-        found: dict = {}
-        run(todo, key, objective, lambda: ev.incumbent, found)
-        memory.record(problem.avail, {pairs[e]: v for e, v in found.items()}, ev)
+    run(keep, _key(T, C, objective), objective, lambda: ev.incumbent)
     if not ev.feasible and not keep.all():
         # the constraints cut every plan: find the fastest (cheapest) plans anyway, so the
         # error can name the binding constraint and how far to relax it
@@ -386,10 +376,7 @@ class _BranchAndBound:
         self.sid, self.Ds, self.tau = sid, Ds, tau
         self.avail, self.price, self.region_of = avail, price, region_of
 
-    def __call__(self, mask: np.ndarray, key: np.ndarray, objective: str, best,
-                 found: dict | None = None) -> None:
-        """``found`` (pair index -> (score, spec) of the pair's best plan) is filled for every
-        pair allocated and costed."""
+    def __call__(self, mask: np.ndarray, key: np.ndarray, objective: str, best) -> None:
         ev = self.ev
         idx = np.nonzero(mask)[0]
         idx = idx[np.argsort(key[idx], kind="stable")]
@@ -399,30 +386,25 @@ class _BranchAndBound:
         while i < len(idx):
             if ev.out_of_time():
                 return
+            if ev.max_pairs is not None and i >= ev.max_pairs:
+                ev.stats.truncated = True
+                ev.stats.pruned += len(idx) - i
+                return
             inc = best()
             bar = score(inc, objective)[0] if inc is not None else np.inf
             if key[idx[i]] >= bar:
                 ev.stats.pruned += len(idx) - i
                 return
-            per_pair = []
+            specs = []
             j = i
             while j < len(idx) and j < i + BATCH and key[idx[j]] < bar:
                 e = idx[j]
-                per_pair.append((e, _specs(self.space, self.shapes[self.sid[e]], int(self.Ds[e]),
-                                           float(self.tau[e]), self.avail, self.price,
-                                           self.region_of, levels, L)))
+                specs += _specs(self.space, self.shapes[self.sid[e]], int(self.Ds[e]),
+                                float(self.tau[e]), self.avail, self.price, self.region_of,
+                                levels, L)
                 j += 1
             i = j
-            fresh = [s for s in dict.fromkeys(s for _, specs in per_pair for s in specs)
-                     if s not in ev.feasible]
-            costed = dict(zip(fresh, ev.cost(fresh), strict=True))
-            if found is None:
-                continue
-            for e, specs in per_pair:
-                cands = [c for c in (costed.get(s) or ev.feasible.get(s) for s in specs) if c]
-                top = min(cands, key=lambda c: score(c, objective), default=None)
-                found[int(e)] = ((score(top, objective)[0], top.spec) if top is not None
-                                 else (np.inf, None))
+            ev.cost([s for s in dict.fromkeys(specs) if s not in ev.feasible])
 
 
 def _key(T: np.ndarray, C: np.ndarray, objective: str) -> np.ndarray:
@@ -452,4 +434,14 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
             a2 = fastest(o2, D, avail, price, region_of, total=total) if o2 else None
             if a2 is not None:
                 out.append(build_spec(space, a2, o2, new, sh.mbs, D, recompute=sh.recompute))
+    # the allocation pools the zones of a region (H6) and ranks replicas by compute alone, so
+    # on a pool spread over zones it may take a faster GPU in another zone where the estimate,
+    # with the sends and egress across zones, prefers the same plan inside one zone
+    need = D * sum(min(o.tp for o in st) for st in opts)
+    for z, zavail in space.zone_pools():
+        if zavail.sum() >= need:
+            a3 = fastest(opts, D, zavail, price, region_of, total=total)
+            if a3 is not None:
+                out.append(build_spec(space, upgraded(a3, opts, zavail), opts, sh.split, sh.mbs,
+                                      D, recompute=sh.recompute, packing="chain", home=z))
     return [s for s in out if s is not None]

@@ -16,14 +16,18 @@ def shares(total: int, D: int) -> list[int]:
 
 def build_spec(space: Space, alloc: Allocation, stage_opts: list[list[Option]],
                split: tuple[tuple[int, int], ...], mbs: int, D: int, *, recompute: bool = False,
-               zero: int = 0, schedule: str = "1f1b", packing: str = "stage") -> PlanSpec | None:
+               zero: int = 0, schedule: str = "1f1b", packing: str = "stage",
+               home: str | None = None) -> PlanSpec | None:
     """A plan spec for ``alloc``, or None if a TP group finds no zone with enough free GPUs.
 
     In every stage the replicas are ordered slowest first, so pipeline j pairs the j-th slowest
     replica of each stage: slow replicas share pipelines instead of slowing every pipeline.
     Zones inside a stage's region: ``packing="stage"`` keeps a stage's replicas in as few zones
-    as fit (its gradient ring crosses fewest zone boundaries), ``"pipeline"`` keeps each
-    pipeline's replicas in the zone of its previous stage (activations stay in the zone)."""
+    as fit (its gradient ring crosses fewest zone boundaries), starting in the zone with the
+    most free GPUs of its kind; ``"chain"`` does the same starting in the zone where the
+    previous stage started (fewer sends between zones); ``"pipeline"`` keeps each pipeline's
+    replicas in the zone of its previous stage (activations stay in the zone). ``home``: the
+    zone the first replica prefers."""
     total = space.problem.job.global_batch // mbs
     if total < D:
         return None
@@ -40,7 +44,9 @@ def build_spec(space: Space, alloc: Allocation, stage_opts: list[list[Option]],
         for j, (_, k, tp) in enumerate(reps):
             kind = space.kinds[k]
             if packing == "stage":
-                prefer = out[-1][2] if out else None
+                prefer = out[-1][2] if out else home
+            elif packing == "chain":  # the stage's zone so far, else where the last one began
+                prefer = out[-1][2] if out else (stages[-1][2][0][2] if stages else home)
             else:
                 prefer = stages[-1][2][j][2] if stages else None
             z = space.place(kind, tp, used, prefer)

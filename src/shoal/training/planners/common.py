@@ -57,7 +57,7 @@ class SearchStats:
     pruned: int = 0  # candidates never costed: cut by heuristics or bounds
     infeasible: int = 0  # costed, fit in memory, but break a constraint
     no_fit: int = 0  # plan shapes where some stage fits on no GPU of the pool at any TP
-    truncated: bool = False  # the time budget ran out before the whole space was searched
+    truncated: bool = False  # a time or pair budget ended the search before it was complete
     search_time_s: float = 0.0
     started: float = field(default_factory=time.perf_counter)
 
@@ -85,8 +85,8 @@ class Evaluator:
         self.cheapest: Candidate | None = None
         self.objective = objective
         self.deadline: float | None = None  # perf_counter time after which the search stops
+        self.max_pairs: int | None = None  # (shape, degree) pairs a bounded search allocates
         self.incumbent: Candidate | None = None  # best feasible plan so far under the objective
-        self.memory = None  # a PairMemory shared with searches of this problem on other pools
 
     def _within_quotas(self, sp: PlanSpec) -> bool:
         used: dict[str, int] = {}
@@ -130,8 +130,8 @@ class Evaluator:
         return res
 
     def adopt(self, cand: Candidate) -> bool:
-        """Count a plan that fits in memory (costed now, or before on another pool); keep it
-        when it meets the constraints (True)."""
+        """Count a costed plan that fits in memory; keep it when it meets the constraints
+        (True)."""
         self.fits += 1
         if self.fastest is None or cand.iteration_time_s < self.fastest.iteration_time_s:
             self.fastest = cand

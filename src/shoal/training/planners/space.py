@@ -73,6 +73,17 @@ class Space:
                     self.zones_of[k] = sorted(zs, key=lambda x: (-x[1], x[0]))
         self.tps = {g: tp_options(problem, g, tb.tps) for g in problem.gpus}
         self._min_tp: dict[tuple, int | None] = {}
+        self._zone_pools: list[tuple[str, np.ndarray]] | None = None
+
+    def zone_pools(self) -> list[tuple[str, np.ndarray]]:
+        """When the GPUs are in more than one zone: per zone, its GPUs per kind (0 for kinds
+        of other zones), as the allocator counts them."""
+        if self._zone_pools is None:
+            zones = sorted({z for k in self.kinds for z, _ in self.zones_of[k]})
+            self._zone_pools = [] if len(zones) < 2 else [
+                (z, np.array([dict(self.zones_of[k]).get(z, 0) for k in self.kinds],
+                             dtype=np.int64)) for z in zones]
+        return self._zone_pools
 
     def stage_time(self, gpu: str, tp: int, mbs: int, a: int, b: int, recompute: bool) -> float:
         """Forward + backward seconds of one microbatch of layers [a, b) on one replica."""
