@@ -113,12 +113,14 @@ def test_checkpoint_grows_with_the_optimizer_state(problem, replanner):
 
 def test_replanner_matches_cold_search_on_every_pool(problem):
     rp = Replanner(problem)
-    seq = [pool(), pool(4, 0, 4, 4), pool(0, 0, 4, 4), pool(4, 4, 4, 0), pool(), pool(4, 0, 4, 4)]
+    seq = [pool(), pool(4, 0, 4, 4), pool(0, 0, 4, 4), pool(4, 4, 4, 0), pool(4, 0, 0, 4),
+           pool(4, 0, 0, 0), pool(), pool(4, 0, 4, 4)]
     for avail in seq:
         warm = rp.plan(avail).ranked[0]
         cold = search(replace(problem, avail=avail)).ranked[0]
         assert warm.iteration_time_s <= cold.iteration_time_s * (1 + 1e-9)
     assert rp.calls[-1].remembered and not rp.calls[1].remembered
+    assert any(c.from_larger for c in rp.calls)  # the bounded check search ran, and held
 
 
 def test_replanner_raises_when_nothing_fits(problem):

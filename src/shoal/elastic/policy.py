@@ -3,9 +3,9 @@
 * ``always``: move to the best plan of every new availability state when it is better than the
   plan running (Sailor re-plans and moves at every change).
 * ``never``: keep the plan running while its GPUs are there; move only when forced.
-* ``shoal``: at every change, pick among the state's ranked plans and the plan running the one
-  worth most until the next change, switch cost included; the time to the next change is the
-  mean gap between the changes seen so far (with ``switching.prior_gap`` as one pseudo-gap).
+* ``shoal``: moves when forced to the state's ranked plan worth most until the next change;
+  chooses to move only when the new plan, over the time it and the running plan are expected
+  to last, gains more than its switch (see ``choose``).
 * ``oracle``: knows the whole trace; a dynamic program over (state, plan) chooses the plans
   (comparison only).
 Every policy moves when GPUs the running plan holds are gone.
