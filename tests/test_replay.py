@@ -178,6 +178,26 @@ def test_oracle_program_only_uses_plans_that_fit(problem, replanner):
         assert p is None or p.fits(state.avail)
 
 
+def test_work_lost_when_everything_goes_is_redone(problem, replanner):
+    """All GPUs gone without notice: the work since the last checkpoint is redone at restart,
+    and costs no less than losing only some of them."""
+    all_gone = trace([(0.0, pool()), (500.0, pool(0, 0, 0, 0)), (600.0, pool())], 4000.0)
+    rep = simulate(problem, all_gone, plan_trace(problem, all_gone, replanner), "never")
+    assert [s.decision for s in rep.steps] == ["start", "stop", "start"]
+    restart = rep.steps[2].switch
+    assert restart.redo_s > 0
+    lost_iters = (500.0 - rep.steps[0].switch_s) / rep.steps[0].plan.iteration_time_s
+    assert restart.redo_s == pytest.approx(lost_iters * rep.steps[2].plan.iteration_time_s)
+
+
+def test_partial_pool_means_none_of_the_rest(problem):
+    rp = Replanner(problem)
+    full = rp.plan(pool())
+    only = rp.plan({(A100, A): 4})
+    assert not rp.calls[-1].remembered and only.ranked[0].num_gpus <= 4
+    assert full.ranked[0].num_gpus > 4
+
+
 def test_unknown_policy(problem, replanner):
     tr = trace([(0.0, pool())], 100.0)
     with pytest.raises(SpecError, match="unknown policy"):
@@ -201,6 +221,10 @@ def test_replay_accounting(problem, replanner, pools, gaps, notices, policy):
         times.append(times[-1] + g)
     tr = trace([(t, pool(*p)) for t, p in zip(times, pools, strict=True)], times[-1] + gaps[-1],
                notice=dict(enumerate(notices)))
+    if not any(sum(p) for p in pools):
+        with pytest.raises(InfeasibleError):  # nothing fits at any moment: the reason, not idle
+            plan_trace(problem, tr, replanner)
+        return
     rep = simulate(problem, tr, plan_trace(problem, tr, replanner), policy)
     tokens = 0.0
     for s in rep.steps:

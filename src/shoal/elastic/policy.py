@@ -131,7 +131,8 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
         stay = cur.tokens_per_s * (window - pending_s
                                    - (forced_move(cur) if stay_life <= q_life else 0.0))
         if objective != "max-throughput":
-            move, stay = move / q.usd_per_s, stay / cur.usd_per_s
+            move = move / max(q.usd_per_s, 1e-12)
+            stay = stay / max(cur.usd_per_s, 1e-12)
         if move - stay > best_gain:
             best, best_gain = q, move - stay
     return best

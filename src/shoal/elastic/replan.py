@@ -73,9 +73,11 @@ class Replanner:
     _ranked: dict[PlanSpec, Avail] = field(default_factory=dict)  # plans ranked so far
 
     def plan(self, avail: Avail) -> SearchResult:
-        """Ranked plans for the pool ``avail`` ((gpu, zone) -> GPUs). Raises InfeasibleError
-        when nothing fits."""
+        """Ranked plans for the pool ``avail`` ((gpu, zone) -> GPUs; pairs of the scenario's
+        pool left out have none). Raises InfeasibleError when nothing fits."""
         start = time.perf_counter()
+        # every pair of the scenario's pool, those not given having none
+        avail = {k: int(avail.get(k, 0)) for k in self.problem.avail}
         key = tuple(sorted((k, n) for k, n in avail.items() if n > 0))
         if key in self._results:
             self.calls.append(ReplanCall(time.perf_counter() - start, True, 0))
@@ -84,7 +86,7 @@ class Replanner:
         seeds = inherited + [sp for sp, use in reversed(self._ranked.items())
                              if fits(use, avail) and sp not in inherited]
         seeds = seeds[:self.max_seeds]
-        problem = replace(self.problem, avail={**self.problem.avail, **avail})
+        problem = replace(self.problem, avail=avail)
         try:
             res: SearchResult | InfeasibleError = search(
                 problem, strategy=self.strategy, objective=self.objective,

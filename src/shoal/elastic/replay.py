@@ -70,14 +70,18 @@ def plan_trace(problem: Problem, trace: Trace, replanner: Replanner,
     one ``Running`` object."""
     seen: dict = {}
     out = []
+    first: InfeasibleError | None = None
     for i, st in enumerate(trace.states):
         try:
             ranked = replanner.plan(st.avail).ranked
-        except InfeasibleError:
+        except InfeasibleError as exc:
+            first = first or exc
             ranked = []
         out.append([seen.setdefault(c.spec, running(problem, c)) for c in ranked])
         if progress is not None:
             progress(i + 1, len(trace.states))
+    if first is not None and not any(out):
+        raise first  # nothing fits at any moment: say why, as `shoal plan` would
     return out
 
 
@@ -91,6 +95,7 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
     cur: Running | None = None
     busy = 0.0  # switching left over from an earlier state
     since_ckpt = 0.0
+    lost = 0.0  # iterations lost when the job stopped without saving, redone at the next start
     steps: list[Step] = []
     used: dict = {}
     durations = trace.durations()
@@ -106,14 +111,18 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
         cost = None
         if new is None:
             decision = "stop" if cur is not None else "idle"
-            busy = 0.0
+            if cur is not None and busy <= 0 and st.notice_s < cur.save_s:
+                lost += since_ckpt / cur.iteration_time_s
+            busy, since_ckpt = 0.0, 0.0
         elif cur is not None and new.cand.spec == cur.cand.spec:
             decision = "keep"
         else:
             decision = "start" if cur is None else ("forced" if forced else "switch")
             cost = switch_cost(problem, cur, new, forced=forced, notice_s=st.notice_s,
-                               since_checkpoint_s=since_ckpt, pending_s=busy)
-            busy, since_ckpt = cost.total_s, 0.0
+                               since_checkpoint_s=since_ckpt, pending_s=busy,
+                               lost_iterations=lost if cur is None else 0.0)
+            # redone work is not in the checkpoint the switch saved or loaded
+            busy, since_ckpt, lost = cost.total_s, cost.redo_s, 0.0
         cur = new
         if cur is None:
             steps.append(Step(st.time_s, d, st.avail, decision, None, None, 0.0, 0.0, 0.0, 0.0))

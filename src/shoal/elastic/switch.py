@@ -90,14 +90,16 @@ class SwitchCost:
 
 
 def switch_cost(problem: Problem, old: Running | None, new: Running, *, forced: bool,
-                notice_s: float, since_checkpoint_s: float, pending_s: float = 0.0) -> SwitchCost:
+                notice_s: float, since_checkpoint_s: float, pending_s: float = 0.0,
+                lost_iterations: float = 0.0) -> SwitchCost:
     """Seconds without progress when ``new`` replaces ``old`` (None: the job was idle).
 
     A move the policy chooses saves first; a move forced by GPUs leaving saves only when the
     notice covers the save, otherwise the iterations since the last checkpoint are redone at
     the new plan's speed. A move made while an earlier one still has ``pending_s`` to go has
     nothing new to save, and ends no sooner than that one would have (its VMs may be the ones
-    still starting)."""
+    still starting). ``lost_iterations``: work lost when the job stopped earlier without a
+    checkpoint, redone first."""
     sw = problem.switching
     save = redo = 0.0
     if old is not None and pending_s <= 0:
@@ -105,6 +107,7 @@ def switch_cost(problem: Problem, old: Running | None, new: Running, *, forced: 
             save = old.save_s
         else:
             redo = since_checkpoint_s / old.iteration_time_s * new.iteration_time_s
+    redo += lost_iterations * new.iteration_time_s
     held = old.nodes if old is not None else {}
     startup = sw.node_startup if any(n > held.get(k, 0) for k, n in new.nodes.items()) else 0.0
     cost = SwitchCost(save_s=save, redo_s=redo, restart_s=sw.restart, startup_s=startup,
