@@ -30,22 +30,10 @@ from shoal.estimate.encode import PlanSpec
 from shoal.problem import Problem
 from shoal.specs.job import Constraints
 from shoal.training.planners import Reuse, SearchResult, search
+from shoal.training.planners.common import fits, usage
 
 Avail = dict[tuple[str, str], int]
 CHECK_PAIRS = 60  # pairs searched when a larger pool's best plan fits (five estimator batches)
-
-
-def usage(spec: PlanSpec) -> Avail:
-    """GPUs a plan holds per (GPU type, zone)."""
-    out: Avail = {}
-    for _, _, reps in spec[4]:
-        for g, tp, z, _ in reps:
-            out[(g, z)] = out.get((g, z), 0) + tp
-    return out
-
-
-def fits(need: Avail, avail: Avail) -> bool:
-    return all(avail.get(k, 0) >= n for k, n in need.items())
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from shoal.estimate.api import _state_bytes
 from shoal.problem import Problem
-from shoal.training.planners.common import Candidate
+from shoal.training.planners.common import Candidate, fits, usage
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Running:
         return self.tokens_per_iter / self.cand.iteration_time_s
 
     def fits(self, avail: dict[tuple[str, str], int]) -> bool:
-        return all(avail.get(k, 0) >= n for k, n in self.usage.items())
+        return fits(self.usage, avail)
 
 
 def checkpoint_bytes_per_param(problem: Problem) -> float:
@@ -50,7 +50,6 @@ def checkpoint_bytes_per_param(problem: Problem) -> float:
 
 
 def running(problem: Problem, cand: Candidate) -> Running:
-    usage: dict[tuple[str, str], int] = {}
     per_param = checkpoint_bytes_per_param(problem)
     bw = problem.switching.storage_bandwidth
     save_s = load_s = 0.0
@@ -59,12 +58,11 @@ def running(problem: Problem, cand: Candidate) -> Running:
         gpus = sum(tp for _, tp, _, _ in reps)
         save_s = max(save_s, stage_bytes / gpus / bw)
         load_s = max(load_s, max(stage_bytes / tp for _, tp, _, _ in reps) / bw)
-        for g, tp, z, _ in reps:
-            usage[(g, z)] = usage.get((g, z), 0) + tp
-    nodes = {k: math.ceil(n / problem.gpus[k[0]].gpus_per_node) for k, n in usage.items()}
+    held = usage(cand.spec)
+    nodes = {k: math.ceil(n / problem.gpus[k[0]].gpus_per_node) for k, n in held.items()}
     T = cand.iteration_time_s
     return Running(cand=cand, tokens_per_iter=problem.job.global_batch * problem.job.seq_len,
-                   usage=usage, nodes=nodes, usd_per_s=cand.cost_compute_usd / T,
+                   usage=held, nodes=nodes, usd_per_s=cand.cost_compute_usd / T,
                    egress_usd_per_iter=cand.cost_egress_usd, save_s=save_s, load_s=load_s)
 
 

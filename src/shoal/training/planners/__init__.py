@@ -65,8 +65,7 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
         reuse.tables, reuse.min_tp = None, {}
     ev = Evaluator(problem, mbs, constraints, stats, objective, tables=reuse.tables)
     reuse.tables = ev.tb
-    space = Space(problem, ev.tb)
-    space._min_tp = reuse.min_tp
+    space = Space(problem, ev.tb, reuse.min_tp)
     if budget_s is not None:
         ev.deadline = stats.started + budget_s
     ev.max_pairs = max_pairs

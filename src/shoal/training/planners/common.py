@@ -28,6 +28,20 @@ def to_plan(spec: PlanSpec) -> TrainingPlan:
             for a, b, reps in stages]})
 
 
+def usage(spec: PlanSpec) -> dict[tuple[str, str], int]:
+    """GPUs a compact plan holds per (GPU type, zone)."""
+    out: dict[tuple[str, str], int] = {}
+    for _, _, reps in spec[4]:
+        for g, tp, z, _ in reps:
+            out[(g, z)] = out.get((g, z), 0) + tp
+    return out
+
+
+def fits(need: dict[tuple[str, str], int], avail: dict[tuple[str, str], int]) -> bool:
+    """True when ``avail`` has every GPU ``need`` counts, per (GPU type, zone)."""
+    return all(avail.get(k, 0) >= n for k, n in need.items())
+
+
 @dataclass(frozen=True)
 class Candidate:
     spec: PlanSpec

@@ -48,7 +48,7 @@ class Space:
     """Per-problem tables the planners reuse across pipeline depths, microbatch sizes and DP
     degrees: which TP fits each stage, and how long each replica takes per microbatch."""
 
-    def __init__(self, problem: Problem, tb: CostTables):
+    def __init__(self, problem: Problem, tb: CostTables, min_tp: dict | None = None):
         self.problem = problem
         self.tb = tb
         self.grad_b, self.state_b = _state_bytes(problem)
@@ -72,7 +72,8 @@ class Space:
                     self.avail[k] = cap
                     self.zones_of[k] = sorted(zs, key=lambda x: (-x[1], x[0]))
         self.tps = {g: tp_options(problem, g, tb.tps) for g in problem.gpus}
-        self._min_tp: dict[tuple, int | None] = {}
+        # smallest fitting TPs do not depend on GPU counts: a caller may share them
+        self._min_tp: dict[tuple, int | None] = min_tp if min_tp is not None else {}
         self._zone_pools: list[tuple[str, np.ndarray]] | None = None
 
     def zone_pools(self) -> list[tuple[str, np.ndarray]]:
