@@ -13,7 +13,9 @@ from shoal.specs.plan import TrainingPlan
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(p for p in EXAMPLES.glob("*.yaml")
+                                         if not p.name.endswith(".serving.yaml")),
+                         ids=lambda p: p.name)
 def test_example_scenario_loads(path):
     pb = load_problem(path)
     assert pb.avail and pb.n_layers > 2
@@ -24,3 +26,14 @@ def test_example_plan_estimates():
     plan = TrainingPlan.model_validate_json((EXAMPLES / "het-a100-v100.plan.json").read_text())
     e = estimate(pb, plan)
     assert not e.oom and e.iteration_time_s > 0
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.serving.yaml")), ids=lambda p: p.name)
+def test_example_serving_places(path):
+    from shoal.serving.cluster import build_cluster
+    from shoal.serving.placers import place
+    from shoal.serving.spec import load_serving
+
+    c = build_cluster(load_serving(path), file=str(path))
+    r = place(c, "auto", time_limit_s=5)
+    assert 0 < r.flow.value <= r.upper_bound

@@ -7,9 +7,7 @@ Errors a person can act on (``ShoalError``) are printed without a traceback: exi
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 from dataclasses import asdict
 from enum import StrEnum
 from pathlib import Path
@@ -18,62 +16,27 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 from rich import box
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from shoal.errors import InfeasibleError, ShoalError, SpecError
-
-EXIT_BAD_INPUT = 2
-EXIT_INFEASIBLE = 3
+from shoal.cli_common import (  # noqa: F401  (re-exported for tests and scripts)
+    EXIT_BAD_INPUT,
+    EXIT_INFEASIBLE,
+    _err,
+    _fail,
+    _out,
+    _spec_error,
+    _table,
+    handles_errors,
+)
+from shoal.errors import SpecError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Plan and estimate LLM training on mixed, scattered GPU pools.")
+                  help="Plan LLM training and serving on mixed, scattered GPU pools.")
 import_app = typer.Typer(no_args_is_help=True, help="Convert other tools' files into shoal's formats.")
 catalog_app = typer.Typer(no_args_is_help=True, help="The built-in GPU and model catalog.")
 app.add_typer(import_app, name="import")
 app.add_typer(catalog_app, name="catalog")
-
-
-def _out() -> Console:
-    # Made per call, so that the console writes to whatever sys.stdout is now (tests swap it).
-    # Piped output has no terminal width: give tables room rather than 80 columns.
-    con = Console(highlight=False)
-    if not con.is_terminal and "COLUMNS" not in os.environ:
-        con = Console(highlight=False, width=160)
-    return con
-
-
-def _err() -> Console:
-    return Console(stderr=True, highlight=False)
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    _err().print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
-    return typer.Exit(code)
-
-
-def handles_errors(fn):
-    """Turn shoal's errors (and pydantic's, as bad input) into a message and an exit code."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except InfeasibleError as exc:
-            raise _fail(str(exc), EXIT_INFEASIBLE) from None
-        except ShoalError as exc:  # SpecError and any other bad-input error
-            raise _fail(str(exc), EXIT_BAD_INPUT) from None
-        except ValidationError as exc:
-            raise _fail(str(_spec_error(exc, None)), EXIT_BAD_INPUT) from None
-
-    return wrapper
-
-
-def _spec_error(exc: ValidationError, file: str | None) -> SpecError:
-    from shoal.specs.scenario import spec_error_from_validation
-
-    return spec_error_from_validation(exc, file)
 
 
 def load_plan(path: Path):
@@ -237,18 +200,6 @@ def _draw_timeline(problem, plan, path: Path) -> None:
     except ImportError as exc:
         raise _fail(f"--timeline is not available in this install ({exc})", 1) from None
     draw_timeline(problem, plan, path)
-
-
-def _table(title: str, columns: list[str], left: tuple[str, ...] = (),
-           whole: tuple[str, ...] = ()) -> Table:
-    """Narrow terminals wrap cells (fold) rather than cut them, so no value is shown truncated;
-    names in ``whole`` (GPU types, zones) are never split."""
-    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold",
-              pad_edge=False, collapse_padding=True)
-    for col in columns:
-        t.add_column(col, justify="left" if col in left else "right", overflow="fold",
-                     no_wrap=col in whole)
-    return t
 
 
 def _s(t: float) -> str:
@@ -609,6 +560,16 @@ def catalog_models(
                   str(r["num_kv_heads"]), str(r["ffn_hidden_size"]), str(r["vocab_size"]),
                   f"{r['params_billions']:,.2f}")
     _out().print(t)
+
+
+def _serving_commands() -> None:
+    from shoal.cli_serve import import_helix_cmd, serve_app
+
+    app.add_typer(serve_app, name="serve")
+    import_app.command("helix")(handles_errors(import_helix_cmd))
+
+
+_serving_commands()
 
 
 def main() -> None:

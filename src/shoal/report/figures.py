@@ -67,3 +67,45 @@ def draw_replay(replays, trace, path: str | Path) -> Path:
         ax.grid(alpha=0.3)
     axes[0].set_title(f"replay of {trace.source}")
     return save_png(fig, path)
+
+
+def draw_placement(cluster, placed, path: str | Path) -> Path:
+    """Each node's layer range as a bar (colour by node type, label its tokens/s through it)
+    and the links the max flow uses as lines from one range's end to the next one's start,
+    thicker for more flow: where the pipeline narrows is where to look."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pl, fl = placed.placement, placed.flow
+    held = sorted((r[0], r[1], i) for i, r in enumerate(pl.ranges) if r is not None)
+    row = {i: k for k, (_, _, i) in enumerate(held)}
+    types = sorted({cluster.machines[i] for _, _, i in held})
+    colours = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * len(held) + 1.5)))
+    top = max(fl.edges.values(), default=1.0)
+    for (u, v), f in fl.edges.items():
+        if isinstance(u, int) and isinstance(v, int):
+            x = pl.ranges[u][1]
+            ax.plot([x, x], [row[u], row[v]], color="#555555", alpha=0.6,
+                    linewidth=0.5 + 3.0 * f / top)
+    for s, e, i in held:
+        c = colours(types.index(cluster.machines[i]) % 10)
+        ax.barh(row[i], e - s, left=s, height=0.7, color=c, edgecolor="black", linewidth=0.4)
+        ax.text(e + 0.3, row[i], f"{fl.through[i]:,.0f}", va="center", fontsize=6)
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=colours(k % 10), label=t) for k, t in enumerate(types)]
+    ax.set_yticks(range(len(held)), [f"{cluster.names[i]} ({cluster.regions[i]})"
+                                     if len(set(cluster.regions)) > 1 else cluster.names[i]
+                                     for _, _, i in held], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlim(0, cluster.layers * 1.12)
+    ax.set_xlabel("layer")
+    ax.set_title(f"{placed.placer}: {fl.value:,.1f} tokens/s max flow "
+                 f"(upper bound {placed.upper_bound:,.1f}); labels: tokens/s through each node",
+                 fontsize=9)
+    ax.legend(handles=handles, fontsize=7, loc="upper right")
+    ax.grid(axis="x", alpha=0.3)
+    return save_png(fig, path)

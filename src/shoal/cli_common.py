@@ -1,0 +1,72 @@
+"""What every command shares: consoles, tables, and turning shoal's errors into a message and
+an exit code (DESIGN §6)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import typer
+from pydantic import ValidationError
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from shoal.errors import InfeasibleError, ShoalError, SpecError
+
+EXIT_BAD_INPUT = 2
+EXIT_INFEASIBLE = 3
+
+
+def _out() -> Console:
+    # Made per call, so that the console writes to whatever sys.stdout is now (tests swap it).
+    # Piped output has no terminal width: give tables room rather than 80 columns.
+    con = Console(highlight=False)
+    if not con.is_terminal and "COLUMNS" not in os.environ:
+        con = Console(highlight=False, width=160)
+    return con
+
+
+def _err() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    _err().print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
+    return typer.Exit(code)
+
+
+def handles_errors(fn):
+    """Turn shoal's errors (and pydantic's, as bad input) into a message and an exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except InfeasibleError as exc:
+            raise _fail(str(exc), EXIT_INFEASIBLE) from None
+        except ShoalError as exc:  # SpecError and any other bad-input error
+            raise _fail(str(exc), EXIT_BAD_INPUT) from None
+        except ValidationError as exc:
+            raise _fail(str(_spec_error(exc, None)), EXIT_BAD_INPUT) from None
+
+    return wrapper
+
+
+def _spec_error(exc: ValidationError, file: str | None) -> SpecError:
+    from shoal.specs.scenario import spec_error_from_validation
+
+    return spec_error_from_validation(exc, file)
+
+
+def _table(title: str, columns: list[str], left: tuple[str, ...] = (),
+           whole: tuple[str, ...] = ()) -> Table:
+    """Narrow terminals wrap cells (fold) rather than cut them, so no value is shown truncated;
+    names in ``whole`` (GPU types, zones) are never split."""
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold",
+              pad_edge=False, collapse_padding=True)
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right", overflow="fold",
+                     no_wrap=col in whole)
+    return t

@@ -1,0 +1,82 @@
+"""The flow network of a placement and its max flow (Helix §4.3): the coordinator is the source
+and the sink, each node an in -> out edge of its capacity T(k), each valid link an edge of the
+tokens/s it carries. The max flow is the placement's serving throughput in tokens/s, and the
+per-edge flows are the routing weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from shoal.serving.cluster import Cluster
+from shoal.serving.placement import Placement
+
+SOURCE, SINK = "source", "sink"
+
+
+def valid(partial: bool, a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Can a request leave a node holding ``a`` for one holding ``b``? Without partial
+    inference b must start where a ends; with it, b may start inside a (and computes only
+    the layers after a's end)."""
+    if partial:
+        return b[0] <= a[1] < b[1]
+    return b[0] == a[1]
+
+
+def graph(cluster: Cluster, pl: Placement) -> nx.DiGraph:
+    """Vertices ``source``, ``sink`` and ``(i, "in")`` / ``(i, "out")`` per node holding layers."""
+    G = nx.DiGraph()
+    L = cluster.layers
+    src = SOURCE
+    if cluster.src_total != float("inf") or cluster.snk_total != float("inf"):
+        src = "coordinator"  # the coordinator's NIC caps all it sends and receives
+        G.add_edge(SOURCE, src, capacity=cluster.src_total)
+    held = [(i, r) for i, r in enumerate(pl.ranges) if r is not None]
+    for i, (s, e) in held:
+        G.add_edge((i, "in"), (i, "out"), capacity=float(cluster.T[i, e - s]))
+        if s == 0 and cluster.src[i] > 0:
+            G.add_edge(src, (i, "in"), capacity=float(cluster.src[i]))
+        if e == L and cluster.snk[i] > 0:
+            G.add_edge((i, "out"), "sink-in" if src != SOURCE else SINK,
+                       capacity=float(cluster.snk[i]))
+    if src != SOURCE:
+        G.add_edge("sink-in", SINK, capacity=cluster.snk_total)
+    for i, a in held:
+        for j, b in held:
+            if i != j and cluster.S[i, j] > 0 and valid(cluster.partial, a, b):
+                G.add_edge((i, "out"), (j, "in"), capacity=float(cluster.S[i, j]))
+    G.add_node(SOURCE)
+    G.add_node(SINK)
+    return G
+
+
+@dataclass(frozen=True)
+class Flow:
+    value: float  # tokens/s
+    # (from, to) -> tokens/s on each used link; ends are node indices or "source" / "sink"
+    edges: dict[tuple[object, object], float]
+    through: tuple[float, ...]  # tokens/s through each node
+
+
+def max_flow(cluster: Cluster, pl: Placement) -> Flow:
+    """The placement's max flow with networkx (preflow-push)."""
+    G = graph(cluster, pl)
+    value, fd = nx.maximum_flow(G, SOURCE, SINK)
+    edges: dict[tuple[object, object], float] = {}
+    through = [0.0] * cluster.n
+
+    def end(v) -> object:
+        if isinstance(v, tuple):
+            return v[0]
+        return SOURCE if v in (SOURCE, "coordinator") else SINK
+
+    for u, outs in fd.items():
+        for v, f in outs.items():
+            if f <= 1e-9:
+                continue
+            if isinstance(u, tuple) and isinstance(v, tuple) and u[0] == v[0]:
+                through[u[0]] = f
+            elif (u, v) not in ((SOURCE, "coordinator"), ("sink-in", SINK)):
+                edges[(end(u), end(v))] = f
+    return Flow(float(value), edges, tuple(through))

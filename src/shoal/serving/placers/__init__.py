@@ -1,0 +1,110 @@
+"""Serving placers behind one interface: ``place(cluster, placer, ...) -> Placed``.
+
+- ``auto`` (default): shoal's stage-template integer program, the baselines, and a local search
+  on the exact max flow, best kept (see ``stages``);
+- ``milp``: Helix's MILP (see ``milp``), warm-started from the best baseline;
+- ``swarm``, ``petals``, ``separate``: Helix's baselines.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from shoal.errors import InfeasibleError, SpecError
+from shoal.serving.cluster import Cluster
+from shoal.serving.flow import Flow, max_flow
+from shoal.serving.placement import Placement
+from shoal.serving.placers import baselines, milp, stages
+
+PLACERS = ("auto", "milp", "swarm", "petals", "separate")
+
+
+@dataclass(frozen=True)
+class Placed:
+    placer: str
+    placement: Placement
+    flow: Flow
+    upper_bound: float
+    solve_time_s: float
+    details: dict = field(default_factory=dict)
+
+
+def _check_fits(cluster: Cluster) -> None:
+    room = int(cluster.kmax.sum())
+    if room < cluster.layers:
+        raise InfeasibleError(
+            f"the model's {cluster.layers} layers fit on no combination of the nodes: together "
+            f"they may hold {room}", binding="node memory",
+            relaxation=f"add nodes that hold at least {cluster.layers - room} more layers")
+
+
+def _baselines(cluster: Cluster, seed: int) -> dict[str, Placement]:
+    out = {}
+    for name, fn in (("swarm", baselines.swarm), ("separate", baselines.separate)):
+        pl = fn(cluster)
+        if pl is not None:
+            out[name] = pl
+    if cluster.partial:
+        out["petals"] = baselines.petals(cluster, seed)
+    return out
+
+
+def _best(cluster: Cluster, cands: dict[str, Placement]) -> tuple[str, Placement, float] | None:
+    scored = [(max_flow(cluster, pl).value, name, pl) for name, pl in cands.items()]
+    if not scored:
+        return None
+    v, name, pl = max(scored, key=lambda x: x[0])
+    return name, pl, v
+
+
+def place(cluster: Cluster, placer: str = "auto", *, time_limit_s: float = 60.0, seed: int = 0,
+          prune: int = 12, warm_start: bool = True, stall_s: float | None = None) -> Placed:
+    """The placement ``placer`` finds within ``time_limit_s``, with its max flow."""
+    if placer not in PLACERS:
+        raise SpecError("unknown placer", field="--placer", value=placer,
+                        allowed=", ".join(PLACERS))
+    _check_fits(cluster)
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
+    ub = cluster.upper_bound()
+    details: dict = {}
+    pl: Placement | None
+    if placer == "swarm":
+        pl = baselines.swarm(cluster)
+    elif placer == "separate":
+        pl = baselines.separate(cluster)
+    elif placer == "petals":
+        pl = baselines.petals(cluster, seed)
+    elif placer == "milp":
+        start = _best(cluster, _baselines(cluster, seed)) if warm_start else None
+        if start is not None:
+            details["warm_start"] = {"placer": start[0], "tokens_per_s": start[2]}
+        pl, sol = milp.solve(cluster, time_limit_s=max(0.0, deadline - time.perf_counter()),
+                             start=start[1] if start else None, prune=prune, stall_s=stall_s)
+        details.update({"status": sol.status, "objective": sol.objective,
+                        "bound": min(sol.bound, ub), "prune": prune})
+    else:
+        # a third of the time for the stage program, the rest for the local search
+        st = stages.staged(cluster, t0 + time_limit_s / 3)
+        cands = _baselines(cluster, seed)
+        if st is not None:
+            cands["stages"] = st
+        best = _best(cluster, cands)
+        pl = None
+        if best is not None:
+            details["start"] = {"placer": best[0], "tokens_per_s": best[2]}
+            pl, _ = stages.improve(cluster, best[1], deadline)
+    if pl is None:
+        why = {"separate": "no node type has enough nodes to hold the whole model alone",
+               "swarm": "even stages sized for the weakest node outnumber the nodes"}
+        raise InfeasibleError(why.get(placer, f"the {placer} placer found no placement that "
+                                              "serves the model within the time limit"),
+                              binding="placement",
+                              relaxation="try --placer auto or a longer --time-limit")
+    fl = max_flow(cluster, pl)
+    if fl.value <= 0:
+        raise InfeasibleError(f"the {placer} placement serves nothing (no path covers every "
+                              "layer)", binding="placement",
+                              relaxation="try --placer auto, or allow partial inference")
+    return Placed(placer, pl, fl, ub, time.perf_counter() - t0, details)

@@ -1,0 +1,111 @@
+"""A small builder for mixed-integer programs solved by HiGHS (``highspy``): columns and rows
+are added by name-free index, the model is passed in one call, and a solve can stop early on a
+target objective or a window without improvement."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import highspy
+import numpy as np
+
+INF = highspy.kHighsInf
+
+
+@dataclass
+class Model:
+    maximize: bool = True
+    lo: list[float] = field(default_factory=list)
+    hi: list[float] = field(default_factory=list)
+    cost: list[float] = field(default_factory=list)
+    integer: list[bool] = field(default_factory=list)
+    rows: list[tuple[float, float, list[int], list[float]]] = field(default_factory=list)
+
+    def var(self, lo: float = 0.0, hi: float = INF, cost: float = 0.0,
+            integer: bool = False) -> int:
+        self.lo.append(lo)
+        self.hi.append(hi)
+        self.cost.append(cost)
+        self.integer.append(integer)
+        return len(self.lo) - 1
+
+    def row(self, idx: list[int], val: list[float], lo: float = -INF, hi: float = INF) -> None:
+        self.rows.append((lo, hi, list(idx), [float(v) for v in val]))
+
+    @property
+    def n_vars(self) -> int:
+        return len(self.lo)
+
+    def solve(self, *, time_limit_s: float, start: np.ndarray | None = None,
+              target: float | None = None, stall_s: float | None = None) -> Solution:
+        """Solve; stop at ``time_limit_s``, when the best solution reaches ``target``, or when
+        it has not improved for ``stall_s`` seconds. ``start``: a feasible point to begin from."""
+        lp = highspy.HighsLp()
+        lp.num_col_ = self.n_vars
+        lp.num_row_ = len(self.rows)
+        lp.sense_ = highspy.ObjSense.kMaximize if self.maximize else highspy.ObjSense.kMinimize
+        lp.col_cost_ = np.asarray(self.cost, dtype=float)
+        lp.col_lower_ = np.asarray(self.lo, dtype=float)
+        lp.col_upper_ = np.asarray(self.hi, dtype=float)
+        lp.row_lower_ = np.array([r[0] for r in self.rows], dtype=float)
+        lp.row_upper_ = np.array([r[1] for r in self.rows], dtype=float)
+        starts, index, value = [0], [], []
+        for r in self.rows:
+            index += r[2]
+            value += r[3]
+            starts.append(len(index))
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+        lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+        lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
+        lp.a_matrix_.value_ = np.array(value, dtype=float)
+        if any(self.integer):
+            lp.integrality_ = [highspy.HighsVarType.kInteger if i else
+                               highspy.HighsVarType.kContinuous for i in self.integer]
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", 1)
+        h.setOptionValue("random_seed", 0)
+        h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
+        h.passModel(lp)
+        if start is not None:
+            sol = highspy.HighsSolution()
+            sol.col_value = list(np.asarray(start, dtype=float))
+            sol.value_valid = True
+            h.setSolution(sol)
+        t0 = time.perf_counter()
+        state = {"best": -np.inf if self.maximize else np.inf, "at": t0}
+        sign = 1.0 if self.maximize else -1.0
+        if target is not None or stall_s is not None:
+            def interrupt(_type, _msg, data_out, data_in, _user):
+                best = data_out.mip_primal_bound
+                if np.isfinite(best) and sign * (best - state["best"]) > 1e-9:
+                    state["best"], state["at"] = best, time.perf_counter()
+                stop = target is not None and np.isfinite(best) and sign * (best - target) >= 0
+                if stall_s is not None and np.isfinite(state["best"]):
+                    stop |= time.perf_counter() - state["at"] > stall_s
+                if stop:
+                    data_in.user_interrupt = True
+
+            h.setCallback(interrupt, None)
+            h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
+        h.run()
+        status = h.getModelStatus()
+        info = h.getInfo()
+        has = info.primal_solution_status == 2  # feasible
+        x = np.array(h.getSolution().col_value) if has else None
+        bound = info.mip_dual_bound if any(self.integer) else info.objective_function_value
+        return Solution(status=h.modelStatusToString(status), x=x,
+                        objective=info.objective_function_value if has else None,
+                        bound=float(bound), time_s=time.perf_counter() - t0,
+                        infeasible=status == highspy.HighsModelStatus.kInfeasible)
+
+
+@dataclass(frozen=True)
+class Solution:
+    status: str
+    x: np.ndarray | None
+    objective: float | None
+    bound: float
+    time_s: float
+    infeasible: bool

@@ -1,0 +1,180 @@
+"""The serving file: one YAML or JSON document describing a model served on a cluster of
+heterogeneous nodes (Helix §3: compute nodes, links, a coordinator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field, model_validator
+
+from shoal.errors import SpecError
+from shoal.files import read_document
+from shoal.specs._types import STRICT, Bytes, BytesPerSecond, PositiveInt, Seconds
+
+SERVING_SCHEMA = "shoal/serving@1"
+COORDINATOR = "coordinator"
+
+
+class ServingModel(BaseModel):
+    """What placement needs of the model: its transformer layers and the bytes a request sends
+    between nodes per token. ``name`` may be a catalog model, which fills the rest."""
+
+    model_config = STRICT
+    name: str = "custom"
+    layers: PositiveInt | None = Field(
+        default=None, description="transformer layers (the layers placement splits)")
+    hidden: PositiveInt | None = Field(default=None, description="hidden size")
+    token_bytes: Bytes = Field(default=2.0, description="bytes of one token id (coordinator links)")
+    activation_bytes: Bytes | None = Field(
+        default=None, description="bytes of one token's activation between nodes; "
+                                  "default 2 x hidden (fp16)")
+    layer_bytes: Bytes | None = Field(default=None, description="weights of one layer")
+
+    def architecture(self):
+        """The catalog model named ``name``, or None when it is not in the catalog."""
+        from shoal import catalog
+
+        try:
+            return catalog.models().get(self.name)
+        except SpecError:
+            return None
+
+    def resolved(self) -> tuple[int, float]:
+        """(layers, activation bytes per token), from the fields or the catalog model."""
+        arch = self.architecture()
+        layers = self.layers or (arch.num_layers if arch else None)
+        hidden = self.hidden or (arch.hidden_size if arch else None)
+        act = self.activation_bytes or (2.0 * hidden if hidden else None)
+        if layers is None or act is None:
+            raise SpecError("the model needs 'layers' and 'activation_bytes' (or 'hidden'), or "
+                            "a catalog 'name'", field="model", value=self.name,
+                            suggestion=None)
+        return int(layers), float(act)
+
+
+class Machine(BaseModel):
+    """A node type. Its capacity ``tokens_per_s[k-1]`` is T(k), the tokens per second a node
+    sustains while holding k layers (Helix §4.4), for k = 1 .. ``max_layers``; without the
+    table it is computed from ``profile`` (Helix's per-layer CSVs) or the ``gpu``'s catalog
+    numbers (see ``shoal.serving.capacity``)."""
+
+    model_config = STRICT
+    gpu: str | None = Field(default=None, description="GPU type (catalog name)")
+    profile: str | None = Field(
+        default=None, description="folder with prompt_bs2time.csv and decode_bs2time.csv "
+                                  "(relative to this file)")
+    gpus: PositiveInt = Field(default=1, description="GPUs in the node (TP inside the node)")
+    memory: Bytes | None = Field(default=None, description="GPU memory of the whole node")
+    nic_in: BytesPerSecond | None = Field(default=None, description="inbound NIC bandwidth")
+    nic_out: BytesPerSecond | None = Field(default=None, description="outbound NIC bandwidth")
+    max_layers: PositiveInt | None = Field(default=None,
+                                           description="the most layers a node may hold")
+    tokens_per_s: list[float] | None = Field(
+        default=None, description="T(k) for k = 1 .. max_layers, tokens/s")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.tokens_per_s is None:
+            if self.gpu is None:
+                raise ValueError("give 'tokens_per_s' (with 'max_layers') or a 'gpu' to compute "
+                                 "them from")
+            return self
+        if self.max_layers is None:
+            raise ValueError("'tokens_per_s' needs 'max_layers'")
+        if len(self.tokens_per_s) != self.max_layers:
+            raise ValueError(f"tokens_per_s has {len(self.tokens_per_s)} entries; it needs one per "
+                             f"layer count 1 .. max_layers ({self.max_layers})")
+        if any(t < 0 for t in self.tokens_per_s):
+            raise ValueError("tokens_per_s must be >= 0")
+        return self
+
+
+class NodeGroup(BaseModel):
+    """One node (``name``) or ``count`` nodes named ``<name>-<i>`` (``name`` defaults to the
+    machine type)."""
+
+    model_config = STRICT
+    machine: str
+    name: str | None = None
+    count: PositiveInt = 1
+    region: str = "default"
+
+
+class LinkClass(BaseModel):
+    model_config = STRICT
+    bandwidth: BytesPerSecond
+    latency: Seconds = 0.0
+
+
+class PairLink(LinkClass):
+    """A link between two nodes (or a node and ``coordinator``), used in both directions."""
+
+    a: str
+    b: str
+
+
+class LinksSpec(BaseModel):
+    """Every pair of nodes in one region is linked by ``within``, of two regions by ``between``
+    (when given), the coordinator to every node by ``coordinator`` (default ``within``);
+    ``pairs`` add or override single links; ``mesh: false`` keeps only ``pairs``."""
+
+    model_config = STRICT
+    within: LinkClass | None = None
+    between: LinkClass | None = None
+    coordinator: LinkClass | None = None
+    mesh: bool = True
+    pairs: list[PairLink] = Field(default_factory=list)
+
+
+class CoordinatorSpec(BaseModel):
+    model_config = STRICT
+    region: str = "default"
+    nic_in: BytesPerSecond | None = None
+    nic_out: BytesPerSecond | None = None
+
+
+class CapacitySpec(BaseModel):
+    """How T(k) is computed for machines without a table (``shoal.serving.capacity``)."""
+
+    model_config = STRICT
+    weights_fraction: float = Field(default=0.5, gt=0, le=1,
+                                    description="the most of a node's memory weights may take "
+                                                "(Helix: half; the rest is KV cache)")
+    prompt_tokens: float = Field(default=763.0, gt=0, description="mean prompt length (Azure "
+                                 "conversation trace, Helix's filtered mean)")
+    output_tokens: float = Field(default=232.0, gt=0, description="mean output length (same)")
+    max_batch: PositiveInt = Field(default=256, description="most requests in one decode batch")
+    compute_efficiency: float = Field(default=0.5, gt=0, le=1,
+                                      description="fraction of peak FLOP/s reached (analytic)")
+    memory_efficiency: float = Field(default=0.8, gt=0, le=1,
+                                     description="fraction of memory bandwidth reached (analytic)")
+
+
+class ServingSpec(BaseModel):
+    model_config = STRICT
+    schema_: str = Field(default=SERVING_SCHEMA, alias="schema")
+    name: str | None = None
+    model: ServingModel
+    machines: dict[str, Machine]
+    nodes: list[NodeGroup] = Field(min_length=1)
+    links: LinksSpec = Field(default_factory=LinksSpec)
+    coordinator: CoordinatorSpec = Field(default_factory=CoordinatorSpec)
+    capacity: CapacitySpec = Field(default_factory=CapacitySpec)
+    partial_inference: bool = Field(
+        default=False, description="a node may start inside the previous node's layer range "
+                                   "(computing only the layers it still lacks)")
+
+
+def parse_serving(data: dict, *, file: str | None = None) -> ServingSpec:
+    from pydantic import ValidationError
+
+    from shoal.specs.scenario import spec_error_from_validation
+
+    try:
+        return ServingSpec.model_validate(data)
+    except ValidationError as exc:
+        raise spec_error_from_validation(exc, file) from None
+
+
+def load_serving(path: str | Path) -> ServingSpec:
+    return parse_serving(read_document(path), file=str(path))

@@ -1,0 +1,295 @@
+"""Serving placement: specs, flow model, placers (auto, Helix's MILP, baselines), Helix interop."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from shoal.cli import app
+from shoal.errors import InfeasibleError, SpecError
+from shoal.serving.cluster import build_cluster
+from shoal.serving.flow import max_flow, valid
+from shoal.serving.placement import Placement, placement_from_json
+from shoal.serving.placers import baselines, milp, place, stages
+from shoal.serving.spec import parse_serving
+
+runner = CliRunner()
+
+
+def spec(nodes, machines=None, layers=6, links=None, partial=False, **kw):
+    return {"model": {"layers": layers, "activation_bytes": 100, "token_bytes": 2},
+            "machines": machines or {
+                "big": {"max_layers": 4, "tokens_per_s": [400, 190, 120, 80]},
+                "small": {"max_layers": 2, "tokens_per_s": [150, 60]}},
+            "nodes": nodes, "links": links or {"within": {"bandwidth": 1e9}},
+            "partial_inference": partial, **kw}
+
+
+def cluster(*a, **kw):
+    return build_cluster(parse_serving(spec(*a, **kw)))
+
+
+def brute_force(c):
+    """The best max flow over every placement (each node: nothing or any range it may hold)."""
+    opts = [[None] + [(s, s + k) for k in range(1, int(c.kmax[i]) + 1)
+                      for s in range(c.layers - k + 1)] for i in range(c.n)]
+    best = 0.0
+    for combo in itertools.product(*opts):
+        best = max(best, max_flow(c, Placement(combo)).value)
+    return best
+
+
+def test_flow_of_a_hand_computed_placement():
+    # big-0 [0,3) 120 and the chain small-0 [0,2) 60 -> small-1 [2,3) 150 both feed
+    # big-1 [3,6), which passes at most 120
+    c = cluster([{"machine": "big", "count": 2}, {"machine": "small", "count": 2}])
+    pl = Placement(((0, 3), (3, 6), (0, 2), (2, 3)))
+    f = max_flow(c, pl)
+    # into [3,6): from big-0 (120) and small-1 (min(150, 60 from small-0)); out cap 120
+    assert f.value == pytest.approx(120.0)
+    assert f.through[1] == pytest.approx(120.0)
+    assert f.through[2] == pytest.approx(0.0) or f.value == pytest.approx(120.0)
+    # sum over nodes of max_k k T(k), over the layers
+    assert c.upper_bound() == pytest.approx((400 * 2 + 150 * 2) / 6)
+
+
+def test_links_limit_the_flow_and_coordinator_links():
+    c = cluster([{"machine": "big", "name": "a"}, {"machine": "big", "name": "b"}],
+                links={"mesh": False, "pairs": [
+                    {"a": "a", "b": "b", "bandwidth": 51 * 102},  # 51 tokens/s of activations
+                    {"a": "coordinator", "b": "a", "bandwidth": 1e9},
+                    {"a": "coordinator", "b": "b", "bandwidth": 1e9}]})
+    assert max_flow(c, Placement(((0, 3), (3, 6)))).value == pytest.approx(51.0)
+    # no coordinator link to the first node: nothing flows
+    c2 = cluster([{"machine": "big", "name": "a"}, {"machine": "big", "name": "b"}],
+                 links={"mesh": False, "pairs": [{"a": "a", "b": "b", "bandwidth": 1e9},
+                                                 {"a": "coordinator", "b": "b", "bandwidth": 1e9}]})
+    assert max_flow(c2, Placement(((0, 3), (3, 6)))).value == 0.0
+
+
+def test_validity_with_and_without_partial_inference():
+    assert valid(False, (0, 3), (3, 5)) and not valid(False, (0, 3), (2, 5))
+    assert valid(True, (0, 3), (2, 5)) and valid(True, (0, 3), (3, 5))
+    assert not valid(True, (0, 3), (1, 3)) and not valid(True, (0, 3), (4, 6))
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_milp_is_optimal_on_a_small_cluster_and_its_objective_is_the_max_flow(partial):
+    c = cluster([{"machine": "big", "count": 2}, {"machine": "small", "count": 1}], layers=5,
+                partial=partial)
+    best = brute_force(c)
+    pl, sol = milp.solve(c, time_limit_s=30, prune=0)
+    assert sol.status == "Optimal"
+    assert sol.objective == pytest.approx(best, rel=1e-6)
+    # the returned layer ranges, costed independently, carry the MILP's objective
+    assert max_flow(c, pl).value == pytest.approx(sol.objective, rel=1e-6)
+    r = place(c, "auto", time_limit_s=5)
+    assert r.flow.value <= best * (1 + 1e-9)
+    assert r.flow.value >= 0.9 * best
+
+
+def test_partial_inference_helps_where_ranges_overlap():
+    # petals-style overlapping ranges serve only with partial inference
+    pl = Placement(((0, 4), (2, 6)))
+    no = cluster([{"machine": "big", "count": 2}])
+    yes = cluster([{"machine": "big", "count": 2}], partial=True)
+    assert max_flow(no, pl).value == 0.0
+    assert max_flow(yes, pl).value == pytest.approx(80.0)
+
+
+def test_milp_warm_start_is_kept_and_pruning_keeps_its_links():
+    c = cluster([{"machine": "big", "count": 3}, {"machine": "small", "count": 4}], layers=8)
+    start = baselines.swarm(c)
+    v0 = max_flow(c, start).value
+    assert v0 > 0
+    w = milp.pruned(c, 1, start)
+    assert max_flow(w, start).value == pytest.approx(v0)
+    m, v = milp.build(w)
+    x = milp.start_vector(w, m, v, start)
+    for lo, hi, idx, val in m.rows:
+        a = float(np.dot(x[idx], val))
+        assert lo - 1e-6 <= a <= hi + 1e-6
+    pl, sol = milp.solve(c, time_limit_s=5, start=start, prune=1)
+    assert sol.objective >= v0 - 1e-6
+
+
+def test_auto_beats_or_matches_every_baseline_on_random_clusters():
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        counts = rng.integers(1, 5, size=2)
+        nodes = [{"machine": "big", "count": int(counts[0])},
+                 {"machine": "small", "count": int(counts[1])}]
+        c = cluster(nodes, layers=int(rng.integers(4, 9)), partial=bool(rng.integers(2)))
+        try:
+            r = place(c, "auto", time_limit_s=3)
+        except InfeasibleError:
+            assert c.kmax.sum() < c.layers
+            continue
+        r.placement.check(c)
+        for fn in (baselines.swarm, baselines.separate):
+            pl = fn(c)
+            if pl is not None:
+                assert r.flow.value >= max_flow(c, pl).value - 1e-9
+        # flows respect node capacities
+        for i, rg in enumerate(r.placement.ranges):
+            if rg is not None:
+                assert r.flow.through[i] <= c.T[i, rg[1] - rg[0]] + 1e-6
+
+
+def test_stage_program_respects_slow_links_between_regions():
+    # two regions, each too small to hold the model alone; links between them carry 100/s
+    machines = {"n": {"max_layers": 3, "tokens_per_s": [1000, 500, 300]}}
+    c = cluster([{"machine": "n", "count": 3, "region": "r1", "name": "a"},
+                 {"machine": "n", "count": 3, "region": "r2", "name": "b"}], machines=machines,
+                layers=8, links={"within": {"bandwidth": 1e9},
+                                 "between": {"bandwidth": 100 * 102}})
+    pl = stages.staged(c, deadline=float("inf"))
+    f = max_flow(c, pl).value
+    assert f > 0
+    # every path crosses once: at most (nodes before) x (nodes after) links of 100 tokens/s
+    assert f <= 9 * 100 + 1e-6
+
+
+def test_bad_inputs_name_the_item():
+    with pytest.raises(InfeasibleError, match="fit on no combination"):
+        place(cluster([{"machine": "small"}], layers=6), "auto")
+    with pytest.raises(SpecError, match="unknown machine type") as e:
+        cluster([{"machine": "huge"}])
+    assert "nodes.0.machine" in str(e.value)
+    with pytest.raises(SpecError, match="unknown node"):
+        cluster([{"machine": "big", "name": "a"}],
+                links={"pairs": [{"a": "a", "b": "zz", "bandwidth": 1e9}]})
+    with pytest.raises(SpecError, match="tokens_per_s has 1 entries"):
+        cluster([{"machine": "x"}], machines={"x": {"max_layers": 2, "tokens_per_s": [1.0]}})
+    with pytest.raises(SpecError, match="unknown GPU") as e:
+        build_cluster(parse_serving({"model": {"name": "LLaMA-2-70B"},
+                                     "machines": {"x": {"gpu": "H9000"}},
+                                     "nodes": [{"machine": "x"}]}))
+    assert "machines.x.gpu" in str(e.value)
+    c = cluster([{"machine": "big", "count": 2}])
+    with pytest.raises(SpecError, match="more layers than the node may hold"):
+        placement_from_json({"nodes": [{"name": "big-0", "layers": [0, 5]}]}, c)
+    with pytest.raises(SpecError, match="unknown node"):
+        placement_from_json({"nodes": [{"name": "nope", "layers": [0, 2]}]}, c)
+
+
+def test_analytic_capacity_from_the_catalog():
+    c = build_cluster(parse_serving({
+        "model": {"name": "LLaMA-2-70B"},
+        "machines": {"A100": {"gpu": "A100-40GB"}, "T4": {"gpu": "T4"}},
+        "nodes": [{"machine": "A100"}, {"machine": "T4"}]}))
+    a, t = c.kmax
+    assert c.layers == 80 and a == 12 and t in (4, 5)  # Helix: 12 and 4 (weights <= half)
+    # capacity falls with more layers; the A100 serves more than the T4
+    assert np.all(np.diff(c.T[0, 1:a + 1]) < 0)
+    assert c.T[0, 1] > c.T[1, 1]
+
+
+# ----------------------------------------------------------------------------- Helix reference
+
+
+SETTINGS = [("single24.ini", "llama-2-70b", "single24-llama2-70b/ilp.ini", 1289.56),
+            ("3cluster24.ini", "llama-2-70b", "3cluster24-llama2-70b/ilp.ini", 1212.18),
+            ("cluster42.ini", None, "cluster42-llama2-70b/ilp_unpruned.ini", 4892.24),
+            ("cluster10.ini", None, "cluster10-llama1-30b/ilp.ini", 286.59)]
+
+
+def helix_cluster(ref, cl, model, partial=False):
+    from shoal.io.helix import import_helix
+
+    h = ref / "helix"
+    return build_cluster(parse_serving(import_helix(
+        cluster=h / "clusters" / cl, machines=h / "clusters" / "machine_profiles.ini",
+        capacity=h / "node_capacity.json", model=model, partial_inference=partial)))
+
+
+@pytest.mark.parametrize("cl,model,file,helix", SETTINGS, ids=[s[2].split("/")[0] for s in SETTINGS])
+def test_helix_placements_recompute_to_its_numbers_and_auto_beats_them(reference_dir, cl, model,
+                                                                       file, helix):
+    from shoal.io.helix import read_placement
+
+    c = helix_cluster(reference_dir, cl, model)
+    pl = read_placement(reference_dir / "helix" / "placements" / file, c)
+    assert max_flow(c, pl).value == pytest.approx(helix, abs=0.01)
+    r = place(c, "auto", time_limit_s=20)
+    assert r.flow.value >= helix - 0.01
+    assert max_flow(c, r.placement).value == pytest.approx(r.flow.value)
+
+
+def test_helix_petals_needs_partial_inference(reference_dir):
+    from shoal.io.helix import read_placement
+
+    f = reference_dir / "helix" / "placements" / "single24-llama2-70b" / "petals.ini"
+    no = helix_cluster(reference_dir, "single24.ini", "llama-2-70b")
+    yes = helix_cluster(reference_dir, "single24.ini", "llama-2-70b", partial=True)
+    assert max_flow(no, read_placement(f, no)).value == pytest.approx(531.70, abs=0.01)
+    assert max_flow(yes, read_placement(f, yes)).value == pytest.approx(952.11, abs=0.01)
+
+
+def test_helix_import_errors(reference_dir, tmp_path):
+    from shoal.io.helix import import_helix
+
+    h = reference_dir / "helix"
+    bad = tmp_path / "cluster10.ini"  # the capacity file's tables are per cluster file name
+    bad.write_text((h / "clusters" / "cluster10.ini").read_text().replace("type=L4", "type=H100", 1))
+    with pytest.raises(SpecError, match="node type without a capacity table") as e:
+        import_helix(cluster=bad, machines=h / "clusters" / "machine_profiles.ini",
+                     capacity=h / "node_capacity.json", model="llama-1-30b")
+    assert "H100" in str(e.value)
+    with pytest.raises(SpecError, match="cannot tell which capacity table"):
+        import_helix(cluster=h / "clusters" / "single24.ini",
+                     machines=h / "clusters" / "machine_profiles.ini",
+                     capacity=h / "node_capacity.json")
+    bad.write_text("[NodeNames]\ntotal_compute_nodes=1\n[ComputeNode-0]\ntype=L4\n"
+                   "[Link-0-7]\nbandwidth=1 * mbps\n")
+    with pytest.raises(SpecError, match="link between unknown nodes"):
+        import_helix(cluster=bad, machines=h / "clusters" / "machine_profiles.ini",
+                     capacity=h / "node_capacity.json")
+
+
+def test_cli_import_plan_flow(reference_dir, tmp_path):
+    h = reference_dir / "helix"
+    out = tmp_path / "s"
+    res = runner.invoke(app, ["import", "helix", "--cluster", str(h / "clusters" / "cluster10.ini"),
+                              "--machines", str(h / "clusters" / "machine_profiles.ini"),
+                              "--capacity", str(h / "node_capacity.json"), "--placement",
+                              str(h / "placements" / "cluster10-llama1-30b" / "ilp.ini"),
+                              "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["serve", "flow", str(out / "serving.yaml"), "--placement",
+                              str(out / "placement.json"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["max_flow_tokens_per_s"] == pytest.approx(286.59, abs=0.01)
+    res = runner.invoke(app, ["serve", "plan", str(out / "serving.yaml"), "--time-limit", "5",
+                              "--json", "-o", str(tmp_path / "p.json"), "--helix-out",
+                              str(tmp_path / "p.ini"), "--figure", str(tmp_path / "p.png")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    for key in ("solve_time_s", "max_flow_tokens_per_s", "upper_bound_tokens_per_s", "placement"):
+        assert key in doc
+    assert doc["placement"]["nodes"][0].keys() >= {"name", "gpu", "layers"}
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    # the Helix-format export reads back to the same flow
+    res = runner.invoke(app, ["serve", "flow", str(out / "serving.yaml"), "--placement",
+                              str(tmp_path / "p.ini"), "--json"])
+    assert json.loads(res.output)["max_flow_tokens_per_s"] == pytest.approx(
+        doc["max_flow_tokens_per_s"])
+
+
+def test_cli_errors_exit_codes(tmp_path):
+    import yaml
+
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(spec([{"machine": "small"}], layers=6)))
+    res = runner.invoke(app, ["serve", "plan", str(f), "--time-limit", "1"])
+    assert res.exit_code == 3 and "fit on no combination" in res.output
+    f.write_text(yaml.safe_dump(spec([{"machine": "nope"}])))
+    res = runner.invoke(app, ["serve", "plan", str(f)])
+    assert res.exit_code == 2 and "nodes.0.machine" in res.output
+    f.write_text(yaml.safe_dump(spec([{"machine": "big", "count": 2}])))
+    res = runner.invoke(app, ["serve", "plan", str(f), "--placer", "separate"])
+    assert res.exit_code == 0, res.output
