@@ -293,3 +293,139 @@ def test_cli_errors_exit_codes(tmp_path):
     f.write_text(yaml.safe_dump(spec([{"machine": "big", "count": 2}])))
     res = runner.invoke(app, ["serve", "plan", str(f), "--placer", "separate"])
     assert res.exit_code == 0, res.output
+
+
+# ------------------------------------------------------------------------------ the simulator
+
+
+def sim_cluster(nodes, links=None, layers=4, kv_bytes=1000):
+    """Nodes with measured-style layer times: prompt 1 ms per token, decode 10 ms per step
+    (flat in batch size up to 64), 10 GB of memory, 1 GB layers, ``kv_bytes`` of KV per token
+    and layer."""
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp())
+    (d / "prompt_bs2time.csv").write_text("0,0\n1000,1000\n")
+    (d / "decode_bs2time.csv").write_text("0,10\n64,10\n")
+    return build_cluster(parse_serving({
+        "model": {"layers": layers, "activation_bytes": 1000, "token_bytes": 2,
+                  "layer_bytes": 1e9, "kv_bytes": kv_bytes},
+        "machines": {"m": {"max_layers": 4, "tokens_per_s": [100, 50, 33, 25],
+                           "profile": str(d), "memory": 10e9}},
+        "nodes": nodes, "links": links or {"within": {"bandwidth": 1e12, "latency": 0.001}}}))
+
+
+def test_one_request_on_one_node_takes_the_profiled_times():
+    from shoal.serving.simulator import simulate
+    from shoal.serving.workload import Workload
+
+    c = sim_cluster([{"machine": "m", "name": "a"}])
+    pl = Placement(((0, 4),))
+    w = Workload(np.array([100]), np.array([5]), np.array([0.0]), "one")
+    r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.0, duration_s=None)
+    # prompt: link in (1 ms) + 4 layers x 100 ms + link out (1 ms); each decode step:
+    # 1 ms in + 4 x 10 ms + 1 ms out
+    assert r.prompt_latency_s["mean"] == pytest.approx(0.402, rel=1e-3)
+    assert r.decode_latency_s["mean"] == pytest.approx(0.042, rel=1e-3)
+    assert r.completed == 1
+
+
+def test_simulated_tokens_add_up_and_routers_run():
+    from shoal.serving.simulator import simulate
+    from shoal.serving.workload import online, synthetic_lengths
+
+    c = sim_cluster([{"machine": "m", "count": 3}], layers=4)
+    pl = Placement(((0, 2), (0, 2), (2, 4)))
+    lengths = synthetic_lengths(200, seed=1) // 8 + 1
+    for router in ("iwrr", "swarm", "random", "shortest-queue"):
+        w = online(lengths, np.array([30, 0, 30, 10]), rate_per_s=5.0, seed=2, limit=40)
+        r = simulate(c, pl, max_flow(c, pl), w, router=router, warmup_s=0.0, duration_s=None)
+        assert r.completed == w.n
+        # every output token and prompt token is counted once
+        assert r.decode_tokens_per_s * r.window_s == pytest.approx(float(w.output.sum()))
+        assert (r.tokens_per_s - r.decode_tokens_per_s) * r.window_s == pytest.approx(
+            float(w.prompt.sum()))
+        assert all(0 <= u <= 1 + 1e-9 for u in r.node_utilization)
+        assert all(k <= 0.9 + 1e-9 for k in r.kv_peak_fraction)  # online high water
+
+
+def test_iwrr_follows_the_flows():
+    from shoal.serving.routing import Router
+
+    # two small nodes (60 tokens/s each at 2 layers) feed one big node (190 at 2 layers)
+    c = cluster([{"machine": "small", "count": 2}, {"machine": "big"}], layers=4)
+    pl = Placement(((0, 2), (0, 2), (2, 4)))
+    fl = max_flow(c, pl)
+    assert fl.value == pytest.approx(120.0)
+    r = Router("iwrr", c, pl, fl)
+    picks = [r.choose(c.n, lambda v: True, 1.0) for _ in range(100)]
+    # the two share the flow equally, interleaved (no bursts)
+    assert picks.count(0) == picks.count(1) == 50
+    assert all(a != b for a, b in zip(picks, picks[1:]))
+
+
+def test_offline_kv_admission_limits_the_requests_in_flight():
+    from shoal.serving.simulator import kv_capacity, simulate
+    from shoal.serving.workload import offline
+
+    c = sim_cluster([{"machine": "m", "name": "a"}], kv_bytes=1e5)
+    pl = Placement(((0, 4),))
+    cap = kv_capacity(c, pl)[0]  # (0.9 x 10 GB - 4 GB) / 100 kB = 5e4 token-layers
+    assert cap == pytest.approx(5e4)
+    w = offline(np.array([[1000, 250]] * 50), seed=0)
+    r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.0, duration_s=30.0)
+    # each request reserves (1000 + 250) x 4 layers; at most 85% of the cache in use: 8
+    assert r.in_flight_peak == int(0.85 * cap // (1250 * 4)) == 8
+    assert r.kv_peak_fraction[0] == pytest.approx(8 * 5000 / cap)
+
+
+def test_workload_files_and_errors(tmp_path):
+    from shoal.serving.workload import load_arrivals, load_lengths, online
+
+    f = tmp_path / "l.csv"
+    f.write_text("input_tokens,output_tokens\n10,5\n20,0\n")
+    with pytest.raises(SpecError, match="at least one output token"):
+        load_lengths(f)
+    f.write_text("in,out\n10,5\n")
+    with pytest.raises(SpecError, match="header"):
+        load_lengths(f)
+    f.write_text("input_tokens,output_tokens\n10,x\n")
+    with pytest.raises(SpecError, match="line 2"):
+        load_lengths(f)
+    a = tmp_path / "a.csv"
+    a.write_text("interval,requests\n0,3\n1,0\n2,3\n")
+    per = load_arrivals(a)
+    w = online(np.array([[10, 5]]), per, rate_per_s=2.0, seed=0)
+    assert np.all(np.diff(w.arrival_s) >= 0) and w.arrival_s.max() < 9.0
+    assert abs(w.n - 18) <= 3  # 2 requests/s over 9 s
+
+
+def test_cli_simulate(tmp_path):
+    res = runner.invoke(app, ["serve", "simulate", "examples/llama2-70b-mixed.serving.yaml",
+                              "--mode", "online", "--requests", "30", "--warmup", "0", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    for key in ("decode_throughput_tokens_per_s", "prompt_latency_s", "decode_latency_s",
+                "requests"):
+        assert key in doc
+    assert doc["requests"]["completed"] == 30
+    assert doc["prompt_latency_s"].keys() == {"mean", "p50", "p95"}
+
+
+def test_fewer_stages_at_a_lower_flow_and_the_decode_objective():
+    c = sim_cluster([{"machine": "m", "count": 6}], layers=8)
+    top = place(c, "auto", time_limit_s=5)
+    deep = len({r for r in top.placement.ranges if r})
+    shallow = stages.shallowest(c, 0.5 * top.flow.value, float("inf"))
+    assert max_flow(c, shallow).value >= 0.5 * top.flow.value - 1e-9
+    assert len({r for r in shallow.ranges if r}) <= deep
+    lengths = np.array([[200, 20]] * 50)
+    r = place(c, "auto", time_limit_s=20, objective="decode", lengths=lengths)
+    cands = r.details["candidates"]
+    assert cands[0]["candidate"] == "max-flow" and len(cands) >= 2
+    # the kept placement is the candidate with the best simulated decode throughput
+    best = max(cands, key=lambda x: x["decode_tokens_per_s"])
+    assert r.flow.value == pytest.approx(best["max_flow_tokens_per_s"])
+    with pytest.raises(SpecError, match="auto placer"):
+        place(c, "swarm", objective="decode")

@@ -16,6 +16,11 @@ serve_app = typer.Typer(no_args_is_help=True,
                         help="Serve a model over heterogeneous nodes: placement and max flow.")
 
 
+class Objective(StrEnum):
+    max_flow = "max-flow"
+    decode = "decode"
+
+
 class Placer(StrEnum):
     auto = "auto"
     milp = "milp"
@@ -76,6 +81,16 @@ def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path
         t.add_row(cluster.names[i], cluster.machines[i], cluster.regions[i], f"[{s}, {e})",
                   f"{placed.flow.through[i]:,.1f}", f"{cluster.T[i, e - s]:,.1f}")
     out.print(t)
+    cands = placed.details.get("candidates")
+    if cands:
+        c = _cli._table("Candidates, simulated offline (the best decode throughput is kept)",
+                        ["candidate", "max flow", "stages", "nodes", "decode tokens/s",
+                         "s/token"], left=("candidate",))
+        for r in cands:
+            c.add_row(r["candidate"], f"{r['max_flow_tokens_per_s']:,.1f}", str(r["stages"]),
+                      str(r["nodes"]), f"{r['decode_tokens_per_s']:,.1f}",
+                      f"{r['decode_latency_s']:.3f}" if r["decode_latency_s"] else "—")
+        out.print(c)
     idle = cluster.n - len(rows)
     if idle:
         out.print(f"{idle} node(s) hold no layers")
@@ -90,6 +105,11 @@ def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path
 def plan_cmd(
     serving: Annotated[Path, typer.Argument(metavar="SERVING", help="serving file (YAML or JSON)")],
     placer: Annotated[Placer, typer.Option(help="placement algorithm")] = Placer.auto,
+    objective: Annotated[Objective, typer.Option(
+        help="max-flow (Helix's), or decode: the simulated decode throughput, which also "
+             "weighs the hops per token (auto only; needs layer times)")] = Objective.max_flow,
+    lengths: Annotated[Path | None, typer.Option(
+        "--lengths", help="decode objective: request lengths to simulate (CSV)")] = None,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="seconds")] = 60.0,
     seed: Annotated[int, typer.Option(help="seed (petals' node order)")] = 0,
     prune: Annotated[int, typer.Option(
@@ -111,14 +131,20 @@ def plan_cmd(
         if path is not None:
             check_output(path, opt)
     cluster = _load(serving)
+    obj = objective.value
+    L = None
+    if lengths is not None:
+        from shoal.serving.workload import load_lengths
+
+        L = load_lengths(lengths)
+    kw = dict(time_limit_s=time_limit, seed=seed, prune=prune, warm_start=warm_start,
+              objective=obj, lengths=L)
     if as_json or time_limit < 1:
-        placed = place(cluster, placer.value, time_limit_s=time_limit, seed=seed, prune=prune,
-                       warm_start=warm_start)
+        placed = place(cluster, placer.value, **kw)
     else:
         with _cli._err().status(f"placing {cluster.layers} layers on {cluster.n} nodes "
-                                f"({placer.value}, up to {time_limit:g} s)"):
-            placed = place(cluster, placer.value, time_limit_s=time_limit, seed=seed,
-                           prune=prune, warm_start=warm_start)
+                                f"({placer.value}, {obj}, up to {time_limit:g} s)"):
+            placed = place(cluster, placer.value, **kw)
     _report(cluster, placed, as_json, output, helix_out, figure)
 
 
@@ -149,6 +175,127 @@ def flow_cmd(
     _report(cluster, placed, as_json, None, None, figure)
 
 
+class Mode(StrEnum):
+    offline = "offline"
+    online = "online"
+
+
+class RouterName(StrEnum):
+    iwrr = "iwrr"
+    swarm = "swarm"
+    random = "random"
+    shortest_queue = "shortest-queue"
+
+
+def _placement(cluster, placement: Path | None):
+    """A placement file (shoal JSON or Helix .ini), or auto's when none is given."""
+    from shoal.serving.flow import max_flow
+    from shoal.serving.placement import load_placement
+    from shoal.serving.placers import Placed, place
+
+    if placement is None:
+        return place(cluster, "auto", time_limit_s=10.0)
+    if placement.suffix.lower() == ".ini":
+        from shoal.io.helix import read_placement
+
+        pl = read_placement(placement, cluster)
+    else:
+        pl = load_placement(placement, cluster)
+    return Placed("given", pl, max_flow(cluster, pl), cluster.upper_bound(), 0.0)
+
+
+@serve_app.command("simulate")
+@_cli.handles_errors
+def simulate_cmd(
+    serving: Annotated[Path, typer.Argument(metavar="SERVING", help="serving file (YAML or JSON)")],
+    placement: Annotated[Path | None, typer.Option(
+        "--placement", help="placement JSON or Helix .ini (default: place with auto)")] = None,
+    mode: Annotated[Mode, typer.Option(
+        help="offline: keep the cluster full; online: arrivals")] = Mode.offline,
+    router: Annotated[RouterName, typer.Option(help="per-request routing")] = RouterName.iwrr,
+    lengths: Annotated[Path | None, typer.Option(
+        "--lengths", help="CSV input_tokens,output_tokens (default: seeded synthetic lengths)")] = None,
+    arrivals: Annotated[Path | None, typer.Option(
+        "--arrivals", help="online: CSV interval,requests per 3 s (default: Poisson)")] = None,
+    load: Annotated[float, typer.Option(
+        "--load", min=0.01, help="online: mean arrival rate as a fraction of the max flow")] = 0.75,
+    requests: Annotated[int | None, typer.Option(
+        "--requests", min=1, help="online: simulate only the first N requests")] = None,
+    warmup: Annotated[float, typer.Option("--warmup", min=0, help="seconds not measured")] = 60.0,
+    duration: Annotated[float | None, typer.Option(
+        "--duration", min=1, help="seconds measured (offline default 600; online: until done)")] = None,
+    seed: Annotated[int, typer.Option(help="seed of lengths, arrivals and random routing")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here")] = None,
+) -> None:
+    """Simulate requests on a placement: throughput, prompt and decode latency, utilisation."""
+    from shoal.files import check_output, write_json
+    from shoal.serving import workload as wl
+    from shoal.serving.simulator import simulate
+
+    if output is not None:
+        check_output(output, "--output")
+    cluster = _load(serving)
+    placed = _placement(cluster, placement)
+    L = wl.load_lengths(lengths) if lengths is not None else wl.synthetic_lengths(20000, seed)
+    src = lengths.name if lengths is not None else "synthetic lengths"
+    if mode is Mode.offline:
+        work = wl.offline(L, seed, src)
+        dur = duration if duration is not None else 600.0
+    else:
+        rate = load * placed.flow.value / float(L.sum(axis=1).mean())
+        n = requests or 2000
+        if arrivals is not None:
+            work = wl.online(L, wl.load_arrivals(arrivals), rate, seed, arrivals.name, limit=requests)
+        else:
+            work = wl.poisson(L, rate, n, seed)
+        dur = duration
+    if as_json:
+        res = simulate(cluster, placed.placement, placed.flow, work, router=router.value,
+                       warmup_s=warmup, duration_s=dur, seed=seed)
+    else:
+        from rich.progress import Progress
+
+        with Progress(console=_cli._err(), transient=True) as bar:
+            task = bar.add_task(f"simulating {work.source}", total=None)
+
+            def tick(t, end, completed):
+                bar.update(task, completed=t, total=end,
+                           description=f"simulating: {t:,.0f} s, {completed} requests done")
+
+            res = simulate(cluster, placed.placement, placed.flow, work, router=router.value,
+                           warmup_s=warmup, duration_s=dur, seed=seed, progress=tick)
+    doc = res.to_json(cluster.names)
+    doc["max_flow_tokens_per_s"] = placed.flow.value
+    doc["workload"] = work.source
+    if output is not None:
+        write_json(output, doc)
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    out = _cli._out()
+
+    def lat(d):
+        return "—" if d["mean"] is None else f"{d['mean']:.2f} / {d['p50']:.2f} / {d['p95']:.2f}"
+
+    t = _cli._table(f"Simulated {res.mode}, router {res.router}, {res.window_s:,.0f} s measured "
+                    f"({work.source})", ["metric", "value"], left=("metric",))
+    t.add_row("decode throughput, tokens/s", f"{res.decode_tokens_per_s:,.1f}")
+    t.add_row("prompt + decode tokens/s", f"{res.tokens_per_s:,.1f}")
+    t.add_row("max flow of the placement, tokens/s", f"{placed.flow.value:,.1f}")
+    t.add_row("prompt latency s (mean / p50 / p95)", lat(res.prompt_latency_s))
+    t.add_row("decode latency s/token (mean / p50 / p95)", lat(res.decode_latency_s))
+    t.add_row("requests completed / had to wait", f"{res.completed} / {res.rejected}")
+    used = [u for u in res.node_utilization if u > 0]
+    if used:
+        t.add_row("node utilisation (min / mean / max)",
+                  f"{min(used):.0%} / {sum(used) / len(used):.0%} / {max(used):.0%}")
+    t.add_row("simulated in", f"{res.wall_s:.1f} s ({res.events:,} events)")
+    out.print(t)
+    if output is not None:
+        out.print(f"result written to {output}")
+
+
 def import_helix_cmd(
     cluster: Annotated[Path, typer.Option("--cluster", help="Helix cluster INI file")],
     machines: Annotated[Path, typer.Option("--machines", help="Helix machine_profiles.ini")],
@@ -161,6 +308,9 @@ def import_helix_cmd(
         "--placement", help="also convert a Helix solution file to placement.json")] = None,
     partial_inference: Annotated[bool, typer.Option(
         "--partial-inference", help="allow a node to start inside the previous node's range")] = False,
+    profiles: Annotated[Path | None, typer.Option(
+        "--profiles", help="folder of <type>/{prompt,decode}_bs2time.csv layer times (for "
+                           "`serve simulate`)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
 ) -> None:
     """Write a shoal serving file (and placement) from Helix's files."""
@@ -174,7 +324,7 @@ def import_helix_cmd(
     if not out_dir.parent.is_dir():
         raise SpecError("the folder to write into does not exist", field="--out", value=str(out_dir))
     doc = import_helix(cluster=cluster, machines=machines, capacity=capacity, model=model,
-                       partial_inference=partial_inference)
+                       partial_inference=partial_inference, profiles=profiles)
     cl = build_cluster(parse_serving(doc, file=str(cluster)), file=str(cluster))
     pl = read_placement(placement, cl) if placement is not None else None
     out_dir.mkdir(exist_ok=True)

@@ -130,11 +130,13 @@ def _regions(n: int, links: dict[tuple[str, str], tuple[float, float]]) -> list[
 
 
 def import_helix(*, cluster: Path, machines: Path, capacity: Path, model: str | None = None,
-                 partial_inference: bool = False) -> dict:
+                 partial_inference: bool = False, profiles: Path | None = None) -> dict:
     """A serving document (as for ``serving.yaml``) from Helix's cluster, machine profile and
-    node capacity files."""
+    node capacity files; ``profiles``: a folder with one ``<type>/`` (lower case) per node type
+    holding Helix's ``prompt_bs2time.csv`` and ``decode_bs2time.csv`` (the request simulator's
+    layer times)."""
     types, links = read_cluster(cluster)
-    profiles = read_machines(machines)
+    nics = read_machines(machines)
     name, setting = _setting(read_json(capacity, "capacity file"), cluster, model, capacity)
     mdl = setting.get("model", {})
     node_types = setting.get("node_types", {})
@@ -148,13 +150,20 @@ def import_helix(*, cluster: Path, machines: Path, capacity: Path, model: str | 
         k = int(nt["max_layers"])
         row = {"max_layers": k, "tokens_per_s": [float(nt["tokens_per_s"][str(j)])
                                                  for j in range(1, k + 1)]}
-        prof = profiles.get(t, {})
+        prof = nics.get(t, {})
         if "vram_size" in prof:
             row["memory"] = prof["vram_size"]
         if "inbound_nic_speed" in prof:
             row["nic_in"] = prof["inbound_nic_speed"]
         if "outbound_nic_speed" in prof:
             row["nic_out"] = prof["outbound_nic_speed"]
+        if profiles is not None:
+            d = profiles / t.lower()
+            if not (d / "prompt_bs2time.csv").is_file() or not (d / "decode_bs2time.csv").is_file():
+                raise SpecError("node type without a profile", file=str(profiles), value=t,
+                                allowed=f"a folder {t.lower()}/ with prompt_bs2time.csv and "
+                                        "decode_bs2time.csv")
+            row["profile"] = str(d.resolve())
         mach[t] = row
     regions = _regions(len(types), links)
     pairs = []
@@ -162,10 +171,10 @@ def import_helix(*, cluster: Path, machines: Path, capacity: Path, model: str | 
         ends = ["coordinator" if x in ("source", "sink") else f"n{x}" for x in (a, b)]
         pairs.append({"a": ends[0], "b": ends[1], "bandwidth": bw, "latency": lat})
     coord = {}
-    if "SourceNode" in profiles and "outbound_nic_speed" in profiles["SourceNode"]:
-        coord["nic_out"] = profiles["SourceNode"]["outbound_nic_speed"]
-    if "SinkNode" in profiles and "inbound_nic_speed" in profiles["SinkNode"]:
-        coord["nic_in"] = profiles["SinkNode"]["inbound_nic_speed"]
+    if "outbound_nic_speed" in nics.get("SourceNode", {}):
+        coord["nic_out"] = nics["SourceNode"]["outbound_nic_speed"]
+    if "inbound_nic_speed" in nics.get("SinkNode", {}):
+        coord["nic_in"] = nics["SinkNode"]["inbound_nic_speed"]
     return {
         "schema": "shoal/serving@1",
         "name": f"{cluster.stem} {mdl.get('name', name)}",

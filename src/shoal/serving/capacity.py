@@ -15,6 +15,7 @@ its NIC carries (applied when the cluster is built).
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,34 +57,72 @@ def read_profile(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return x, t
 
 
-def table(model: ModelSpec, gpu: GPU, gpus: int, *, weights_fraction: float,
-          prompt_tokens: float, output_tokens: float, max_batch: int,
-          compute_efficiency: float, memory_efficiency: float,
-          profile_dir: Path | None = None) -> tuple[int, list[float]]:
-    """(max layers, [T(1), ..., T(max layers)]) for a node of ``gpus`` GPUs (TP inside)."""
-    P = layer_params(model)
-    W = 2.0 * P  # fp16 weights
-    kvb = 2.0 * 2.0 * model.kv_heads * model.dhead  # K and V, fp16, per token per layer
-    mem = gpus * gpu.memory_bytes
-    kmax = int(weights_fraction * mem // W)
-    if kmax < 1:
-        return 0, []
-    F = gpus * gpu.flops_16 * compute_efficiency
-    B_W = gpus * gpu.mem_bw_Bps * memory_efficiency
-    ctx = prompt_tokens + output_tokens / 2.0
-    prompt = decode = None
+def kv_bytes(m: ModelSpec) -> float:
+    """KV cache of one token in one layer: K and V, fp16."""
+    return 2.0 * 2.0 * m.kv_heads * m.dhead
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Seconds one layer takes on a node: for a prompt batch of n tokens, and for one decode
+    step of a batch of b requests (at context ``ctx`` tokens each, analytic model only)."""
+
+    prompt_x: np.ndarray | None = None  # measured: tokens -> seconds per layer
+    prompt_t: np.ndarray | None = None
+    decode_x: np.ndarray | None = None  # measured: batch -> seconds per layer
+    decode_t: np.ndarray | None = None
+    params: float = 0.0  # analytic: weights per layer, FLOP/s, bytes/s, KV bytes per token
+    flops: float = 0.0
+    bw: float = 0.0
+    kvb: float = 0.0
+
+    def prompt_s(self, tokens: float) -> float:
+        if tokens <= 0:
+            return 0.0
+        if self.prompt_x is not None:
+            return _interp(tokens, self.prompt_x, self.prompt_t)
+        return tokens * 2.0 * self.params / self.flops
+
+    def decode_s(self, batch: float, ctx: float = 1000.0) -> float:
+        if batch <= 0:
+            return 0.0
+        if self.decode_x is not None:
+            return _interp(batch, self.decode_x, self.decode_t)
+        return max(2.0 * self.params * batch / self.flops,
+                   (2.0 * self.params + batch * ctx * self.kvb) / self.bw)
+
+
+def _interp(x: float, xs: np.ndarray, ts: np.ndarray) -> float:
+    """Linear interpolation, extended linearly past the last two points."""
+    if x <= xs[-1]:
+        return float(np.interp(x, xs, ts))
+    slope = (ts[-1] - ts[-2]) / max(xs[-1] - xs[-2], 1e-12)
+    return float(ts[-1] + slope * (x - xs[-1]))
+
+
+def layer_times(model: ModelSpec | None, gpu: GPU | None, gpus: int, *,
+                compute_efficiency: float, memory_efficiency: float,
+                profile_dir: Path | None = None) -> LayerTimes:
     if profile_dir is not None:
-        prompt = read_profile(profile_dir / "prompt_bs2time.csv")
-        decode = read_profile(profile_dir / "decode_bs2time.csv")
+        px, pt = read_profile(profile_dir / "prompt_bs2time.csv")
+        dx, dt = read_profile(profile_dir / "decode_bs2time.csv")
+        return LayerTimes(px, pt, dx, dt)
+    assert model is not None and gpu is not None
+    return LayerTimes(params=layer_params(model), flops=gpus * gpu.flops_16 * compute_efficiency,
+                      bw=gpus * gpu.mem_bw_Bps * memory_efficiency, kvb=kv_bytes(model))
+
+
+def table(times: LayerTimes, *, memory: float, layer_bytes: float, kvb: float,
+          weights_fraction: float, prompt_tokens: float, output_tokens: float,
+          max_batch: int) -> tuple[int, list[float]]:
+    """(max layers, [T(1), ..., T(max layers)]) for a node with ``memory`` bytes."""
+    kmax = int(weights_fraction * memory // layer_bytes)
+    ctx = prompt_tokens + output_tokens / 2.0
     out = []
     for k in range(1, kmax + 1):
-        batch = max(1.0, min(float(max_batch), (mem - k * W) / (k * kvb * ctx)))
-        if prompt is not None and decode is not None:
-            t_prompt = float(np.interp(prompt_tokens, *prompt))  # whole prompt, one layer
-            t_step = float(np.interp(batch, *decode))
-        else:
-            t_prompt = prompt_tokens * 2.0 * P / F
-            t_step = max(2.0 * P * batch / F, (W + batch * ctx * kvb) / B_W)
+        batch = max(1.0, min(float(max_batch), (memory - k * layer_bytes) / (k * kvb * ctx)))
+        t_prompt = times.prompt_s(prompt_tokens)
+        t_step = times.decode_s(batch, ctx)
         per_request = k * (t_prompt + output_tokens * t_step / batch)
         out.append((prompt_tokens + output_tokens) / per_request)
     return kmax, out

@@ -36,6 +36,10 @@ class Cluster:
     token_bytes: float
     activation_bytes: float
     partial: bool
+    times: tuple = ()  # per node: capacity.LayerTimes, or None when unknown
+    memory: np.ndarray | None = None  # per node, bytes (nan when unknown)
+    layer_bytes: float | None = None
+    kv_bytes: float | None = None
 
     @property
     def n(self) -> int:
@@ -56,46 +60,74 @@ class Cluster:
                 from None
 
 
-def _tables(spec: ServingSpec, file: str | None) -> dict[str, tuple[int, list[float]]]:
-    """Per machine type: (max layers, T(k) for k = 1 .. max layers)."""
+@dataclass(frozen=True)
+class MachineModel:
+    """A machine type resolved: its capacity table, and (when known) its per-layer times and
+    memory, which the request simulator needs."""
+
+    kmax: int
+    T: list[float]
+    times: object | None  # capacity.LayerTimes
+    memory_bytes: float | None
+
+
+def _model_bytes(spec: ServingSpec) -> tuple[float | None, float | None]:
+    """(weights of one layer, KV bytes per token per layer) from the fields or the catalog."""
+    from shoal.serving import capacity
+
+    arch = spec.model.architecture()
+    lb = spec.model.layer_bytes or (2.0 * capacity.layer_params(arch) if arch else None)
+    kv = spec.model.kv_bytes or (capacity.kv_bytes(arch) if arch else None)
+    return lb, kv
+
+
+def _machines(spec: ServingSpec, file: str | None) -> dict[str, MachineModel]:
     from pathlib import Path
 
     from shoal import catalog
     from shoal.serving import capacity
 
+    arch = spec.model.architecture()
+    layer_b, kv_b = _model_bytes(spec)
+    c = spec.capacity
     out = {}
-    arch = None
     for name, mc in spec.machines.items():
-        if mc.tokens_per_s is not None:
-            out[name] = (int(mc.max_layers), list(mc.tokens_per_s))
-            continue
-        if arch is None:
-            arch = spec.model.architecture()
-            if arch is None:
-                raise SpecError("a machine without a tokens_per_s table needs a catalog model "
-                                "to compute it from", file=file, field="model.name",
-                                value=spec.model.name, allowed="a catalog model "
-                                "(`shoal catalog models`), or tables for every machine")
-        gpu = catalog.gpus().get(mc.gpu, field=f"machines.{name}.gpu", file=file)
+        gpu = catalog.gpus().get(mc.gpu, field=f"machines.{name}.gpu", file=file) if mc.gpu else None
+        memory = mc.memory if mc.memory is not None else (mc.gpus * gpu.memory_bytes if gpu else None)
         prof = None
         if mc.profile is not None:
             prof = Path(mc.profile)
             if file is not None and not prof.is_absolute():
                 prof = Path(file).parent / prof
-        c = spec.capacity
+        times = None
         try:
-            out[name] = capacity.table(
-                arch, gpu, mc.gpus, weights_fraction=c.weights_fraction,
-                prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens,
-                max_batch=c.max_batch, compute_efficiency=c.compute_efficiency,
-                memory_efficiency=c.memory_efficiency, profile_dir=prof)
+            if prof is not None or (gpu is not None and arch is not None):
+                times = capacity.layer_times(arch, gpu, mc.gpus,
+                                             compute_efficiency=c.compute_efficiency,
+                                             memory_efficiency=c.memory_efficiency,
+                                             profile_dir=prof)
         except SpecError as exc:
             raise exc.located(None, f"machines.{name}.profile") from None
-        if out[name][0] == 0:
+        if mc.tokens_per_s is not None:
+            out[name] = MachineModel(int(mc.max_layers), list(mc.tokens_per_s), times, memory)
+            continue
+        missing = [what for what, v in (("a catalog model (model.name) or model.layer_bytes and "
+                                         "model.kv_bytes", layer_b and kv_b),
+                                        ("'profile' or a catalog 'gpu'", times),
+                                        ("'memory' or a catalog 'gpu'", memory)) if not v]
+        if missing:
+            raise SpecError("a machine without a tokens_per_s table needs " + " and ".join(missing)
+                            + " to compute it from", file=file, field=f"machines.{name}")
+        kmax, T = capacity.table(times, memory=memory, layer_bytes=layer_b, kvb=kv_b,
+                                 weights_fraction=c.weights_fraction,
+                                 prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens,
+                                 max_batch=c.max_batch)
+        if kmax == 0:
             raise SpecError("not even one layer's weights fit in this machine's memory share",
                             file=file, field=f"machines.{name}",
                             allowed="a larger GPU, more GPUs per node, or a larger "
                                     "capacity.weights_fraction")
+        out[name] = MachineModel(kmax, T, times, memory)
     return out
 
 
@@ -124,12 +156,13 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
     except SpecError as exc:
         raise exc.located(file) from None
     tok = spec.model.token_bytes
-    tables = _tables(spec, file)
-    kmax = np.array([tables[m][0] for m in machines], dtype=np.int64)
+    mm = _machines(spec, file)
+    layer_b, kv_b = _model_bytes(spec)
+    kmax = np.array([mm[m].kmax for m in machines], dtype=np.int64)
     T = np.zeros((n, int(kmax.max()) + 1))
     for i, m in enumerate(machines):
         mc = spec.machines[m]
-        row = np.asarray(tables[m][1], dtype=float)
+        row = np.asarray(mm[m].T, dtype=float)
         for nic in (mc.nic_in, mc.nic_out):  # a node passes on no more than its NIC carries
             if nic is not None:
                 row = np.minimum(row, nic / act)
@@ -177,4 +210,7 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
         snk=cbw / tok, lat=lat, src_lat=clat, snk_lat=clat.copy(),
         src_total=co.nic_out / tok if co.nic_out else np.inf,
         snk_total=co.nic_in / tok if co.nic_in else np.inf,
-        token_bytes=tok, activation_bytes=act, partial=spec.partial_inference)
+        token_bytes=tok, activation_bytes=act, partial=spec.partial_inference,
+        times=tuple(mm[m].times for m in machines),
+        memory=np.array([mm[m].memory_bytes or np.nan for m in machines]),
+        layer_bytes=layer_b, kv_bytes=kv_b)

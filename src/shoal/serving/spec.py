@@ -28,7 +28,10 @@ class ServingModel(BaseModel):
     activation_bytes: Bytes | None = Field(
         default=None, description="bytes of one token's activation between nodes; "
                                   "default 2 x hidden (fp16)")
-    layer_bytes: Bytes | None = Field(default=None, description="weights of one layer")
+    layer_bytes: Bytes | None = Field(default=None, description="weights of one layer "
+                                      "(default: from the catalog model, fp16)")
+    kv_bytes: Bytes | None = Field(default=None, description="KV cache of one token in one layer "
+                                   "(default: from the catalog model, fp16)")
 
     def architecture(self):
         """The catalog model named ``name``, or None when it is not in the catalog."""

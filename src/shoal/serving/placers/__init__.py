@@ -18,6 +18,8 @@ from shoal.serving.placement import Placement
 from shoal.serving.placers import baselines, milp, stages
 
 PLACERS = ("auto", "milp", "swarm", "petals", "separate")
+OBJECTIVES = ("max-flow", "decode")
+DEPTH_LEVELS = (1.0, 0.85, 0.7, 0.55, 0.4)  # decode objective: flow targets tried, x max flow
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,25 @@ def _best(cluster: Cluster, cands: dict[str, Placement]) -> tuple[str, Placement
 
 
 def place(cluster: Cluster, placer: str = "auto", *, time_limit_s: float = 60.0, seed: int = 0,
-          prune: int = 12, warm_start: bool = True, stall_s: float | None = None) -> Placed:
-    """The placement ``placer`` finds within ``time_limit_s``, with its max flow."""
+          prune: int = 12, warm_start: bool = True, stall_s: float | None = None,
+          objective: str = "max-flow", lengths=None) -> Placed:
+    """The placement ``placer`` finds within ``time_limit_s``, with its max flow.
+
+    ``objective="decode"`` (auto only): among the max-flow placement and the shallowest stage
+    placements (fewest stages, so fewest hops per token) that carry 85%, 70%, ... of it, the one
+    whose simulated offline decode throughput is highest (``lengths``: request lengths to
+    simulate, default seeded synthetic ones)."""
     if placer not in PLACERS:
         raise SpecError("unknown placer", field="--placer", value=placer,
                         allowed=", ".join(PLACERS))
+    if objective not in OBJECTIVES:
+        raise SpecError("unknown objective", field="--objective", value=objective,
+                        allowed=", ".join(OBJECTIVES))
+    if objective == "decode":
+        if placer != "auto":
+            raise SpecError("the decode objective is for the auto placer", field="--objective",
+                            value=objective, allowed="--placer auto")
+        return _for_decode(cluster, time_limit_s=time_limit_s, seed=seed, lengths=lengths)
     _check_fits(cluster)
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
@@ -108,3 +124,39 @@ def place(cluster: Cluster, placer: str = "auto", *, time_limit_s: float = 60.0,
                               "layer)", binding="placement",
                               relaxation="try --placer auto, or allow partial inference")
     return Placed(placer, pl, fl, ub, time.perf_counter() - t0, details)
+
+
+SIM_WARMUP_S, SIM_WINDOW_S = 60.0, 300.0  # decode objective: each candidate's offline run
+
+
+def _for_decode(cluster: Cluster, *, time_limit_s: float, seed: int, lengths) -> Placed:
+    """Candidates of several depths, each simulated offline; the best decode throughput wins."""
+    from shoal.serving import workload
+    from shoal.serving.simulator import simulate
+
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
+    top = place(cluster, "auto", time_limit_s=time_limit_s / 4, seed=seed)
+    cands = [("max-flow", top.placement)]
+    for level in DEPTH_LEVELS:
+        pl = stages.shallowest(cluster, level * top.flow.value, deadline)
+        if pl is not None and all(pl != c for _, c in cands):
+            cands.append((f"fewest stages at {level:.0%} of the max flow", pl))
+    L = lengths if lengths is not None else workload.synthetic_lengths(20000, seed)
+    rows, best = [], None
+    for name, pl in cands:
+        if time.perf_counter() > deadline and best is not None:
+            break
+        fl = max_flow(cluster, pl)
+        r = simulate(cluster, pl, fl, workload.offline(L, seed), warmup_s=SIM_WARMUP_S,
+                     duration_s=SIM_WINDOW_S, seed=seed)
+        row = {"candidate": name, "max_flow_tokens_per_s": fl.value,
+               "stages": len({x for x in pl.ranges if x is not None}),
+               "nodes": sum(x is not None for x in pl.ranges),
+               "decode_tokens_per_s": r.decode_tokens_per_s,
+               "decode_latency_s": r.decode_latency_s["mean"]}
+        rows.append(row)
+        if best is None or r.decode_tokens_per_s > best[0]:
+            best = (r.decode_tokens_per_s, pl, fl)
+    return Placed("auto", best[1], best[2], cluster.upper_bound(), time.perf_counter() - t0,
+                  {"objective": "decode", "candidates": rows})

@@ -124,16 +124,19 @@ class _FanCap:
         return min(self.gs[g].T[ln], self.links)
 
 
-def _program(gs: list[Group], seq: tuple[int, ...], F: float, links: np.ndarray, L: int):
+def _program(gs: list[Group], seq: tuple[int, ...], F: float, links: np.ndarray, L: int,
+             fewest: bool = False):
     """The integer program for visiting the regions in ``seq`` with flow F: (model, decode)
-    or None when some stage has no template."""
+    or None when some stage has no template. ``fewest``: minimise the number of stages (the
+    hops of every request), else any feasible point."""
     m = Model(maximize=False)
     segs: list[tuple[int, int, Template, str]] = []  # (column, block, template, role)
     use: dict[int, tuple[list[int], list[float]]] = {}
     length: tuple[list[int], list[float]] = ([], [])
 
     def add(block: int, t: Template, role: str, binary: bool) -> int:
-        col = m.var(0.0, 1.0 if binary else float(L), integer=True)
+        col = m.var(0.0, 1.0 if binary else float(L), cost=1.0 if fewest else 0.0,
+                    integer=True)
         segs.append((col, block, t, role))
         length[0].append(col)
         length[1].append(t.length)
@@ -204,16 +207,23 @@ def _decode(gs: list[Group], seq, segs, x: np.ndarray, n: int, L: int) -> Placem
     return Placement(tuple(ranges))
 
 
+def _sequences(gs: list[Group], regions: list[str], links: np.ndarray, L: int):
+    """Orders of distinct regions, fewest first, whose nodes may hold the model and whose
+    consecutive regions are linked."""
+    R = len(regions)
+    cap = [sum(len(g.nodes) * g.kmax for g in gs if g.region == r) for r in range(R)]
+    seqs = [p for k in range(1, R + 1) for p in itertools.permutations(range(R), k)
+            if sum(cap[r] for r in p) >= L
+            and all(links[p[i], p[i + 1]] > 0 for i in range(len(p) - 1))]
+    return sorted(seqs, key=len)
+
+
 def staged(cluster: Cluster, deadline: float) -> Placement | None:
     """The best stage-structured placement the bisection finds before ``deadline``."""
     gs, regions = groups(cluster)
     L = cluster.layers
     links = _region_links(cluster, regions)
-    inside = np.array([[links[a, b] > 0 for b in range(len(regions))] for a in range(len(regions))])
-    cap = [sum(len(g.nodes) * g.kmax for g in gs if g.region == r) for r in range(len(regions))]
-    seqs = [p for k in range(1, len(regions) + 1) for p in itertools.permutations(range(len(regions)), k)
-            if sum(cap[r] for r in p) >= L and all(inside[p[i], p[i + 1]] for i in range(len(p) - 1))]
-    seqs.sort(key=len)
+    seqs = _sequences(gs, regions, links, L)
     best: tuple[float, Placement] | None = None
     ub = cluster.upper_bound()
     for seq in seqs:
@@ -234,6 +244,23 @@ def staged(cluster: Cluster, deadline: float) -> Placement | None:
                     break
         if found and (best is None or found[0] > best[0]):
             best = found
+    return best[1] if best else None
+
+
+def shallowest(cluster: Cluster, F: float, deadline: float) -> Placement | None:
+    """The stage placement with the fewest stages whose every stage carries F (over every
+    order of regions), or None."""
+    gs, regions = groups(cluster)
+    L = cluster.layers
+    links = _region_links(cluster, regions)
+    best: tuple[float, Placement] | None = None
+    for seq in _sequences(gs, regions, links, L):
+        built = _program(gs, seq, F, links, L, fewest=True)
+        if built is None or time.perf_counter() > deadline:
+            continue
+        sol = built[0].solve(time_limit_s=max(0.05, min(10.0, deadline - time.perf_counter())))
+        if sol.x is not None and (best is None or sol.objective < best[0]):
+            best = (sol.objective, _decode(gs, seq, built[1], sol.x, cluster.n, L))
     return best[1] if best else None
 
 

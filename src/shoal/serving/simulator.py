@@ -1,0 +1,357 @@
+"""Request-level discrete-event simulation of serving a placement (Helix §5, §6).
+
+Every request is routed once (``routing``) and then walks its chain for the prompt and for each
+generated token. A node runs *dynamic batches*: when it is idle and work is queued, it takes
+everything queued as one batch, whose time is its layer count x (per-layer prompt time of the
+batch's prompt tokens + per-layer decode time of its decode batch size). After a batch, the items
+go on, grouped by their next node, over the link between the two: a link sends one message at a
+time (FIFO) at its bandwidth, and the message arrives after the link's latency; a prompt sends
+one activation per prompt token, a decode step one; a finished token goes back to the
+coordinator as a token id, which then sends the request's next step to its first node.
+
+Modes: ``offline`` keeps the cluster full (requests enter whenever the KV cache admits them,
+Helix's offline mode), ``online`` follows arrival times (requests the KV cache cannot admit wait
+at the coordinator, first come first served). Metrics are taken over the window after
+``warmup_s``: decode throughput (generated tokens/s), prompt + decode tokens/s, prompt latency
+(arrival or admission to first token) and decode latency per token (first to last token over the
+output tokens after the first), node utilisation and KV use.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shoal.errors import InfeasibleError, SpecError
+from shoal.serving.cluster import Cluster
+from shoal.serving.flow import Flow
+from shoal.serving.placement import Placement
+from shoal.serving.routing import ROUTERS, KVCache, Router
+from shoal.serving.workload import Workload
+
+# Helix's admission settings (code, §9 of the notes): (high water, expected-output ratio)
+KV_SETTINGS = {"online": (0.9, 0.6), "offline": (0.85, 1.0)}
+GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of GPU memory it manages
+MAX_BATCH_TOKENS = 4096  # prompt tokens one batch takes at most (the rest wait for the next)
+MAX_BATCH_REQUESTS = 256  # decode steps one batch takes at most (vLLM's max_num_seqs)
+
+
+@dataclass
+class SimResult:
+    mode: str
+    router: str
+    window_s: float
+    decode_tokens_per_s: float
+    tokens_per_s: float  # prompt and decode
+    prompt_latency_s: dict
+    decode_latency_s: dict
+    completed: int
+    rejected: int
+    in_flight_peak: int
+    node_utilization: list[float]
+    kv_peak_fraction: list[float]
+    wall_s: float
+    events: int
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self, names) -> dict:
+        return {"mode": self.mode, "router": self.router, "window_s": self.window_s,
+                "decode_throughput_tokens_per_s": self.decode_tokens_per_s,
+                "tokens_per_s": self.tokens_per_s,
+                "prompt_latency_s": self.prompt_latency_s,
+                "decode_latency_s": self.decode_latency_s,
+                "requests": {"completed": self.completed, "rejected": self.rejected,
+                             "in_flight_peak": self.in_flight_peak},
+                "nodes": [{"name": names[i], "utilization": u, "kv_peak_fraction": k}
+                          for i, (u, k) in enumerate(zip(self.node_utilization,
+                                                         self.kv_peak_fraction, strict=True))
+                          if u > 0 or k > 0],
+                "simulated_events": self.events, "wall_s": self.wall_s}
+
+
+def _stats(x: np.ndarray) -> dict:
+    if len(x) == 0:
+        return {"mean": None, "p50": None, "p95": None}
+    return {"mean": float(x.mean()), "p50": float(np.percentile(x, 50)),
+            "p95": float(np.percentile(x, 95))}
+
+
+def kv_capacity(cluster: Cluster, pl: Placement) -> np.ndarray:
+    """Token-layers of KV cache per node: the memory vLLM manages less the held weights."""
+    if cluster.kv_bytes is None or cluster.layer_bytes is None or cluster.memory is None \
+            or np.isnan(cluster.memory).any():
+        raise SpecError("simulation needs each machine's memory and the model's layer and KV "
+                        "bytes (a catalog model and gpu, or memory, layer_bytes, kv_bytes)")
+    out = np.zeros(cluster.n)
+    for i, r in enumerate(pl.ranges):
+        if r is not None:
+            free = GPU_MEMORY_UTILIZATION * cluster.memory[i] - (r[1] - r[0]) * cluster.layer_bytes
+            out[i] = max(free, 0.0) / cluster.kv_bytes
+    return out
+
+
+class _Clock:
+    """Per-layer batch times of one node, as plain Python for the simulator's inner loop."""
+
+    def __init__(self, times):
+        self.t = times
+        self.px = self.pt = self.dx = self.dt = None
+        if times.prompt_x is not None:
+            self.px, self.pt = list(map(float, times.prompt_x)), list(map(float, times.prompt_t))
+            self.dx, self.dt = list(map(float, times.decode_x)), list(map(float, times.decode_t))
+
+    @staticmethod
+    def _at(x: float, xs: list[float], ts: list[float]) -> float:
+        k = bisect.bisect_left(xs, x)
+        if k == 0:
+            return ts[0]
+        if k >= len(xs):
+            k = len(xs) - 1  # past the table: extend the last segment
+        x0, x1 = xs[k - 1], xs[k]
+        return ts[k - 1] + (ts[k] - ts[k - 1]) * (x - x0) / (x1 - x0) if x1 > x0 else ts[k]
+
+    def layer_s(self, P: float, D: int, ctx: float) -> float:
+        if self.px is None:
+            return self.t.prompt_s(P) + self.t.decode_s(D, ctx)
+        return ((self._at(P, self.px, self.pt) if P > 0 else 0.0)
+                + (self._at(D, self.dx, self.dt) if D > 0 else 0.0))
+
+
+def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload, *,
+             router: str = "iwrr", warmup_s: float = 60.0, duration_s: float | None = 600.0,
+             seed: int = 0, progress=None) -> SimResult:
+    """Simulate ``work`` on the placement; offline runs last ``warmup_s + duration_s`` of
+    simulated time, online runs until every request is done (``duration_s``: stop earlier)."""
+    if router not in ROUTERS:
+        raise SpecError("unknown router", field="--router", value=router, allowed=", ".join(ROUTERS))
+    missing = [cluster.names[i] for i, r in enumerate(pl.ranges)
+               if r is not None and cluster.times[i] is None]
+    if missing:
+        raise SpecError("simulation needs per-layer times for every node used: give its machine "
+                        "a 'profile' or a catalog 'gpu'", value=missing[0])
+    wall0 = time.perf_counter()
+    mode = "offline" if work.arrival_s is None else "online"
+    n = cluster.n
+    SRC, SNK = n, n + 1
+    R = Router(router, cluster, pl, flow, seed)
+    layers_np = np.array([(r[1] - r[0]) if r else 0 for r in pl.ranges], dtype=float)
+    layers = layers_np.tolist()
+    hw, ratio = KV_SETTINGS[mode]
+    kv = KVCache(kv_capacity(cluster, pl), layers_np, hw, ratio, float(work.output.mean()))
+    clocks = [_Clock(cluster.times[i]) if pl.ranges[i] is not None else None for i in range(n)]
+    prompt = work.prompt.astype(int).tolist()
+    output = work.output.astype(int).tolist()
+    arrival = work.arrival_s.tolist() if work.arrival_s is not None else None
+    N = work.n
+    done = [0] * N
+    nan = float("nan")
+    start_t, first_t, finish_t = [nan] * N, [nan] * N, [nan] * N
+    chains: list[list[int]] = [[] for _ in range(N)]
+    chain_edges: list[list[int]] = [[] for _ in range(N)]
+    act_b = cluster.activation_bytes + cluster.token_bytes
+    tok_b = cluster.token_bytes
+    bw = (cluster.S * act_b).tolist()
+    lat = cluster.lat.tolist()
+    src_bw, snk_bw = (cluster.src * tok_b).tolist(), (cluster.snk * tok_b).tolist()
+    src_lat, snk_lat = cluster.src_lat.tolist(), cluster.snk_lat.tolist()
+    link_free: dict[tuple[int, int], float] = {}
+    queue: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    busy = [False] * n
+    busy_s = [0.0] * n
+    end = (warmup_s + duration_s) if duration_s is not None else float("inf")
+    heap: list = []
+    seq = 0
+    decode_tokens = prompt_tokens = events = 0
+    in_flight = peak_in_flight = rejected = completed = 0
+    waiting: deque[int] = deque()
+    next_req = 0
+    iwrr = router == "iwrr"
+    inv_cap = (1.0 / R.cap_arr).tolist() if iwrr else []
+    load = R.load
+
+    def route(r: int) -> bool:
+        p = prompt[r]
+        u, chain, taken = SRC, [], []
+        while u != SNK:
+            v = R.choose(u, lambda v: v == SNK or (v not in chain and kv.fits(v, p)), p)
+            if v is None:
+                for a, b in reversed(taken):
+                    R.undo(a, b, p)
+                return False
+            taken.append((u, v))
+            chain.append(v)
+            u = v
+        kv.reserve(chain[:-1], p)
+        chains[r] = chain
+        chain_edges[r] = R.edges_of(chain)
+        return True
+
+    def send(t: float, u: int, v: int, items: list[tuple[int, int]], nbytes: float,
+             rate: float, delay: float) -> None:
+        """Move a message from u to v over their link (FIFO); deliver or return at arrival."""
+        nonlocal seq
+        t0 = link_free.get((u, v), 0.0)
+        if t0 < t:
+            t0 = t
+        t1 = t0 + nbytes / rate
+        link_free[(u, v)] = t1
+        heapq.heappush(heap, (t1 + delay, seq, 1 if v != SNK else 2, v, items))
+        seq += 1
+
+    def start_batch(v: int, t: float) -> None:
+        """Everything queued, as vLLM schedules it: decode steps (up to a request cap), then
+        whole prompts in arrival order while the prompt tokens stay under a cap (at least one)."""
+        nonlocal seq
+        items = queue[v]
+        take, rest = [], []
+        P = 0
+        D = 0
+        ctx = 0
+        for it in items:
+            r = it[0]
+            if done[r] == 0:
+                if P + prompt[r] <= MAX_BATCH_TOKENS or not take:
+                    P += prompt[r]
+                    take.append(it)
+                else:
+                    rest.append(it)
+            elif D < MAX_BATCH_REQUESTS:
+                D += 1
+                ctx += prompt[r] + done[r]
+                take.append(it)
+            else:
+                rest.append(it)
+        queue[v] = rest
+        dur = layers[v] * clocks[v].layer_s(float(P), D, ctx / D if D else 0.0)
+        busy[v] = True
+        lo, hi = max(t, warmup_s), min(t + dur, end)
+        if hi > lo:
+            busy_s[v] += hi - lo
+        R.observe(v, dur, P + D)
+        heapq.heappush(heap, (t + dur, seq, 0, v, take))
+        seq += 1
+
+    def enter(t: float, r: int) -> None:
+        nonlocal in_flight, peak_in_flight
+        start_t[r] = t if arrival is None else arrival[r]
+        in_flight += 1
+        peak_in_flight = max(peak_in_flight, in_flight)
+        first = chains[r][0]
+        send(t, SRC, first, [(r, 0)], prompt[r] * tok_b, src_bw[first], src_lat[first])
+
+    def admit(t: float) -> None:
+        """Offline: fill the cluster; online: admit waiting requests in order."""
+        nonlocal next_req, rejected
+        if mode == "offline":
+            while next_req < N:
+                if not route(next_req):
+                    rejected += 1
+                    break
+                enter(t, next_req)
+                next_req += 1
+        else:
+            while waiting:
+                if not route(waiting[0]):
+                    break
+                enter(t, waiting.popleft())
+
+    if mode == "offline":
+        admit(0.0)
+        if in_flight == 0:
+            raise InfeasibleError("no request can be admitted: the KV cache of the nodes on "
+                                  "every chain is too small for one prompt",
+                                  binding="KV cache", relaxation="use nodes with more memory "
+                                  "or fewer layers per node")
+    else:
+        for r in range(N):
+            heapq.heappush(heap, (arrival[r], seq, 3, r, None))
+            seq += 1
+    last_report = 0.0
+    t = 0.0
+    while heap:
+        t, _, kind, v, items = heapq.heappop(heap)
+        if t > end:
+            break
+        events += 1
+        if progress is not None and t - last_report > 5.0:
+            last_report = t
+            progress(t, end if end != float("inf") else None, completed)
+        if kind == 1:  # delivered to node v
+            queue[v].extend(items)
+            R.queued[v] += len(items)
+            if not busy[v]:
+                start_batch(v, t)
+        elif kind == 0:  # node v finished a batch
+            busy[v] = False
+            R.queued[v] -= len(items)
+            groups: dict[int, list[tuple[int, int]]] = {}
+            for r, h in items:
+                groups.setdefault(chains[r][h + 1], []).append((r, h + 1))
+            for u, grp in groups.items():
+                if u == SNK:
+                    send(t, v, SNK, grp, len(grp) * tok_b, snk_bw[v], snk_lat[v])
+                else:
+                    tokens = sum(prompt[r] if done[r] == 0 else 1 for r, _ in grp)
+                    send(t, v, u, grp, tokens * act_b, bw[v][u], lat[v][u])
+            if queue[v]:
+                start_batch(v, t)
+        elif kind == 2:  # tokens back at the coordinator
+            in_window = t >= warmup_s
+            go: dict[int, list[tuple[int, int]]] = {}
+            finished = False
+            for r, _ in items:
+                if done[r] == 0:
+                    first_t[r] = t
+                    if in_window:
+                        prompt_tokens += prompt[r]
+                done[r] += 1
+                if in_window:
+                    decode_tokens += 1
+                if done[r] >= output[r]:
+                    finish_t[r] = t
+                    kv.release(chains[r][:-1], prompt[r])
+                    in_flight -= 1
+                    completed += 1
+                    finished = True
+                else:
+                    if iwrr:
+                        for e in chain_edges[r]:
+                            load[e] += inv_cap[e]
+                    go.setdefault(chains[r][0], []).append((r, 0))
+            for u, grp in go.items():
+                send(t, SRC, u, grp, len(grp) * tok_b, src_bw[u], src_lat[u])
+            if finished:
+                admit(t)
+        else:  # kind == 3: an arrival (online)
+            if waiting or not route(v):
+                waiting.append(v)
+                rejected += 1
+            else:
+                enter(t, v)
+    fin = np.array(finish_t)
+    first = np.array(first_t)
+    start = np.array(start_t)
+    out_arr = np.array(output)
+    t_end = end if end != float("inf") else (float(np.nanmax(fin)) if completed else warmup_s)
+    window = max(t_end - warmup_s, 1e-9)
+    # latencies of the requests that entered after the warm-up (the steady state)
+    with np.errstate(invalid="ignore"):
+        ok = ~np.isnan(first) & (start >= warmup_s) & (first <= t_end)
+        fin_ok = ~np.isnan(fin) & (start >= warmup_s) & (out_arr > 1)
+    pl_lat = (first - start)[ok]
+    dl = ((fin - first) / np.maximum(out_arr - 1, 1))[fin_ok]
+    return SimResult(
+        mode=mode, router=router, window_s=window,
+        decode_tokens_per_s=decode_tokens / window,
+        tokens_per_s=(decode_tokens + prompt_tokens) / window,
+        prompt_latency_s=_stats(pl_lat), decode_latency_s=_stats(dl),
+        completed=completed, rejected=rejected, in_flight_peak=peak_in_flight,
+        node_utilization=[b / window for b in busy_s],
+        kv_peak_fraction=[float(p / t) if t > 0 else 0.0 for p, t in zip(kv.peak, kv.total,
+                                                                          strict=True)],
+        wall_s=time.perf_counter() - wall0, events=events)
