@@ -431,6 +431,7 @@ def _replay_json(problem, tr, runs, replanner) -> dict:
 class SchemaKind(StrEnum):
     scenario = "scenario"
     plan = "plan"
+    serving = "serving"
 
 
 @app.command()
@@ -438,11 +439,13 @@ class SchemaKind(StrEnum):
 def schema(
     kind: Annotated[SchemaKind, typer.Argument(help="which file format")] = SchemaKind.scenario,
 ) -> None:
-    """Print the JSON Schema of the scenario or the training-plan format."""
+    """Print the JSON Schema of the scenario, training-plan or serving format."""
+    from shoal.serving.spec import ServingSpec
     from shoal.specs.plan import TrainingPlan
     from shoal.specs.scenario import Scenario
 
-    model = Scenario if kind is SchemaKind.scenario else TrainingPlan
+    model = {SchemaKind.scenario: Scenario, SchemaKind.plan: TrainingPlan,
+             SchemaKind.serving: ServingSpec}[kind]
     typer.echo(json.dumps(model.model_json_schema(by_alias=True), indent=2))
 
 

@@ -169,14 +169,9 @@ class ServingSpec(BaseModel):
 
 
 def parse_serving(data: dict, *, file: str | None = None) -> ServingSpec:
-    from pydantic import ValidationError
+    from shoal.specs.scenario import validated
 
-    from shoal.specs.scenario import spec_error_from_validation
-
-    try:
-        return ServingSpec.model_validate(data)
-    except ValidationError as exc:
-        raise spec_error_from_validation(exc, file) from None
+    return validated(ServingSpec, data, file)
 
 
 def load_serving(path: str | Path) -> ServingSpec:

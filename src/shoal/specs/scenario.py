@@ -81,11 +81,16 @@ def spec_error_from_validation(exc: ValidationError, file: str | None) -> SpecEr
                      if not isinstance(err.get("input"), dict) else None)
 
 
-def parse_scenario(data: dict, *, file: str | None = None) -> Scenario:
+def validated(cls: type[BaseModel], data: dict, file: str | None = None):
+    """``cls`` validated from ``data``; pydantic's first error as a SpecError naming the file."""
     try:
-        return Scenario.model_validate(data)
+        return cls.model_validate(data)
     except ValidationError as exc:
         raise spec_error_from_validation(exc, file) from None
+
+
+def parse_scenario(data: dict, *, file: str | None = None) -> Scenario:
+    return validated(Scenario, data, file)
 
 
 def load_scenario(path: str | Path) -> Scenario:
