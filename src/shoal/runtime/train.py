@@ -1,0 +1,166 @@
+"""Training with the runtime: synthetic token batches, the one-process reference, and running a
+plan's ranks (spawned on this machine with gloo, or under torchrun)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from shoal.runtime.model import Stage
+from shoal.specs.model import ModelSpec
+from shoal.specs.plan import TrainingPlan
+
+
+def batch(step: int, global_batch: int, seq: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    """The iteration's tokens (global batch x (seq + 1)): uniform ids from a generator seeded by
+    (seed, step), so every rank and the reference see the same data without a data set."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return torch.randint(0, vocab, (global_batch, seq + 1), generator=gen)
+
+
+def global_batch(plan: TrainingPlan) -> int:
+    return sum(r.microbatches for r in plan.stages[0].replicas) * plan.microbatch_size
+
+
+def reference(spec: ModelSpec, plan: TrainingPlan, steps: int, seq: int, *, seed: int = 0,
+              dtype=torch.float64, lr: float = 1e-3, weight_decay: float = 0.01):
+    """One process training the whole model on the same batches: (losses, parameters by
+    global layer index and name)."""
+    model = Stage(spec, 0, spec.num_layers + 2, seed=seed, dtype=dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    mbs, gb = plan.microbatch_size, global_batch(plan)
+    losses = []
+    for step in range(steps):
+        tokens = batch(step, gb, seq, spec.vocab_size, seed)
+        opt.zero_grad()
+        total = 0.0
+        for m in range(gb // mbs):
+            t = tokens[m * mbs:(m + 1) * mbs]
+            y = model(t[:, :-1])
+            loss = F.cross_entropy(y.reshape(-1, y.shape[-1]).double(), t[:, 1:].reshape(-1),
+                                   reduction="sum") / float(gb * seq)
+            loss.backward()
+            total += float(loss.detach())
+        opt.step()
+        losses.append(total)
+    params = {}
+    for name, p in model.named_parameters():
+        _, k, rest = name.split(".", 2)
+        params[(int(k), rest)] = p.detach().clone()
+    return losses, params
+
+
+def latest_checkpoint(directory: str | Path) -> tuple[int, list[str]] | None:
+    """(step, files) of the newest complete checkpoint in ``directory``, or None."""
+    best = None
+    for d in Path(directory).glob("step-*"):
+        if d.is_dir() and not d.name.endswith(".tmp") and (d / "meta.json").is_file():
+            n = int(d.name.split("-")[1])
+            if best is None or n > best[0]:
+                best = (n, sorted(str(f) for f in d.glob("rank*.pt")))
+    return best
+
+
+def save_checkpoint(w, directory: str | Path, step: int, plan: TrainingPlan) -> None:
+    """Collective: every rank writes its share into ``step-N.tmp``; rank 0 then adds
+    ``meta.json`` and renames it ``step-N``, so a crash mid-write leaves no checkpoint that
+    looks whole."""
+    import json
+
+    final = Path(directory) / f"step-{step}"
+    tmp = Path(directory) / f"step-{step}.tmp"
+    if dist.get_rank() == 0:
+        tmp.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    w.save(str(tmp))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        (tmp / "meta.json").write_text(json.dumps({"step": step, "plan": plan.to_json()}))
+        tmp.rename(final)
+    dist.barrier()
+
+
+def run_rank(plan: TrainingPlan, spec: ModelSpec, steps: int, seq: int, *, seed: int = 0,
+             dtype=torch.float64, out_dir: str | None = None, progress=None,
+             checkpoint_dir: str | None = None, resume: bool = False) -> dict:
+    """This rank's part of training (the process group must be initialised): per-step losses
+    and times; with ``out_dir``, its parameters are saved there for checks. With
+    ``checkpoint_dir``: ``resume`` starts from its newest checkpoint (written under any plan),
+    and a checkpoint is written after the last step."""
+    from shoal.runtime.pipeline import Worker
+
+    w = Worker(plan, spec, seed=seed, dtype=dtype)
+    gb = global_batch(plan)
+    start = 0
+    if resume and checkpoint_dir is not None:
+        found = latest_checkpoint(checkpoint_dir)
+        if found is not None:
+            start, files = found
+            w.load(files)
+    losses, times = [], []
+    for step in range(start, start + steps):
+        tokens = batch(step, gb, seq, spec.vocab_size, seed)
+        t0 = time.perf_counter()
+        losses.append(w.step(tokens))
+        times.append(time.perf_counter() - t0)
+        if progress is not None:
+            progress(step, losses[-1], times[-1])
+    if checkpoint_dir is not None:
+        save_checkpoint(w, checkpoint_dir, start + steps, plan)
+    res = {"rank": dist.get_rank(), "role": w.role, "losses": losses, "step_time_s": times,
+           "first_step": start}
+    if out_dir is not None:
+        a = plan.stages[w.role.stage].layers[0]
+        state = {}
+        for name, p in w.state().items():
+            _, k, rest = name.split(".", 2)
+            state[(a + int(k), rest)] = p
+        torch.save({**res, "role": tuple(w.role.__dict__.values()), "state": state},
+                   Path(out_dir) / f"rank{dist.get_rank()}.pt")
+    return res
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawned(rank: int, world: int, port: int, plan_json: str, spec_json: str, steps: int,
+             seq: int, seed: int, dtype_name: str, out_dir: str, ckpt: str | None,
+             resume: bool) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        run_rank(TrainingPlan.model_validate_json(plan_json), ModelSpec.model_validate_json(spec_json),
+                 steps, seq, seed=seed, dtype=getattr(torch, dtype_name), out_dir=out_dir,
+                 checkpoint_dir=ckpt, resume=resume)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(plan: TrainingPlan, spec: ModelSpec, steps: int, seq: int, *, seed: int = 0,
+          dtype=torch.float64, out_dir: str | None = None, checkpoint_dir: str | None = None,
+          resume: bool = False) -> list[dict]:
+    """Run the plan's ranks as processes on this machine (gloo); each rank's saved result."""
+    from shoal.runtime.pipeline import layout
+
+    world = layout(plan, spec).world
+    out = out_dir or tempfile.mkdtemp(prefix="shoal-run-")
+    # fork where the platform has it: the children start at once, with torch already imported
+    method = "fork" if "fork" in torch.multiprocessing.get_all_start_methods() else "spawn"
+    torch.multiprocessing.start_processes(
+        _spawned, args=(world, _free_port(), plan.model_dump_json(by_alias=True),
+                        spec.model_dump_json(), steps, seq, seed, str(dtype).split(".")[-1], out,
+                        checkpoint_dir, resume),
+        nprocs=world, join=True, start_method=method)
+    return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]

@@ -1,0 +1,122 @@
+"""The training runtime on torch.distributed (gloo, CPU, float64): every plan shape trains exactly
+as one process on the same data, and checkpoints move between plans."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from shoal.catalog import TINY  # noqa: E402
+from shoal.errors import SpecError  # noqa: E402
+from shoal.runtime.model import Stage, shard, unshard  # noqa: E402
+from shoal.runtime.pipeline import layout, schedule  # noqa: E402
+from shoal.runtime.train import reference, spawn  # noqa: E402
+from shoal.specs.plan import TrainingPlan  # noqa: E402
+
+SEQ, STEPS, TOL = 16, 4, 1e-9
+
+
+def plan(stages, mbs=1, schedule="1f1b", zero=0, recompute=False):
+    return TrainingPlan.model_validate({
+        "microbatch_size": mbs, "schedule": schedule, "zero_stage": zero, "recompute": recompute,
+        "stages": [{"layers": list(lay), "replicas": [
+            {"gpu": "cpu", "tp": tp, "zone": "local", "microbatches": m} for tp, m in reps]}
+            for lay, reps in stages]})
+
+
+PLANS = {
+    "dp2": plan([((0, 6), [(1, 2), (1, 2)])]),
+    "pp2-1f1b": plan([((0, 3), [(1, 4)]), ((3, 6), [(1, 4)])]),
+    "asymmetric-3-1": plan([((0, 3), [(1, 4)]), ((3, 6), [(1, 3), (1, 1)])]),
+    "tp2-then-tp1": plan([((0, 3), [(2, 4)]), ((3, 6), [(1, 4)])]),
+    "zero2": plan([((0, 6), [(1, 2), (1, 2)])], zero=2),
+    "gpipe-recompute": plan([((0, 2), [(1, 4)]), ((2, 6), [(1, 4)])], schedule="gpipe",
+                            recompute=True),
+}
+
+
+def full_params(p: TrainingPlan, res: list[dict], replica: int = 0) -> dict:
+    """Every parameter of the model, reassembled from the TP shards of one replica per stage."""
+    out = {}
+    for st_i, st in enumerate(p.stages):
+        ranks = sorted((r for r in res if r["role"][0] == st_i and r["role"][1] == replica),
+                       key=lambda r: r["role"][2])
+        for key in ranks[0]["state"]:
+            out[key] = unshard(key[1], [r["state"][key] for r in ranks])
+    return out
+
+
+def rel(a, b) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_plan_trains_exactly_as_one_process(name, tmp_path):
+    p = PLANS[name]
+    res = spawn(p, TINY, STEPS, SEQ, out_dir=str(tmp_path))
+    ref_losses, ref = reference(TINY, p, STEPS, SEQ)
+    init = {(i, n): q.detach() for i in range(6)
+            for n, q in Stage(TINY, i, i + 1).layers[0].named_parameters()}
+    got = full_params(p, res)
+    assert got.keys() == ref.keys()
+    moved = max(rel(ref[k], init[k]) for k in ref)
+    assert moved > 1e-3  # training changed the weights, far beyond the tolerance
+    for k in ref:
+        assert rel(got[k], ref[k]) <= TOL, k
+    for r in res:  # every rank reports the iteration's loss
+        for a, b in zip(r["losses"], ref_losses, strict=True):
+            assert abs(a - b) <= TOL * abs(b)
+    # every replica of a stage holds the same weights as its first replica
+    first = {(r["role"][0], r["role"][2]): r["state"] for r in res if r["role"][1] == 0}
+    for r in res:
+        mine = first[(r["role"][0], r["role"][2])]
+        for k, v in r["state"].items():
+            assert rel(v, mine[k]) <= TOL
+
+
+@pytest.mark.parametrize("before,after", [("tp2-then-tp1", "asymmetric-3-1"),
+                                          ("zero2", "pp2-1f1b")])
+def test_checkpoint_continues_exactly_under_another_plan(before, after, tmp_path):
+    ck = tmp_path / "ck"
+    spawn(PLANS[before], TINY, 2, SEQ, checkpoint_dir=str(ck))
+    assert (ck / "step-2" / "meta.json").is_file() and not list(ck.glob("*.tmp"))
+    res = spawn(PLANS[after], TINY, 2, SEQ, checkpoint_dir=str(ck), resume=True,
+                out_dir=str(tmp_path))
+    ref_losses, ref = reference(TINY, PLANS[after], 4, SEQ)
+    assert res[0]["first_step"] == 2
+    got = full_params(PLANS[after], res)
+    assert max(rel(got[k], ref[k]) for k in ref) <= TOL
+    assert res[0]["losses"] == pytest.approx(ref_losses[2:], rel=TOL)
+    assert (ck / "step-4").is_dir()
+
+
+def test_shards_round_trip():
+    st = Stage(TINY, 1, 2)
+    for name, p in st.named_parameters():
+        parts = [shard(name, p.detach(), 2, r) for r in range(2)]
+        assert torch.equal(unshard(name, parts), p.detach())
+
+
+def test_schedules_cover_each_microbatch_once():
+    for kind in ("1f1b", "gpipe"):
+        for stage in range(3):
+            s = schedule(kind, (0, 1, 2, 3, 4), stage, 3)
+            assert sorted(m for k, m in s if k == "F") == [0, 1, 2, 3, 4]
+            assert sorted(m for k, m in s if k == "B") == [0, 1, 2, 3, 4]
+            # a microbatch's backward comes after its forward
+            assert all(s.index(("F", m)) < s.index(("B", m)) for m in range(5))
+
+
+def test_plans_the_runtime_cannot_run_say_why():
+    bad_tp = plan([((0, 6), [(1, 2), (2, 2)])])
+    with pytest.raises(SpecError, match="different TP degrees"):
+        layout(bad_tp, TINY)
+    gap = plan([((0, 3), [(1, 2)]), ((4, 6), [(1, 2)])])
+    with pytest.raises(SpecError, match="tile the model"):
+        layout(gap, TINY)
+    uneven = plan([((0, 3), [(1, 2)]), ((3, 6), [(1, 3)])])
+    with pytest.raises(SpecError, match="same number of microbatches"):
+        layout(uneven, TINY)
+    with pytest.raises(SpecError, match="does not divide"):
+        layout(plan([((0, 6), [(3, 2)])]), TINY)
