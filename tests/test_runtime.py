@@ -120,3 +120,32 @@ def test_plans_the_runtime_cannot_run_say_why():
         layout(uneven, TINY)
     with pytest.raises(SpecError, match="does not divide"):
         layout(plan([((0, 6), [(3, 2)])]), TINY)
+
+
+def test_cli_train_through_torchrun_and_resume(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from shoal.cli import app
+
+    f = tmp_path / "plan.json"
+    f.write_text(PLANS["asymmetric-3-1"].model_dump_json(by_alias=True))
+    ck = tmp_path / "ck"
+    r = CliRunner().invoke(app, ["train", str(f), "--model", "tiny", "--steps", "2", "--dtype",
+                                 "float64", "--seq", "16", "--checkpoint-dir", str(ck), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["steps"] == 2 and doc["world_size"] == 3 and doc["reconfigurations"] == []
+    assert doc["step_time_s"] > 0 and len(doc["losses"]) == 2
+    r = CliRunner().invoke(app, ["train", str(f), "--model", "tiny", "--steps", "1", "--dtype",
+                                 "float64", "--seq", "16", "--checkpoint-dir", str(ck), "--resume",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    doc2 = json.loads(r.output)
+    ref_losses, _ = reference(TINY, PLANS["asymmetric-3-1"], 3, 16)
+    assert doc["losses"] + doc2["losses"] == pytest.approx(ref_losses, rel=TOL)
+    bad = tmp_path / "bad.json"
+    bad.write_text(plan([((0, 6), [(1, 2), (2, 2)])]).model_dump_json(by_alias=True))
+    r = CliRunner().invoke(app, ["train", str(bad), "--model", "tiny", "--steps", "1"])
+    assert r.exit_code == 2 and "different TP degrees" in r.output

@@ -8,6 +8,7 @@ Errors a person can act on (``ShoalError``) are printed without a traceback: exi
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from enum import StrEnum
 from pathlib import Path
@@ -562,6 +563,92 @@ def catalog_models(
         t.add_row(r["name"], str(r["num_layers"]), str(r["hidden_size"]), str(r["num_heads"]),
                   str(r["num_kv_heads"]), str(r["ffn_hidden_size"]), str(r["vocab_size"]),
                   f"{r['params_billions']:,.2f}")
+    _out().print(t)
+
+
+@app.command()
+@handles_errors
+def train(
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="training plan (JSON or YAML)")],
+    model: Annotated[str, typer.Option("--model", help="catalog model (e.g. tiny)")],
+    steps: Annotated[int, typer.Option("--steps", min=1, help="iterations to run")],
+    seq: Annotated[int | None, typer.Option(
+        "--seq", min=1, help="sequence length (default: the model's, at most 128)")] = None,
+    seed: Annotated[int, typer.Option(help="seed of weights and data")] = 0,
+    dtype: Annotated[str, typer.Option(help="float32 or float64")] = "float32",
+    checkpoint_dir: Annotated[Path | None, typer.Option(
+        "--checkpoint-dir", help="write a checkpoint here after the last step")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="start from the newest checkpoint in --checkpoint-dir (any plan)")] = False,
+    nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="machines taking part")] = 1,
+    node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="this machine's index")] = 0,
+    rdzv_endpoint: Annotated[str | None, typer.Option(
+        "--rdzv-endpoint", help="host:port of the rendezvous (several machines)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
+) -> None:
+    """Run a plan on torch.distributed through torchrun (gloo on CPU, NCCL on GPUs)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from shoal import catalog
+    from shoal.runtime.pipeline import layout
+
+    p = load_plan(plan_file)
+    spec = catalog.models().get(model, field="--model")
+    world = layout(p, spec).world
+    if world % nnodes:
+        raise SpecError(f"the plan's {world} processes do not split evenly over {nnodes} "
+                        "machines", field="--nnodes", value=nnodes)
+    if dtype not in ("float32", "float64"):
+        raise SpecError("unknown dtype", field="--dtype", value=dtype, allowed="float32, float64")
+    if resume and checkpoint_dir is None:
+        raise SpecError("--resume needs --checkpoint-dir", field="--resume")
+    seq = seq or min(spec.max_seq_len, 128)
+    if seq > spec.max_seq_len:
+        raise SpecError(f"longer than the model's {spec.max_seq_len} positions", field="--seq",
+                        value=seq)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.json"
+        plan_json = Path(tmp) / "plan.json"
+        plan_json.write_text(p.model_dump_json(by_alias=True))
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world // nnodes}",
+               f"--nnodes={nnodes}"]
+        cmd += ([f"--node-rank={node_rank}", f"--rdzv-endpoint={rdzv_endpoint}",
+                 "--rdzv-backend=c10d"] if rdzv_endpoint else ["--standalone"])
+        cmd += ["-m", "shoal.runtime.entry", "--plan", str(plan_json), "--model", model,
+                "--steps", str(steps), "--seq", str(seq), "--seed", str(seed), "--dtype", dtype,
+                "--result", str(result)]
+        if checkpoint_dir is not None:
+            checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            cmd += ["--checkpoint-dir", str(checkpoint_dir)] + (["--resume"] if resume else [])
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=env)
+        log = []
+        for line in proc.stderr:
+            log.append(line)
+            if line.startswith("{") and not as_json:
+                try:
+                    d = json.loads(line)
+                    _err().print(f"step {d['step']}: loss {d['loss']:.4f}, "
+                                 f"{d['step_time_s']:.3f} s, {d['tokens_per_s']:,.0f} tokens/s")
+                except (ValueError, KeyError):
+                    pass
+        rc = proc.wait()
+        if rc != 0 or not result.is_file():
+            tail = "".join(x for x in log if not x.startswith("{"))[-2000:]
+            raise SpecError(f"the workers failed (exit {rc}):\n{tail}")
+        doc = json.loads(result.read_text())
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    t = _table(f"Trained {doc['steps']} steps on {doc['world_size']} processes ({doc['backend']})",
+               ["metric", "value"], left=("metric",))
+    t.add_row("final loss", f"{doc['final_loss']:.5f}")
+    t.add_row("mean step time", _s(doc["step_time_s"]))
+    t.add_row("tokens per iteration", f"{doc['tokens_per_iteration']:,}")
+    t.add_row("tokens/s", f"{doc['tokens_per_iteration'] / doc['step_time_s']:,.0f}")
     _out().print(t)
 
 

@@ -230,9 +230,13 @@ class Worker:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         if not self.zero:
-            if self.dp_group is not None:
+            if self.dp_group is not None:  # one flat all-reduce: one message, not one per tensor
+                flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+                dist.all_reduce(flat, group=self.dp_group)
+                at = 0
                 for p in self.params:
-                    dist.all_reduce(p.grad, group=self.dp_group)
+                    p.grad.copy_(flat[at:at + p.numel()].view_as(p))
+                    at += p.numel()
             self.opt.step()
             return
         n_dp = len(self.dp_ranks)
