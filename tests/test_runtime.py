@@ -39,7 +39,7 @@ PLANS = {
 def full_params(p: TrainingPlan, res: list[dict], replica: int = 0) -> dict:
     """Every parameter of the model, reassembled from the TP shards of one replica per stage."""
     out = {}
-    for st_i, st in enumerate(p.stages):
+    for st_i in range(len(p.stages)):
         ranks = sorted((r for r in res if r["role"][0] == st_i and r["role"][1] == replica),
                        key=lambda r: r["role"][2])
         for key in ranks[0]["state"]:
@@ -149,3 +149,26 @@ def test_cli_train_through_torchrun_and_resume(tmp_path):
     bad.write_text(plan([((0, 6), [(1, 2), (2, 2)])]).model_dump_json(by_alias=True))
     r = CliRunner().invoke(app, ["train", str(bad), "--model", "tiny", "--steps", "1"])
     assert r.exit_code == 2 and "different TP degrees" in r.output
+
+
+def test_profile_command_writes_a_profile_the_estimator_reads(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from shoal.cli import app
+    from shoal.profiles.compute import load_profile
+
+    out = tmp_path / "tiny.json"
+    r = CliRunner().invoke(app, ["profile", "--model", "tiny", "-o", str(out), "--tp", "1,2",
+                                 "--mbs", "1,2", "--seq", "8", "--procs", "2", "--reps", "2",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["layers"] == 6 and doc["link"]["bandwidth_Bps"] > 0
+    prof = load_profile(out, 6)
+    for tp in (1, 2):
+        t = prof.layer_times("cpu", tp, 2)
+        assert t.shape == (6, 3) and (t[:, 0] > 0).all() and (t[:, 1] > 0).all()
+    r = CliRunner().invoke(app, ["profile", "--model", "tiny", "-o", str(out), "--tp", "3"])
+    assert r.exit_code == 2 and "TP 3" in r.output

@@ -652,6 +652,62 @@ def train(
     _out().print(t)
 
 
+@app.command()
+@handles_errors
+def profile(
+    model: Annotated[str, typer.Option("--model", help="catalog model (e.g. tiny)")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="profile file to write")],
+    device: Annotated[str, typer.Option(help="cpu (cuda: not on this build)")] = "cpu",
+    tp: Annotated[str, typer.Option(help="TP degrees, comma-separated")] = "1",
+    mbs: Annotated[str, typer.Option(help="microbatch sizes, comma-separated")] = "1,2",
+    seq: Annotated[int | None, typer.Option("--seq", min=1, help="sequence length")] = None,
+    procs: Annotated[int, typer.Option(
+        "--procs", min=1, help="processes measuring at once (as many as the plans use)")] = 2,
+    reps: Annotated[int, typer.Option("--reps", min=1, help="repetitions per measurement")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="print what was measured as JSON")] = False,
+) -> None:
+    """Measure per-layer times and link speeds with the runtime; write a profile file."""
+    from shoal import catalog
+    from shoal.files import check_output
+    from shoal.runtime import profiler
+    from shoal.runtime.train import launch
+
+    check_output(output, "--output")
+    if device != "cpu":
+        raise SpecError("only the CPU is available to this build", field="--device",
+                        value=device, allowed="cpu")
+    spec = catalog.models().get(model, field="--model")
+    try:
+        tps = [int(x) for x in tp.split(",")]
+        sizes = [int(x) for x in mbs.split(",")]
+    except ValueError:
+        raise SpecError("expected integers separated by commas", field="--tp/--mbs") from None
+    for t in tps:
+        if procs % t or spec.num_heads % t:
+            raise SpecError(f"TP {t} must divide --procs ({procs}) and the model's "
+                            f"{spec.num_heads} heads", field="--tp", value=t)
+    seq = seq or min(spec.max_seq_len, 128)
+    launch(procs, profiler.run, spec, model, tps, sizes, seq, reps, output.resolve())
+    doc = json.loads(output.read_text())
+    summary = {"path": str(output), "layers": doc["n_layers"], "tp": tps, "mbs": sizes,
+               "processes": procs, "link": doc["network"].get("link")}
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    t = _table(f"Profile of {model} on {procs} {device} processes", ["TP", "mbs", "forward",
+                                                                     "backward", "update"])
+    for t_, per in doc["gpus"][device].items():
+        for m, rows in per.items():
+            t.add_row(t_, m, _s(sum(r[0] for r in rows)), _s(sum(r[1] for r in rows)),
+                      _s(sum(r[2] for r in rows)))
+    _out().print(t)
+    link = doc["network"].get("link")
+    if link:
+        _out().print(f"link: {link['bandwidth_Bps'] / 1e9:.2f} GB/s, {link['latency_s'] * 1e6:.0f} us "
+                     "latency (point to point)")
+    _out().print(f"profile written to {output}")
+
+
 def _serving_commands() -> None:
     from shoal.cli_serve import import_helix_cmd, serve_app
 

@@ -133,6 +133,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _launched(rank: int, world: int, port: int, fn, args: tuple) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        fn(*args)
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(world: int, fn, *args) -> None:
+    """Run ``fn(*args)`` in ``world`` processes on this machine, joined by gloo."""
+    # fork where the platform has it: the children start at once, with torch already imported
+    method = "fork" if "fork" in torch.multiprocessing.get_all_start_methods() else "spawn"
+    torch.multiprocessing.start_processes(_launched, args=(world, _free_port(), fn, args),
+                                          nprocs=world, join=True, start_method=method)
+
+
 def _spawned(rank: int, world: int, port: int, plan_json: str, spec_json: str, steps: int,
              seq: int, seed: int, dtype_name: str, out_dir: str, ckpt: str | None,
              resume: bool) -> None:

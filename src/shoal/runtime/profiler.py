@@ -1,0 +1,141 @@
+"""Measure what the estimator needs on this machine, with the runtime's own code: per-layer
+forward, backward and optimizer-update time for each TP degree and microbatch size, and the
+time of point-to-point sends and all-reduces against message size through torch.distributed.
+
+All ``procs`` processes run the measurements at once (TP groups of the measured degree side by
+side), so the numbers include the contention a plan with that many processes meets (on a CPU,
+processes share cores). Rank 0 writes a shoal profile (``shoal/profile@1``, GPU type ``cpu`` or
+the CUDA device's) with the network measurements beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from shoal.profiles.compute import PROFILE_SCHEMA
+from shoal.runtime.model import Stage, TPGroup
+from shoal.specs.model import ModelSpec
+
+SIZES = (2**10, 2**14, 2**17, 2**20, 2**22)  # bytes per message
+
+
+def _median_time(fn, reps: int) -> float:
+    fn()  # warm-up
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def layer_times(spec: ModelSpec, tp: TPGroup, mbs: int, seq: int, reps: int,
+                dtype=torch.float32) -> list[list[float]]:
+    """Per layer of the layer list: [forward, backward, update] seconds for one microbatch."""
+    rows = []
+    n = spec.num_layers + 2
+    gen = torch.Generator().manual_seed(0)
+    for i in range(n):
+        st = Stage(spec, i, i + 1, tp=tp, dtype=dtype)
+        if i == 0:
+            x = torch.randint(0, spec.vocab_size, (mbs, seq), generator=gen)
+        else:
+            x = torch.randn(mbs, seq, spec.hidden_size, generator=gen, dtype=dtype)
+        opt = torch.optim.AdamW(st.parameters(), lr=1e-3)
+
+        def fwd(st=st, x=x):
+            with torch.no_grad():
+                st(x)
+
+        def fwd_bwd(st=st, x=x, i=i):
+            xi = x if i == 0 else x.detach().requires_grad_(True)
+            y = st(xi)
+            if i == n - 1:
+                y = F.cross_entropy(y.reshape(-1, y.shape[-1]),
+                                    torch.zeros(y.shape[0] * y.shape[1], dtype=torch.long))
+                y.backward()
+            else:
+                y.backward(torch.ones_like(y))
+
+        def update(opt=opt, st=st):
+            for p in st.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            opt.step()
+
+        f = _median_time(fwd, reps)
+        fb = _median_time(fwd_bwd, reps)
+        u = _median_time(update, reps)
+        rows.append([f, max(fb - f, 0.0), u])
+    return rows
+
+
+def network(reps: int) -> dict:
+    """One-way point-to-point time (ranks 0 -> 1, half a ping-pong) and all-reduce time over
+    every rank, per message size in bytes."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out: dict = {"p2p_s": {}, "all_reduce_s": {}, "ranks": world}
+    for size in SIZES:
+        buf = torch.zeros(size // 4, dtype=torch.float32)
+        if world > 1:
+            def ping(buf=buf):
+                if rank == 0:
+                    dist.send(buf, 1)
+                    dist.recv(buf, 1)
+                elif rank == 1:
+                    dist.recv(buf, 0)
+                    dist.send(buf, 0)
+            dist.barrier()
+            t = _median_time(ping, reps) / 2
+            dist.barrier()
+            out["p2p_s"][size] = t
+            out["all_reduce_s"][size] = _median_time(lambda buf=buf: dist.all_reduce(buf), reps)
+    return out
+
+
+def fit_link(times: dict[int, float]) -> tuple[float, float]:
+    """(bandwidth bytes/s, latency s) of ``t = latency + size / bandwidth`` through the
+    smallest and the largest message."""
+    sizes = sorted(times)
+    lat = times[sizes[0]]
+    bw = (sizes[-1] - sizes[0]) / max(times[sizes[-1]] - lat, 1e-9)
+    return bw, lat
+
+
+def run(spec: ModelSpec, model_name: str, tps: list[int], mbs_list: list[int], seq: int,
+        reps: int, out: Path, device_name: str = "cpu") -> dict | None:
+    """Every rank measures; rank 0 writes ``out`` and returns the document."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gpus: dict[str, dict] = {}
+    for tp in tps:
+        if world % tp:
+            raise ValueError(f"TP {tp} does not divide the {world} processes")
+        groups = [dist.new_group(list(range(g * tp, (g + 1) * tp))) if tp > 1 else None
+                  for g in range(world // tp)]
+        me = TPGroup(tp, rank % tp, groups[rank // tp])
+        for m in mbs_list:
+            rows = layer_times(spec, me, m, seq, reps)
+            gpus.setdefault(str(tp), {})[str(m)] = rows
+    net = network(reps)
+    if rank != 0:
+        return None
+    doc = {"schema": PROFILE_SCHEMA, "model": model_name, "n_layers": spec.num_layers + 2,
+           "units": "seconds per microbatch: [forward, backward, update] per layer",
+           "model_spec": spec.model_dump(), "seq_len": seq, "processes": world,
+           "gpus": {device_name: gpus}, "network": {
+               "p2p_s": {str(k): v for k, v in net["p2p_s"].items()},
+               "all_reduce_s": {str(k): v for k, v in net["all_reduce_s"].items()}}}
+    if net["p2p_s"]:
+        bw, lat = fit_link(net["p2p_s"])
+        doc["network"]["link"] = {"bandwidth_Bps": bw, "latency_s": lat}
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(out)
+    return doc
