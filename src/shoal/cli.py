@@ -584,9 +584,20 @@ def train(
     node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="this machine's index")] = 0,
     rdzv_endpoint: Annotated[str | None, typer.Option(
         "--rdzv-endpoint", help="host:port of the rendezvous (several machines)")] = None,
+    elastic: Annotated[bool, typer.Option(
+        "--elastic", help="kill-free reconfiguration when workers leave or join (this machine)")] = False,
+    checkpoint_every: Annotated[int, typer.Option(
+        "--checkpoint-every", min=1, help="elastic: asynchronous checkpoint every K steps")] = 2,
+    keep: Annotated[int, typer.Option("--keep", min=1, help="elastic: checkpoints kept")] = 2,
+    fault_at: Annotated[int | None, typer.Option(
+        "--fault-at", min=1, help="elastic demo: kill the last worker after this step")] = None,
+    join_at: Annotated[int | None, typer.Option(
+        "--join-at", min=1, help="elastic demo: add a worker after this step")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
 ) -> None:
-    """Run a plan on torch.distributed through torchrun (gloo on CPU, NCCL on GPUs)."""
+    """Run a plan on torch.distributed through torchrun (gloo on CPU, NCCL on GPUs); with
+    --elastic, a controller re-plans with shoal's planner when workers leave or join and the
+    surviving workers switch plans without restarting."""
     import subprocess
     import sys
     import tempfile
@@ -608,6 +619,12 @@ def train(
     if seq > spec.max_seq_len:
         raise SpecError(f"longer than the model's {spec.max_seq_len} positions", field="--seq",
                         value=seq)
+    if elastic:
+        _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_dir,
+                       checkpoint_every, keep, fault_at, join_at, as_json)
+        return
+    if fault_at is not None or join_at is not None:
+        raise SpecError("--fault-at and --join-at go with --elastic", field="--fault-at")
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
         plan_json = Path(tmp) / "plan.json"
@@ -706,6 +723,52 @@ def profile(
         _out().print(f"link: {link['bandwidth_Bps'] / 1e9:.2f} GB/s, {link['latency_s'] * 1e6:.0f} us "
                      "latency (point to point)")
     _out().print(f"profile written to {output}")
+
+
+def _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_dir, every, keep,
+                   fault_at, join_at, as_json) -> None:
+    import os
+    import signal
+    import tempfile
+
+    from shoal.runtime.elastic import ElasticJob, PlannerChoice
+    from shoal.runtime.train import global_batch
+
+    choice = PlannerChoice(model, spec, global_batch(p), seq, p.microbatch_size)
+    choice.cache[world] = p  # the given plan for the starting workers
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = str(checkpoint_dir) if checkpoint_dir is not None else tmp
+        job = ElasticJob(spec, choice, total_steps=steps, seq=seq, ckpt_dir=ck, every=every,
+                         keep=keep, seed=seed, dtype=dtype)
+        done: set[str] = set()
+
+        def events(j) -> None:
+            last = int(j.store.get(f"g{j.gen}/last_step")) \
+                if j.store.check([f"g{j.gen}/last_step"]) else 0
+            if fault_at is not None and "fault" not in done and last >= fault_at:
+                done.add("fault")
+                os.kill(j.pid(max(j.members)), signal.SIGKILL)
+            if join_at is not None and "join" not in done and last >= join_at:
+                done.add("join")
+                j.add_worker()
+
+        if as_json:
+            doc = job.run(world, events=events)
+        else:
+            with _err().status(f"training {steps} steps on {world} elastic workers"):
+                doc = job.run(world, events=events)
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    t = _table(f"Trained {doc['steps']} steps, elastic", ["time", "cause", "plan", "from step",
+                                                         "steps lost", "to first step"],
+               left=("cause", "plan"))
+    for r in doc["reconfigurations"]:
+        t.add_row(_s(r["time_s"]), r["cause"], r["new_plan"], str(r["resumed_from_step"]),
+                  str(r["steps_lost"]),
+                  _s(r["detect_to_first_step_s"]) if r["detect_to_first_step_s"] else "—")
+    _out().print(t)
+    _out().print(f"final loss {doc['final_loss']:.5f}")
 
 
 def _serving_commands() -> None:

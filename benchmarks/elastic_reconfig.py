@@ -1,0 +1,81 @@
+"""Kill-free reconfiguration against a full restart, on the CPU test model.
+
+    python benchmarks/elastic_reconfig.py [--repeats 3]
+
+Kill-free: 4 elastic workers train `tiny`; one is killed with SIGKILL after step 3; the time from
+the controller noticing to the survivors' first step under the new plan (planner-chosen), as the
+job reports it. Full restart: what a restart of every process costs for the same change, measured
+as `shoal train PLAN --resume` through torchrun (new interpreters, rendezvous, model build,
+checkpoint load) from launch to the end of its first step. Prints JSON (medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from shoal.catalog import TINY
+from shoal.runtime.elastic import ElasticJob, PlannerChoice
+from shoal.specs.plan import TrainingPlan
+
+SEQ = 16
+START = TrainingPlan.model_validate({"microbatch_size": 2, "stages": [
+    {"layers": [0, 3], "replicas": [{"gpu": "cpu", "tp": 2, "zone": "local", "microbatches": 4}]},
+    {"layers": [3, 6], "replicas": [{"gpu": "cpu", "tp": 1, "zone": "local", "microbatches": m}
+                                    for m in (3, 1)]}]})
+
+
+def kill_free(tmp: Path) -> tuple[float, TrainingPlan, Path]:
+    choice = PlannerChoice("tiny", TINY, 8, SEQ, 2)
+    choice.cache[4] = START
+    ck = tmp / "ck"
+    job = ElasticJob(TINY, choice, total_steps=8, seq=SEQ, ckpt_dir=str(ck), every=2, keep=100)
+    done = set()
+
+    def events(j):
+        if "k" not in done and j.store.check(["g0/last_step"]) \
+                and int(j.store.get("g0/last_step")) >= 3:
+            done.add("k")
+            os.kill(j.pid(3), signal.SIGKILL)
+
+    res = job.run(4, events=events)
+    return res["reconfigurations"][-1]["detect_to_first_step_s"], choice(3), ck
+
+
+def full_restart(tmp: Path, plan: TrainingPlan, ck: Path) -> float:
+    f = tmp / "plan.json"
+    f.write_text(plan.model_dump_json(by_alias=True))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "shoal.cli", "train", str(f), "--model", "tiny",
+                          "--steps", "1", "--seq", str(SEQ), "--dtype", "float64",
+                          "--checkpoint-dir", str(ck), "--resume", "--json"],
+                   capture_output=True, text=True, check=True)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    kf, fr = [], []
+    for _ in range(args.repeats):
+        tmp = Path(tempfile.mkdtemp())
+        t, plan, ck = kill_free(tmp)
+        kf.append(t)
+        fr.append(full_restart(tmp, plan, ck))
+    print(json.dumps({"kill_free_s": statistics.median(kf), "full_restart_s": statistics.median(fr),
+                      "ratio": statistics.median(fr) / statistics.median(kf),
+                      "kill_free_runs": kf, "full_restart_runs": fr,
+                      "new_plan": plan.summary()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,389 @@
+"""Elastic training without killing workers (Sailor §4.4): a controller watches who is alive,
+chooses a plan for the workers it has, and the workers — the same processes, never restarted —
+leave the old process group, build the new plan's groups, load their share from the newest
+checkpoint (resharded to the new plan) and go on.
+
+Membership lives in a TCPStore the controller hosts: workers send heartbeats, the controller
+also sees its child processes exit, and workers added later register themselves. Each plan is a
+*generation*: the controller publishes its members (worker ids in rank order) and plan; its
+process group is created over a store prefix of its own, so a new group never meets the old
+one's keys. Before every step the group's rank 0 tells the others whether a new generation is
+waiting (one broadcast), so they all leave at the same step; when a worker dies instead, the
+survivors' pending communication fails, and they wait for the next generation.
+
+Checkpoints every K steps are asynchronous: the state is copied at the step boundary and a
+thread writes it while training goes on; each rank marks its file done in the store, and the
+first rank renames ``step-N.tmp`` to ``step-N`` once every rank has, so a crash mid-write leaves
+the previous checkpoint whole. Older checkpoints beyond ``keep`` are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import multiprocessing as mp
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from shoal.runtime.train import _free_port, batch, latest_checkpoint
+from shoal.specs.model import ModelSpec
+from shoal.specs.plan import TrainingPlan
+
+HEARTBEAT_S = 0.3
+# how long a survivor may wait on a peer that is gone before it gives up on the old group
+# (gloo fails at once when the peer's connection closes, else at this timeout)
+PG_TIMEOUT_S = float(os.environ.get("SHOAL_ELASTIC_TIMEOUT_S", "8"))
+
+
+@dataclass
+class Reconfiguration:
+    time_s: float  # since the job started
+    cause: str
+    old_plan: str | None
+    new_plan: str
+    members: list[int]
+    detect_to_first_step_s: float | None = None
+    steps_lost: int = 0
+    resumed_from_step: int = 0
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _snapshot(w) -> tuple[dict, int]:
+    """The rank's checkpoint content, copied now (collective: every rank calls it)."""
+    m1, m2, step = w._adam()
+    rows = {key: {"param": p.detach().clone(), "exp_avg": a.clone(), "exp_avg_sq": b.clone()}
+            for key, p, a, b in zip(w._keys(), w.params, m1, m2, strict=True)}
+    return {"tp_rank": w.role.tp_rank, "tp": w.tp.size, "step": step, "rows": rows}, step
+
+
+def _client(port: int):
+    """A store client of its own (a client is not shared between threads)."""
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+
+
+def _write_async(port: int, gen: int, rank: int, world: int, writer: bool, doc: dict, step: int,
+                 directory: Path, keep: int) -> threading.Thread:
+    """Write this rank's share of checkpoint ``step`` in a thread; rank 0 publishes it once
+    every rank's share is on disk."""
+    tmp = directory / f"step-{step}.tmp"
+
+    def work() -> None:
+        store = _client(port)
+        tmp.mkdir(parents=True, exist_ok=True)
+        if writer:
+            part = tmp / f"rank{rank}.pt.part"
+            torch.save(doc, part)
+            part.rename(tmp / f"rank{rank}.pt")
+        store.set(f"g{gen}/ckpt/{step}/{rank}", "1")
+        if rank == 0:
+            store.wait([f"g{gen}/ckpt/{step}/{r}" for r in range(world)])
+            (tmp / "meta.json").write_text(json.dumps({"step": step}))
+            final = directory / f"step-{step}"
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+            old = sorted((int(d.name.split("-")[1]), d) for d in directory.glob("step-*")
+                         if d.is_dir() and not d.name.endswith(".tmp"))
+            for _, d in old[:-keep]:
+                shutil.rmtree(d, ignore_errors=True)
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    return t
+
+
+def worker_main(wid: int, port: int, model_json: str, seq: int, total_steps: int,
+                ckpt_dir: str, every: int, keep: int, seed: int, dtype_name: str,
+                out_dir: str | None) -> None:
+    """One elastic worker: follows the controller's generations until the job is done."""
+    from shoal.runtime.pipeline import Worker
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    spec = ModelSpec.model_validate_json(model_json)
+    dtype = getattr(torch, dtype_name)
+    store = _client(port)
+    stop = threading.Event()
+
+    def beat() -> None:
+        hb = _client(port)
+        while not stop.is_set():
+            hb.set(f"hb/{wid}", str(time.time()))
+            time.sleep(HEARTBEAT_S)
+
+    threading.Thread(target=beat, daemon=True).start()
+    store.set(f"ready/{wid}", str(os.getpid()))
+    directory = Path(ckpt_dir)
+    seen = -1
+    while True:
+        g = int(store.get("gen"))
+        if store.check(["done"]):
+            break
+        if g == seen or g < 0:
+            time.sleep(0.05)
+            continue
+        seen = g
+        members = json.loads(store.get(f"g{g}/members"))
+        if wid not in members:
+            continue
+        rank, world = members.index(wid), len(members)
+        plan = TrainingPlan.model_validate_json(store.get(f"g{g}/plan"))
+        pending: list[threading.Thread] = []
+        joined = False
+        try:
+            dist.init_process_group("gloo", store=dist.PrefixStore(f"g{g}/pg", store),
+                                    rank=rank, world_size=world,
+                                    timeout=timedelta(seconds=PG_TIMEOUT_S))
+            w = Worker(plan, spec, seed=seed, dtype=dtype)
+            joined = True
+            found = latest_checkpoint(directory)
+            start = 0
+            if found is not None:
+                start, files = found
+                w.load(files)
+            gb = sum(r.microbatches for r in plan.stages[0].replicas) * plan.microbatch_size
+            step = start
+            while step < total_steps:
+                flag = torch.zeros(1)
+                if rank == 0 and int(store.get("gen")) != g:
+                    flag += 1
+                dist.broadcast(flag, 0)
+                if flag.item():
+                    break  # a new generation is waiting: leave at this step boundary
+                loss = w.step(batch(step, gb, seq, spec.vocab_size, seed))
+                step += 1
+                if rank == 0:
+                    if step == start + 1:
+                        store.set(f"g{g}/first_step_at", str(time.time()))
+                    store.set(f"g{g}/last_step", str(step))
+                    store.set(f"loss/{step}", str(loss))
+                if step % every == 0 or step == total_steps:
+                    doc, _ = _snapshot(w)
+                    pending.append(_write_async(port, g, rank, world, w.role.replica == 0,
+                                                doc, step, directory, keep))
+            for t in pending:
+                t.join()
+            if step >= total_steps:
+                if out_dir is not None:
+                    a = plan.stages[w.role.stage].layers[0]
+                    state = {}
+                    for name, p in w.state().items():
+                        _, k, rest = name.split(".", 2)
+                        state[(a + int(k), rest)] = p
+                    torch.save({"role": tuple(w.role.__dict__.values()), "state": state,
+                                "plan": plan.model_dump_json(by_alias=True)},
+                               Path(out_dir) / f"rank{rank}.pt")
+                dist.barrier()
+                if rank == 0:
+                    store.set("finished", str(g))
+        except Exception:  # a peer left mid-step: wait for the controller's next generation
+            if not joined and int(store.get("gen")) == g:
+                seen = -1  # a member was still leaving the old group: join this one again
+        finally:
+            w = None  # drop the old groups' handles so their connections close now
+            gc.collect()
+            with contextlib.suppress(Exception):  # the group may already be broken
+                dist.destroy_process_group()
+            # a failed start leaves torch's group counter advanced; the next group of this
+            # generation must get the same name on every worker
+            c10d = dist.distributed_c10d
+            if hasattr(c10d, "_world"):
+                c10d._world.group_count = 0
+    stop.set()
+
+
+@dataclass
+class ElasticJob:
+    """The controller: starts workers, watches them, and publishes a plan per generation.
+
+    ``plan_for(n)``: the plan for n workers (shoal's planner by default in ``shoal train
+    --elastic``)."""
+
+    spec: ModelSpec
+    plan_for: object
+    total_steps: int
+    seq: int
+    ckpt_dir: str
+    every: int = 2
+    keep: int = 2
+    seed: int = 0
+    dtype: str = "float64"
+    out_dir: str | None = None
+    heartbeat_timeout_s: float = 3.0
+    reconfigurations: list[Reconfiguration] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.port = _free_port()
+        self.store = dist.TCPStore("127.0.0.1", self.port, is_master=True,
+                                   wait_for_workers=False, timeout=timedelta(seconds=120))
+        self.ctx = mp.get_context("fork")
+        self.procs: dict[int, mp.Process] = {}
+        self.next_wid = 0
+        self.gen = -1
+        self.members: list[int] = []
+        self.plan: TrainingPlan | None = None
+        self._standby: set[int] = set()
+        self.t0 = time.time()
+        Path(self.ckpt_dir).mkdir(parents=True, exist_ok=True)
+        self.store.set("gen", "-1")
+
+    def add_worker(self) -> int:
+        wid = self.next_wid
+        self.next_wid += 1
+        p = self.ctx.Process(target=worker_main, args=(
+            wid, self.port, self.spec.model_dump_json(), self.seq, self.total_steps,
+            self.ckpt_dir, self.every, self.keep, self.seed, self.dtype, self.out_dir))
+        p.start()
+        self.procs[wid] = p
+        return wid
+
+    def pid(self, wid: int) -> int:
+        return self.procs[wid].pid
+
+    def _alive(self) -> list[int]:
+        now = time.time()
+        out = []
+        for wid, p in self.procs.items():
+            if not p.is_alive():
+                continue
+            if not self.store.check([f"ready/{wid}"]):
+                continue
+            hb = float(self.store.get(f"hb/{wid}")) if self.store.check([f"hb/{wid}"]) else now
+            if now - hb <= self.heartbeat_timeout_s:
+                out.append(wid)
+        return sorted(out)
+
+    def _publish(self, members: list[int], cause: str, detected: float) -> None:
+        old = self.plan.summary() if self.plan is not None else None
+        lost_from = int(self.store.get(f"g{self.gen}/last_step")) \
+            if self.gen >= 0 and self.store.check([f"g{self.gen}/last_step"]) else 0
+        from shoal.runtime.pipeline import layout
+
+        plan = self.plan_for(len(members))
+        need = layout(plan, self.spec).world
+        if need > len(members):
+            raise ValueError(f"the plan for {len(members)} workers needs {need}")
+        members = members[:need]  # the planner may leave workers idle (standby)
+        self.gen += 1
+        g = self.gen
+        self.store.set(f"g{g}/members", json.dumps(members))
+        self.store.set(f"g{g}/plan", plan.model_dump_json(by_alias=True))
+        found = latest_checkpoint(self.ckpt_dir)
+        resumed = found[0] if found else 0
+        self.reconfigurations.append(Reconfiguration(
+            time_s=detected - self.t0, cause=cause, old_plan=old, new_plan=plan.summary(),
+            members=members, steps_lost=max(lost_from - resumed, 0) if old else 0,
+            resumed_from_step=resumed))
+        self._detected = detected
+        self._standby = set(self._alive()) - set(members)
+        self.members, self.plan = members, plan
+        self.store.set("gen", str(g))
+
+    def run(self, n: int, events=None, timeout_s: float = 300.0) -> dict:
+        """Start ``n`` workers and train; ``events(job)`` is called every poll (tests use it to
+        kill or add workers). Returns the result document."""
+        for _ in range(n):
+            self.add_worker()
+        while len(self._alive()) < n:
+            time.sleep(0.05)
+        self._publish(self._alive(), "start", time.time())
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.store.check(["finished"]) and int(self.store.get("finished")) == self.gen:
+                break
+            if events is not None:
+                events(self)
+            alive = self._alive()
+            gone = sorted(set(self.members) - set(alive))
+            new = sorted(set(alive) - set(self.members) - self._standby)
+            if gone or new:
+                cause = ", ".join([f"worker {w} left" for w in gone]
+                                  + [f"worker {w} joined" for w in new])
+                self._publish(alive, cause, time.time())
+            r = self.reconfigurations[-1]
+            if r.detect_to_first_step_s is None and self.store.check([f"g{self.gen}/first_step_at"]):
+                r.detect_to_first_step_s = float(self.store.get(f"g{self.gen}/first_step_at")) \
+                    - self._detected
+            time.sleep(0.05)
+        else:
+            self.shutdown()
+            raise TimeoutError("the elastic job did not finish in time")
+        r = self.reconfigurations[-1]
+        if r.detect_to_first_step_s is None and self.store.check([f"g{self.gen}/first_step_at"]):
+            r.detect_to_first_step_s = float(self.store.get(f"g{self.gen}/first_step_at")) \
+                - self._detected
+        losses = {}
+        for s in range(1, self.total_steps + 1):
+            if self.store.check([f"loss/{s}"]):
+                losses[s] = float(self.store.get(f"loss/{s}"))
+        self.shutdown()
+        return {"steps": self.total_steps, "losses": [losses.get(s) for s in sorted(losses)],
+                "final_loss": losses.get(self.total_steps), "plan": self.plan.to_json(),
+                "reconfigurations": [r.to_json() for r in self.reconfigurations]}
+
+    def shutdown(self) -> None:
+        self.store.set("done", "1")
+        self.store.set("gen", str(self.gen + 1))
+        for p in self.procs.values():
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+
+class PlannerChoice:
+    """``plan_for(n)`` with shoal's planner: the best plan for n CPU workers (the job's global
+    batch and sequence kept) that the runtime can run; data parallel when none is."""
+
+    def __init__(self, model: str, spec: ModelSpec, global_batch: int, seq: int, mbs: int,
+                 budget_s: float = 10.0):
+        self.model, self.spec, self.gb, self.seq, self.mbs = model, spec, global_batch, seq, mbs
+        self.budget_s = budget_s
+        self.cache: dict[int, TrainingPlan] = {}
+
+    def __call__(self, n: int) -> TrainingPlan:
+        if n not in self.cache:
+            self.cache[n] = self._choose(n)
+        return self.cache[n]
+
+    def _choose(self, n: int) -> TrainingPlan:
+        from shoal.errors import ShoalError
+        from shoal.problem import build_problem
+        from shoal.runtime.pipeline import layout
+        from shoal.specs.scenario import parse_scenario
+        from shoal.training.planners import search
+
+        scn = parse_scenario({
+            "model": self.model,
+            "job": {"global_batch": self.gb, "seq_len": self.seq, "optimizer": "adamw",
+                    "precision": "fp32", "microbatch_sizes": [self.mbs]},
+            "pool": {"regions": {"local": {"zones": {"local": {"gpus": {"cpu": n}}}}},
+                     "gpus_per_node": {"cpu": n}},
+            "network": {"defaults": {"same_zone": {"bandwidth": "1GB/s", "latency": "0.5ms"}}},
+            "prices": {"gpu_usd_per_h": {"cpu": 0.0}}})
+        try:
+            res = search(build_problem(scn), strategy="auto", budget_s=self.budget_s)
+            for c in res.ranked:
+                plan = c.plan
+                try:
+                    layout(plan, self.spec)
+                    return plan
+                except ShoalError:
+                    continue
+        except ShoalError:
+            pass
+        reps = [(self.gb // self.mbs) // n + (1 if i < (self.gb // self.mbs) % n else 0)
+                for i in range(n)]
+        return TrainingPlan.model_validate({"microbatch_size": self.mbs, "stages": [{
+            "layers": [0, self.spec.num_layers + 2], "replicas": [
+                {"gpu": "cpu", "tp": 1, "zone": "local", "microbatches": m} for m in reps]}]})

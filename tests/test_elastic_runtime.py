@@ -1,0 +1,187 @@
+"""Kill-free reconfiguration of running workers (the elastic runtime): a worker killed mid-run,
+a worker joining mid-run, and a crash while a checkpoint is written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from shoal.catalog import TINY  # noqa: E402
+from shoal.runtime.elastic import ElasticJob, _write_async  # noqa: E402
+from shoal.runtime.train import latest_checkpoint, spawn  # noqa: E402
+from shoal.specs.plan import TrainingPlan  # noqa: E402
+
+SEQ, STEPS = 16, 8
+
+
+def dp(n: int, total: int = 4) -> TrainingPlan:
+    shares = [total // n + (1 if i < total % n else 0) for i in range(n)]
+    return TrainingPlan.model_validate({"microbatch_size": 1, "stages": [{
+        "layers": [0, 6], "replicas": [{"gpu": "cpu", "tp": 1, "zone": "local", "microbatches": m}
+                                       for m in shares]}]})
+
+
+def pp(n: int) -> TrainingPlan:
+    """Two stages when there are at least two workers (the extra ones as stage-1 replicas)."""
+    if n == 1:
+        return dp(1)
+    reps = [{"gpu": "cpu", "tp": 1, "zone": "local", "microbatches": m}
+            for m in ([4] if n == 2 else [3, 1])]
+    return TrainingPlan.model_validate({"microbatch_size": 1, "stages": [
+        {"layers": [0, 3], "replicas": [{"gpu": "cpu", "tp": 1, "zone": "local",
+                                         "microbatches": 4}]},
+        {"layers": [3, 6], "replicas": reps}]})
+
+
+def final_params(d) -> dict:
+    out = {}
+    for f in sorted(d.glob("rank*.pt")):
+        doc = torch.load(f, weights_only=False)
+        if doc["role"][1] == 0 and doc["role"][2] == 0:
+            out.update(doc["state"])
+    return out
+
+
+def from_checkpoint(tmp, ck, step: int, plan: TrainingPlan, steps: int) -> dict:
+    """A fresh run of ``plan`` from checkpoint ``step`` (the reference)."""
+    ref_ck, ref_out = tmp / "ref-ck", tmp / "ref-out"
+    ref_ck.mkdir()
+    ref_out.mkdir()
+    shutil.copytree(ck / f"step-{step}", ref_ck / f"step-{step}")
+    spawn(plan, TINY, steps, SEQ, checkpoint_dir=str(ref_ck), resume=True, out_dir=str(ref_out))
+    return final_params(ref_out)
+
+
+def close(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).norm() / b[k].norm()) for k in b)
+
+
+def test_killed_worker_survivors_continue_under_a_new_plan(tmp_path):
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    out.mkdir()
+    job = ElasticJob(TINY, dp, total_steps=STEPS, seq=SEQ, ckpt_dir=str(ck), every=2, keep=100,
+                     out_dir=str(out))
+    state = {}
+
+    def events(j):
+        if "killed" not in state and j.store.check(["g0/last_step"]) \
+                and int(j.store.get("g0/last_step")) >= 3:
+            state["killed"] = time.time()
+            state["pids"] = {w: j.pid(w) for w in (0, 1)}
+            os.kill(j.pid(2), signal.SIGKILL)
+
+    res = job.run(3, events=events)
+    last = res["reconfigurations"][-1]
+    assert last["cause"] == "worker 2 left" and last["members"] == [0, 1]
+    assert last["new_plan"] == "S0: cpu(1)x2" and last["detect_to_first_step_s"] < 10
+    assert {w: job.pid(w) for w in (0, 1)} == state["pids"]  # the survivors were not restarted
+    k = last["resumed_from_step"]
+    assert 2 <= k <= STEPS - 1 and last["steps_lost"] >= 0
+    assert close(final_params(out), from_checkpoint(tmp_path, ck, k, dp(2), STEPS - k)) <= 1e-9
+    assert len(res["losses"]) == STEPS
+
+
+def test_joining_worker_is_taken_in_without_restarting_the_others(tmp_path):
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    out.mkdir()
+    job = ElasticJob(TINY, pp, total_steps=STEPS, seq=SEQ, ckpt_dir=str(ck), every=2, keep=100,
+                     out_dir=str(out))
+    state = {}
+
+    def events(j):
+        if "joined" not in state and j.store.check(["g0/last_step"]) \
+                and int(j.store.get("g0/last_step")) >= 3:
+            state["pids"] = {w: j.pid(w) for w in (0, 1)}
+            state["joined"] = j.add_worker()
+
+    res = job.run(2, events=events)
+    last = res["reconfigurations"][-1]
+    assert last["cause"] == f"worker {state['joined']} joined" and last["members"] == [0, 1, 2]
+    assert last["new_plan"] == pp(3).summary()
+    assert {w: job.pid(w) for w in (0, 1)} == state["pids"]
+    assert all(int(job.store.get(f"ready/{w}")) == state["pids"][w] for w in (0, 1))
+    k = last["resumed_from_step"]
+    assert close(final_params(out), from_checkpoint(tmp_path, ck, k, pp(3), STEPS - k)) <= 1e-9
+
+
+def _slow_writer(port, directory):
+    """Write rank 0's share of checkpoint 4 so slowly that it is killed mid-write."""
+    real_save = torch.save
+
+    def slow(obj, f):
+        with open(f, "wb") as fh:
+            fh.write(b"partial")
+            fh.flush()
+            time.sleep(60)
+        real_save(obj, f)
+
+    torch.save = slow
+    _write_async(port, 0, 0, 1, True, {"step": 4}, 4, directory, keep=2).join()
+
+
+def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path):
+    import multiprocessing as mp
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from shoal.runtime.train import _free_port
+
+    ck = tmp_path / "ck"
+    spawn(dp(2), TINY, 2, SEQ, checkpoint_dir=str(ck))  # a whole checkpoint at step 2
+    port = _free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=30))
+    p = mp.get_context("fork").Process(target=_slow_writer, args=(port, ck))
+    p.start()
+    deadline = time.time() + 30
+    while not (ck / "step-4.tmp" / "rank0.pt.part").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join()
+    assert (ck / "step-4.tmp").is_dir() and not (ck / "step-4").exists()
+    step, files = latest_checkpoint(ck)
+    assert step == 2
+    res = spawn(dp(2), TINY, 1, SEQ, checkpoint_dir=str(ck), resume=True)
+    assert res[0]["first_step"] == 2
+    del store
+
+
+def test_killed_tp_worker_planner_chooses_the_new_plan(tmp_path):
+    """TP 2 then two replicas; one stage-1 replica dies; shoal's planner picks the plan for the
+    three survivors (it may leave one idle) and training continues exactly."""
+    from shoal.runtime.elastic import PlannerChoice
+
+    start = TrainingPlan.model_validate({"microbatch_size": 2, "stages": [
+        {"layers": [0, 3], "replicas": [{"gpu": "cpu", "tp": 2, "zone": "local",
+                                         "microbatches": 4}]},
+        {"layers": [3, 6], "replicas": [{"gpu": "cpu", "tp": 1, "zone": "local",
+                                         "microbatches": m} for m in (3, 1)]}]})
+    choice = PlannerChoice("tiny", TINY, 8, SEQ, 2)
+    choice.cache[4] = start
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    out.mkdir()
+    job = ElasticJob(TINY, choice, total_steps=STEPS, seq=SEQ, ckpt_dir=str(ck), every=2,
+                     keep=100, out_dir=str(out))
+    state = {}
+
+    def events(j):
+        if "killed" not in state and j.store.check(["g0/last_step"]) \
+                and int(j.store.get("g0/last_step")) >= 3:
+            state["killed"] = True
+            os.kill(j.pid(3), signal.SIGKILL)
+
+    res = job.run(4, events=events)
+    last = res["reconfigurations"][-1]
+    assert last["cause"] == "worker 3 left"
+    assert last["new_plan"] == choice(3).summary()
+    assert last["detect_to_first_step_s"] < 15
+    k = last["resumed_from_step"]
+    assert close(final_params(out), from_checkpoint(tmp_path, ck, k, choice(3), STEPS - k)) <= 1e-9
