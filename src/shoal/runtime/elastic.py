@@ -176,12 +176,7 @@ def worker_main(wid: int, port: int, model_json: str, seq: int, total_steps: int
                 t.join()
             if step >= total_steps:
                 if out_dir is not None:
-                    a = plan.stages[w.role.stage].layers[0]
-                    state = {}
-                    for name, p in w.state().items():
-                        _, k, rest = name.split(".", 2)
-                        state[(a + int(k), rest)] = p
-                    torch.save({"role": tuple(w.role.__dict__.values()), "state": state,
+                    torch.save({"role": tuple(w.role.__dict__.values()), "state": w.state(),
                                 "plan": plan.model_dump_json(by_alias=True)},
                                Path(out_dir) / f"rank{rank}.pt")
                 dist.barrier()

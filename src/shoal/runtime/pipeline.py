@@ -256,9 +256,9 @@ class Worker:
                 p.copy_(flat[at:at + p.numel()].view_as(p))
                 at += p.numel()
 
-    def state(self) -> dict[str, torch.Tensor]:
-        """This rank's parameters by name (its TP shard), for checkpoints and tests."""
-        return {k: v.detach().clone() for k, v in self.model.named_parameters()}
+    def state(self) -> dict[tuple[int, str], torch.Tensor]:
+        """This rank's parameters (its TP shards) by (global layer index, name in the layer)."""
+        return {key: p.detach().clone() for key, p in zip(self._keys(), self.params, strict=True)}
 
     # ----------------------------------------------------------------------------- checkpoints
 

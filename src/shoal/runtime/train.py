@@ -117,12 +117,7 @@ def run_rank(plan: TrainingPlan, spec: ModelSpec, steps: int, seq: int, *, seed:
     res = {"rank": dist.get_rank(), "role": w.role, "losses": losses, "step_time_s": times,
            "first_step": start}
     if out_dir is not None:
-        a = plan.stages[w.role.stage].layers[0]
-        state = {}
-        for name, p in w.state().items():
-            _, k, rest = name.split(".", 2)
-            state[(a + int(k), rest)] = p
-        torch.save({**res, "role": tuple(w.role.__dict__.values()), "state": state},
+        torch.save({**res, "role": tuple(w.role.__dict__.values()), "state": w.state()},
                    Path(out_dir) / f"rank{dist.get_rank()}.pt")
     return res
 
