@@ -33,7 +33,7 @@ START = TrainingPlan.model_validate({"microbatch_size": 2, "stages": [
                                     for m in (3, 1)]}]})
 
 
-def kill_free(tmp: Path) -> tuple[float, TrainingPlan, Path]:
+def kill_free(tmp: Path) -> tuple[float, float, TrainingPlan, Path]:
     choice = PlannerChoice("tiny", TINY, 8, SEQ, 2)
     choice.cache[4] = START
     ck = tmp / "ck"
@@ -44,10 +44,13 @@ def kill_free(tmp: Path) -> tuple[float, TrainingPlan, Path]:
         if "k" not in done and j.store.check(["g0/last_step"]) \
                 and int(j.store.get("g0/last_step")) >= 3:
             done.add("k")
+            done.add(time.time())
             os.kill(j.pid(3), signal.SIGKILL)
 
     res = job.run(4, events=events)
-    return res["reconfigurations"][-1]["detect_to_first_step_s"], choice(3), ck
+    killed = next(x for x in done if isinstance(x, float))
+    first = float(job.store.get(f"g{job.gen}/first_step_at"))
+    return (res["reconfigurations"][-1]["detect_to_first_step_s"], first - killed, choice(3), ck)
 
 
 def full_restart(tmp: Path, plan: TrainingPlan, ck: Path) -> float:
@@ -65,13 +68,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    kf, fr = [], []
+    kf, kk, fr = [], [], []
     for _ in range(args.repeats):
         tmp = Path(tempfile.mkdtemp())
-        t, plan, ck = kill_free(tmp)
+        t, t_kill, plan, ck = kill_free(tmp)
         kf.append(t)
+        kk.append(t_kill)
         fr.append(full_restart(tmp, plan, ck))
-    print(json.dumps({"kill_free_s": statistics.median(kf), "full_restart_s": statistics.median(fr),
+    print(json.dumps({"kill_free_s": statistics.median(kf),
+                      "kill_to_first_step_s": statistics.median(kk),
+                      "full_restart_s": statistics.median(fr),
                       "ratio": statistics.median(fr) / statistics.median(kf),
                       "kill_free_runs": kf, "full_restart_runs": fr,
                       "new_plan": plan.summary()}, indent=1))

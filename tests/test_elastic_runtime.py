@@ -79,6 +79,10 @@ def test_killed_worker_survivors_continue_under_a_new_plan(tmp_path):
 
     res = job.run(3, events=events)
     last = res["reconfigurations"][-1]
+    kill_to_first_step = float(job.store.get(f"g{job.gen}/first_step_at")) - state["killed"]
+    print(f"kill to the first step under the new plan: {kill_to_first_step:.2f} s "
+          f"(detection to first step {last['detect_to_first_step_s']:.2f} s)")
+    assert 0 < kill_to_first_step < 15
     assert last["cause"] == "worker 2 left" and last["members"] == [0, 1]
     assert last["new_plan"] == "S0: cpu(1)x2" and last["detect_to_first_step_s"] < 10
     assert {w: job.pid(w) for w in (0, 1)} == state["pids"]  # the survivors were not restarted

@@ -268,7 +268,10 @@ class ElasticJob:
         plan = self.plan_for(len(members))
         need = layout(plan, self.spec).world
         if need > len(members):
-            raise ValueError(f"the plan for {len(members)} workers needs {need}")
+            from shoal.errors import InfeasibleError
+
+            raise InfeasibleError(f"the plan chosen for {len(members)} workers needs {need}",
+                                  binding="workers", relaxation="add workers")
         members = members[:need]  # the planner may leave workers idle (standby)
         self.gen += 1
         g = self.gen
