@@ -603,6 +603,8 @@ def train(
     import tempfile
 
     from shoal import catalog
+
+    _needs_torch("shoal train")
     from shoal.runtime.pipeline import layout
 
     p = load_plan(plan_file)
@@ -686,6 +688,8 @@ def profile(
     """Measure per-layer times and link speeds with the runtime; write a profile file."""
     from shoal import catalog
     from shoal.files import check_output
+
+    _needs_torch("shoal profile")
     from shoal.runtime import profiler
     from shoal.runtime.train import launch
 
@@ -723,6 +727,14 @@ def profile(
         _out().print(f"link: {link['bandwidth_Bps'] / 1e9:.2f} GB/s, {link['latency_s'] * 1e6:.0f} us "
                      "latency (point to point)")
     _out().print(f"profile written to {output}")
+
+
+def _needs_torch(command: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise SpecError(f"{command} needs PyTorch, which is not installed",
+                        allowed="pip install torch==2.13.0 (or: pip install -e '.[runtime]')")
 
 
 def _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_dir, every, keep,
