@@ -189,3 +189,45 @@ def test_killed_tp_worker_planner_chooses_the_new_plan(tmp_path):
     assert last["detect_to_first_step_s"] < 15
     k = last["resumed_from_step"]
     assert close(final_params(out), from_checkpoint(tmp_path, ck, k, choice(3), STEPS - k)) <= 1e-9
+
+
+class _NeverPays:
+    """A plan chooser whose switch policy never moves for a joining worker."""
+
+    def __call__(self, n):
+        return dp(n)
+
+    def pays(self, old_n, new_n, remaining_steps, redo_steps):
+        return False
+
+
+def test_joining_worker_waits_when_the_switch_would_not_pay(tmp_path):
+    job = ElasticJob(TINY, _NeverPays(), total_steps=6, seq=SEQ, ckpt_dir=str(tmp_path / "ck"),
+                     every=2)
+    state = {}
+
+    def events(j):
+        if "joined" not in state and j.store.check(["g0/last_step"]) \
+                and int(j.store.get("g0/last_step")) >= 2:
+            state["joined"] = j.add_worker()
+
+    res = job.run(2, events=events)
+    last = res["reconfigurations"][-1]
+    assert last["decision"].startswith("stay") and last["members"] == [0, 1]
+    assert job.gen == 0 and len(res["losses"]) == 6
+
+
+def test_switch_policy_weighs_the_gain_against_the_cost(tmp_path):
+    from shoal.runtime import profiler
+    from shoal.runtime.elastic import PlannerChoice
+    from shoal.runtime.train import launch
+
+    prof = tmp_path / "p.json"
+    launch(2, profiler.run, TINY, "tiny", [1], [1], SEQ, 2, prof)
+    choice = PlannerChoice("tiny", TINY, 8, SEQ, 1, profile=str(prof))
+    t1, t2 = choice.iteration_s(1), choice.iteration_s(2)
+    assert t2 < t1
+    many = int(10 * (1.0 + t2) / (t1 - t2)) + 1
+    assert choice.pays(1, 2, many, 1)  # many steps left: the faster plan pays
+    assert not choice.pays(1, 2, 1, 1)  # one step left: it cannot
+    assert not choice.pays(2, 2, many, 0)  # no gain, no move

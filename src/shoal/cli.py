@@ -593,6 +593,8 @@ def train(
         "--fault-at", min=1, help="elastic demo: kill the last worker after this step")] = None,
     join_at: Annotated[int | None, typer.Option(
         "--join-at", min=1, help="elastic demo: add a worker after this step")] = None,
+    profile: Annotated[Path | None, typer.Option(
+        "--profile", help="elastic: a `shoal profile` file for the planner's estimates")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
 ) -> None:
     """Run a plan on torch.distributed through torchrun (gloo on CPU, NCCL on GPUs); with
@@ -623,7 +625,7 @@ def train(
                         value=seq)
     if elastic:
         _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_dir,
-                       checkpoint_every, keep, fault_at, join_at, as_json)
+                       checkpoint_every, keep, fault_at, join_at, profile, as_json)
         return
     if fault_at is not None or join_at is not None:
         raise SpecError("--fault-at and --join-at go with --elastic", field="--fault-at")
@@ -738,7 +740,7 @@ def _needs_torch(command: str) -> None:
 
 
 def _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_dir, every, keep,
-                   fault_at, join_at, as_json) -> None:
+                   fault_at, join_at, profile, as_json) -> None:
     import os
     import signal
     import tempfile
@@ -746,7 +748,8 @@ def _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_di
     from shoal.runtime.elastic import ElasticJob, PlannerChoice
     from shoal.runtime.train import global_batch
 
-    choice = PlannerChoice(model, spec, global_batch(p), seq, p.microbatch_size)
+    choice = PlannerChoice(model, spec, global_batch(p), seq, p.microbatch_size,
+                           profile=str(profile) if profile else None)
     choice.cache[world] = p  # the given plan for the starting workers
     with tempfile.TemporaryDirectory() as tmp:
         ck = str(checkpoint_dir) if checkpoint_dir is not None else tmp
@@ -776,6 +779,9 @@ def _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_di
                                                          "steps lost", "to first step"],
                left=("cause", "plan"))
     for r in doc["reconfigurations"]:
+        if r.get("decision", "switch") != "switch":
+            t.add_row(_s(r["time_s"]), r["cause"], f"kept ({r['decision']})", "—", "0", "—")
+            continue
         t.add_row(_s(r["time_s"]), r["cause"], r["new_plan"], str(r["resumed_from_step"]),
                   str(r["steps_lost"]),
                   _s(r["detect_to_first_step_s"]) if r["detect_to_first_step_s"] else "—")

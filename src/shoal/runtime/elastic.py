@@ -54,6 +54,7 @@ class Reconfiguration:
     detect_to_first_step_s: float | None = None
     steps_lost: int = 0
     resumed_from_step: int = 0
+    decision: str = "switch"
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -305,6 +306,9 @@ class ElasticJob:
             alive = self._alive()
             gone = sorted(set(self.members) - set(alive))
             new = sorted(set(alive) - set(self.members) - self._standby)
+            if new and not gone and not self._worth_it(len(self.members), len(alive)):
+                self._stay(new)
+                new = []
             if gone or new:
                 cause = ", ".join([f"worker {w} left" for w in gone]
                                   + [f"worker {w} joined" for w in new])
@@ -330,6 +334,26 @@ class ElasticJob:
                 "final_loss": losses.get(self.total_steps), "plan": self.plan.to_json(),
                 "reconfigurations": [r.to_json() for r in self.reconfigurations]}
 
+    def _worth_it(self, old_n: int, new_n: int) -> bool:
+        """Ask the plan chooser's switch policy (when it has one) whether more workers pay."""
+        pays = getattr(self.plan_for, "pays", None)
+        if pays is None:
+            return True
+        done = int(self.store.get(f"g{self.gen}/last_step")) \
+            if self.store.check([f"g{self.gen}/last_step"]) else 0
+        found = latest_checkpoint(self.ckpt_dir)
+        ck = found[0] if found else 0
+        return pays(old_n, new_n, self.total_steps - done, max(done - ck, 0))
+
+    def _stay(self, new: list[int]) -> None:
+        """Keep the plan; the new workers wait as standbys (asked again at the next change)."""
+        self._standby |= set(new)
+        self.reconfigurations.append(Reconfiguration(
+            time_s=time.time() - self.t0, cause=", ".join(f"worker {w} joined" for w in new),
+            old_plan=self.plan.summary(), new_plan=self.plan.summary(),
+            members=list(self.members), detect_to_first_step_s=0.0, steps_lost=0,
+            resumed_from_step=-1, decision="stay: the switch would not pay"))
+
     def shutdown(self) -> None:
         self.store.set("done", "1")
         self.store.set("gen", str(self.gen + 1))
@@ -344,9 +368,11 @@ class PlannerChoice:
     batch and sequence kept) that the runtime can run; data parallel when none is."""
 
     def __init__(self, model: str, spec: ModelSpec, global_batch: int, seq: int, mbs: int,
-                 budget_s: float = 10.0):
+                 budget_s: float = 10.0, switch_s: float = 1.0, profile: str | None = None):
         self.model, self.spec, self.gb, self.seq, self.mbs = model, spec, global_batch, seq, mbs
         self.budget_s = budget_s
+        self.profile = profile  # a `shoal profile` file: measured times for the estimates
+        self.switch_s = switch_s  # a kill-free switch (BENCHMARKS: about 0.6 s on this model)
         self.cache: dict[int, TrainingPlan] = {}
 
     def __call__(self, n: int) -> TrainingPlan:
@@ -354,23 +380,50 @@ class PlannerChoice:
             self.cache[n] = self._choose(n)
         return self.cache[n]
 
-    def _choose(self, n: int) -> TrainingPlan:
-        from shoal.errors import ShoalError
+    def iteration_s(self, n: int) -> float:
+        """The estimated iteration time of the plan for n workers."""
+        from shoal.estimate import estimate
         from shoal.problem import build_problem
-        from shoal.runtime.pipeline import layout
-        from shoal.specs.scenario import parse_scenario
-        from shoal.training.planners import search
 
-        scn = parse_scenario({
+        return estimate(build_problem(self._scenario(n)), self(n)).iteration_time_s
+
+    def pays(self, old_n: int, new_n: int, remaining_steps: int, redo_steps: int) -> bool:
+        """The switch policy for a voluntary move (more workers, nobody lost): switch only when
+        the time the new plan saves over the steps left exceeds what the switch costs (its
+        fixed cost and the steps since the last checkpoint done again)."""
+        t_old, t_new = self.iteration_s(old_n), self.iteration_s(new_n)
+        return (t_old - t_new) * remaining_steps > self.switch_s + redo_steps * t_new
+
+    def _scenario(self, n: int):
+        from shoal.specs.scenario import parse_scenario
+
+        return parse_scenario({
             "model": self.model,
             "job": {"global_batch": self.gb, "seq_len": self.seq, "optimizer": "adamw",
                     "precision": "fp32", "microbatch_sizes": [self.mbs]},
             "pool": {"regions": {"local": {"zones": {"local": {"gpus": {"cpu": n}}}}},
                      "gpus_per_node": {"cpu": n}},
-            "network": {"defaults": {"same_zone": {"bandwidth": "1GB/s", "latency": "0.5ms"}}},
-            "prices": {"gpu_usd_per_h": {"cpu": 0.0}}})
+            "network": {"defaults": {"same_zone": self._link()}},
+            "prices": {"gpu_usd_per_h": {"cpu": 0.0}},
+            **({"profiles": {"compute": str(Path(self.profile).resolve())}} if self.profile else {})})
+
+    def _link(self) -> dict:
+        """The profile's measured link, else a nominal local one."""
+        if self.profile:
+            link = json.loads(Path(self.profile).read_text()).get("network", {}).get("link")
+            if link:
+                return {"bandwidth": link["bandwidth_Bps"], "latency": link["latency_s"]}
+        return {"bandwidth": "1GB/s", "latency": "0.5ms"}
+
+    def _choose(self, n: int) -> TrainingPlan:
+        from shoal.errors import ShoalError
+        from shoal.problem import build_problem
+        from shoal.runtime.pipeline import layout
+        from shoal.training.planners import search
+
         try:
-            res = search(build_problem(scn), strategy="auto", budget_s=self.budget_s)
+            res = search(build_problem(self._scenario(n)), strategy="auto",
+                         budget_s=self.budget_s)
             for c in res.ranked:
                 plan = c.plan
                 try:
