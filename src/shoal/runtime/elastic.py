@@ -13,7 +13,7 @@ survivors' pending communication fails, and they wait for the next generation.
 
 Checkpoints every K steps are asynchronous: the state is copied at the step boundary and a
 thread writes it while training goes on; each rank marks its file done in the store, and the
-first rank renames ``step-N.tmp`` to ``step-N`` once every rank has, so a crash mid-write leaves
+first rank renames ``step-N.g<generation>.tmp`` to ``step-N`` once every rank has, so a crash mid-write leaves
 the previous checkpoint whole. Older checkpoints beyond ``keep`` are removed.
 """
 
@@ -76,8 +76,9 @@ def _client(port: int):
 def _write_async(port: int, gen: int, rank: int, world: int, writer: bool, doc: dict, step: int,
                  directory: Path, keep: int) -> threading.Thread:
     """Write this rank's share of checkpoint ``step`` in a thread; rank 0 publishes it once
-    every rank's share is on disk."""
-    tmp = directory / f"step-{step}.tmp"
+    every rank's share is on disk. The folder being written is the generation's own, so the
+    files of a generation that broke off mid-write never mix with a later one's."""
+    tmp = directory / f"step-{step}.g{gen}.tmp"
 
     def work() -> None:
         store = _client(port)
