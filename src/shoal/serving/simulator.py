@@ -2,8 +2,9 @@
 
 Every request is routed once (``routing``) and then walks its chain for the prompt and for each
 generated token. A node runs *dynamic batches*: when it is idle and work is queued, it takes
-everything queued as one batch, whose time is its layer count x (per-layer prompt time of the
-batch's prompt tokens + per-layer decode time of its decode batch size). After a batch, the items
+the queued prompts (a prefill step, the decode steps waiting) or else the queued decode steps
+as one batch, whose time is its layer count x the per-layer prompt time of the batch's prompt
+tokens or the per-layer decode time of its decode batch size. After a batch, the items
 go on, grouped by their next node, over the link between the two: a link sends one message at a
 time (FIFO) at its bandwidth, and the message arrives after the link's latency; a prompt sends
 one activation per prompt token, a decode step one; a finished token goes back to the
@@ -204,16 +205,22 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         seq += 1
 
     def start_batch(v: int, t: float) -> None:
-        """Everything queued, as vLLM schedules it: decode steps (up to a request cap), then
-        whole prompts in arrival order while the prompt tokens stay under a cap (at least one)."""
+        """What is queued, as vLLM 0.4 (Helix's engine) schedules it: when prompts wait, a
+        prefill step of whole prompts in arrival order while their tokens stay under a cap (at
+        least one), the decode steps waiting; otherwise one decode step of up to a request
+        cap."""
         nonlocal seq
         items = queue[v]
         take, rest = [], []
         P = 0
         D = 0
         ctx = 0
+        prefill_only = any(done[it[0]] == 0 for it in items)
         for it in items:
             r = it[0]
+            if prefill_only and done[r] != 0:
+                rest.append(it)
+                continue
             if done[r] == 0:
                 if P + prompt[r] <= MAX_BATCH_TOKENS or not take:
                     P += prompt[r]
