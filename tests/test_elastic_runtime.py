@@ -233,3 +233,24 @@ def test_switch_policy_weighs_the_gain_against_the_cost(tmp_path):
         assert choice.pays(1, 2, many, 1)  # enough steps left: the faster plan pays
     else:
         assert not choice.pays(1, 2, 10**6, 0)
+
+
+def test_cli_elastic_lists_the_reconfigurations(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from shoal.cli import app
+
+    f = tmp_path / "plan.json"
+    f.write_text(pp(3).model_dump_json(by_alias=True))
+    r = CliRunner().invoke(app, ["train", str(f), "--model", "tiny", "--steps", "6", "--seq",
+                                 str(SEQ), "--elastic", "--fault-at", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    causes = [x["cause"] for x in doc["reconfigurations"]]
+    assert causes[0] == "start" and causes[1] == "worker 2 left"
+    for x in doc["reconfigurations"]:
+        assert {"time_s", "old_plan", "new_plan", "detect_to_first_step_s", "steps_lost",
+                "decision"} <= x.keys()
+    assert len(doc["losses"]) == 6

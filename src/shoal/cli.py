@@ -768,10 +768,10 @@ def _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_di
                 j.add_worker()
 
         if as_json:
-            doc = job.run(world, events=events)
+            doc = job.run(world, events=events, timeout_s=None)
         else:
             with _err().status(f"training {steps} steps on {world} elastic workers"):
-                doc = job.run(world, events=events)
+                doc = job.run(world, events=events, timeout_s=None)
     if as_json:
         typer.echo(json.dumps(doc))
         return

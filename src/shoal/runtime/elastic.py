@@ -290,15 +290,26 @@ class ElasticJob:
         self.members, self.plan = members, plan
         self.store.set("gen", str(g))
 
-    def run(self, n: int, events=None, timeout_s: float = 300.0) -> dict:
+    def run(self, n: int, events=None, timeout_s: float | None = 300.0) -> dict:
         """Start ``n`` workers and train; ``events(job)`` is called every poll (tests use it to
-        kill or add workers). Returns the result document."""
+        kill or add workers). Returns the result document; on any error the workers are
+        stopped before it propagates."""
+        try:
+            return self._run(n, events, timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _run(self, n: int, events, timeout_s: float | None) -> dict:
         for _ in range(n):
             self.add_worker()
+        started = time.time()
         while len(self._alive()) < n:
+            if time.time() - started > 60:
+                raise TimeoutError(f"only {len(self._alive())} of {n} workers started")
             time.sleep(0.05)
         self._publish(self._alive(), "start", time.time())
-        deadline = time.time() + timeout_s
+        deadline = time.time() + timeout_s if timeout_s is not None else float("inf")
         while time.time() < deadline:
             if self.store.check(["finished"]) and int(self.store.get("finished")) == self.gen:
                 break
@@ -320,7 +331,6 @@ class ElasticJob:
                     - self._detected
             time.sleep(0.05)
         else:
-            self.shutdown()
             raise TimeoutError("the elastic job did not finish in time")
         r = self.reconfigurations[-1]
         if r.detect_to_first_step_s is None and self.store.check([f"g{self.gen}/first_step_at"]):
@@ -381,18 +391,25 @@ class PlannerChoice:
             self.cache[n] = self._choose(n)
         return self.cache[n]
 
-    def iteration_s(self, n: int) -> float:
-        """The estimated iteration time of the plan for n workers."""
+    def iteration_s(self, n: int) -> float | None:
+        """The estimated iteration time of the plan for n workers (None when the estimator
+        cannot cost that plan shape)."""
+        from shoal.errors import ShoalError
         from shoal.estimate import estimate
         from shoal.problem import build_problem
 
-        return estimate(build_problem(self._scenario(n)), self(n)).iteration_time_s
+        try:
+            return estimate(build_problem(self._scenario(n)), self(n)).iteration_time_s
+        except ShoalError:
+            return None
 
     def pays(self, old_n: int, new_n: int, remaining_steps: int, redo_steps: int) -> bool:
         """The switch policy for a voluntary move (more workers, nobody lost): switch only when
         the time the new plan saves over the steps left exceeds what the switch costs (its
         fixed cost and the steps since the last checkpoint done again)."""
         t_old, t_new = self.iteration_s(old_n), self.iteration_s(new_n)
+        if t_old is None or t_new is None:
+            return True  # no estimate to weigh: take the planner's plan for the workers
         return (t_old - t_new) * remaining_steps > self.switch_s + redo_steps * t_new
 
     def _scenario(self, n: int):
