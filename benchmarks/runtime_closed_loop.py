@@ -22,7 +22,6 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from shoal.catalog import TINY  # noqa: E402
 from shoal.errors import SpecError  # noqa: E402
 from shoal.estimate import estimate  # noqa: E402

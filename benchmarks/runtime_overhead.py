@@ -21,15 +21,13 @@ import torch.nn.functional as F
 
 from shoal.runtime.model import Stage
 from shoal.runtime.pipeline import Worker
-from shoal.runtime.train import _free_port, batch
+from shoal.runtime.train import batch, launch
 from shoal.specs.model import ModelSpec
 from shoal.specs.plan import TrainingPlan
 
 
-def run(rank: int, world: int, port: int, args, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+def run(args, out: str) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
     spec = ModelSpec(name="bench", num_layers=args.layers, hidden_size=args.hidden, num_heads=4,
                      vocab_size=512, max_seq_len=args.seq)
     mb, per_rank = 2, 4
@@ -70,7 +68,6 @@ def run(rank: int, world: int, port: int, args, out: str) -> None:
                                          "layers": args.layers, "seq": args.seq,
                                          "steps": args.steps, "shoal_step_s": a, "ddp_step_s": b,
                                          "ratio": a / b}))
-    dist.destroy_process_group()
 
 
 def main() -> None:
@@ -82,8 +79,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64)
     args = ap.parse_args()
     out = Path(tempfile.mkdtemp()) / "r.json"
-    torch.multiprocessing.start_processes(run, args=(args.ranks, _free_port(), args, str(out)),
-                                          nprocs=args.ranks, start_method="fork")
+    launch(args.ranks, run, args, str(out))
     print(out.read_text())
 
 

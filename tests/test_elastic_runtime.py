@@ -39,6 +39,11 @@ def pp(n: int) -> TrainingPlan:
         {"layers": [3, 6], "replicas": reps}]})
 
 
+def past(j, step: int) -> bool:
+    """True once the first generation has finished ``step`` steps."""
+    return j.store.check(["g0/last_step"]) and int(j.store.get("g0/last_step")) >= step
+
+
 def final_params(d) -> dict:
     out = {}
     for f in sorted(d.glob("rank*.pt")):
@@ -71,8 +76,7 @@ def test_killed_worker_survivors_continue_under_a_new_plan(tmp_path):
     state = {}
 
     def events(j):
-        if "killed" not in state and j.store.check(["g0/last_step"]) \
-                and int(j.store.get("g0/last_step")) >= 3:
+        if "killed" not in state and past(j, 3):
             state["killed"] = time.time()
             state["pids"] = {w: j.pid(w) for w in (0, 1)}
             os.kill(j.pid(2), signal.SIGKILL)
@@ -100,8 +104,7 @@ def test_joining_worker_is_taken_in_without_restarting_the_others(tmp_path):
     state = {}
 
     def events(j):
-        if "joined" not in state and j.store.check(["g0/last_step"]) \
-                and int(j.store.get("g0/last_step")) >= 3:
+        if "joined" not in state and past(j, 3):
             state["pids"] = {w: j.pid(w) for w in (0, 1)}
             state["joined"] = j.add_worker()
 
@@ -177,8 +180,7 @@ def test_killed_tp_worker_planner_chooses_the_new_plan(tmp_path):
     state = {}
 
     def events(j):
-        if "killed" not in state and j.store.check(["g0/last_step"]) \
-                and int(j.store.get("g0/last_step")) >= 3:
+        if "killed" not in state and past(j, 3):
             state["killed"] = True
             os.kill(j.pid(3), signal.SIGKILL)
 
@@ -207,8 +209,7 @@ def test_joining_worker_waits_when_the_switch_would_not_pay(tmp_path):
     state = {}
 
     def events(j):
-        if "joined" not in state and j.store.check(["g0/last_step"]) \
-                and int(j.store.get("g0/last_step")) >= 2:
+        if "joined" not in state and past(j, 2):
             state["joined"] = j.add_worker()
 
     res = job.run(2, events=events)

@@ -158,21 +158,11 @@ def flow_cmd(
 ) -> None:
     """The max flow (tokens/s) of a given placement and the flow on every link."""
     from shoal.files import check_output
-    from shoal.serving.flow import max_flow
-    from shoal.serving.placement import load_placement
-    from shoal.serving.placers import Placed
 
     if figure is not None:
         check_output(figure, "--figure")
     cluster = _load(serving)
-    if placement.suffix.lower() == ".ini":
-        from shoal.io.helix import read_placement
-
-        pl = read_placement(placement, cluster)
-    else:
-        pl = load_placement(placement, cluster)
-    placed = Placed("given", pl, max_flow(cluster, pl), cluster.upper_bound(), 0.0)
-    _report(cluster, placed, as_json, None, None, figure)
+    _report(cluster, _placement(cluster, placement), as_json, None, None, figure)
 
 
 class Mode(StrEnum):

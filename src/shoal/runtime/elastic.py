@@ -60,14 +60,6 @@ class Reconfiguration:
         return dict(self.__dict__)
 
 
-def _snapshot(w) -> tuple[dict, int]:
-    """The rank's checkpoint content, copied now (collective: every rank calls it)."""
-    m1, m2, step = w._adam()
-    rows = {key: {"param": p.detach().clone(), "exp_avg": a.clone(), "exp_avg_sq": b.clone()}
-            for key, p, a, b in zip(w._keys(), w.params, m1, m2, strict=True)}
-    return {"tp_rank": w.role.tp_rank, "tp": w.tp.size, "step": step, "rows": rows}, step
-
-
 def _client(port: int):
     """A store client of its own (a client is not shared between threads)."""
     return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
@@ -171,9 +163,8 @@ def worker_main(wid: int, port: int, model_json: str, seq: int, total_steps: int
                     store.set(f"g{g}/last_step", str(step))
                     store.set(f"loss/{step}", str(loss))
                 if step % every == 0 or step == total_steps:
-                    doc, _ = _snapshot(w)
                     pending.append(_write_async(port, g, rank, world, w.role.replica == 0,
-                                                doc, step, directory, keep))
+                                                w.snapshot(), step, directory, keep))
             for t in pending:
                 t.join()
             if step >= total_steps:

@@ -293,17 +293,20 @@ class Worker:
             out.append(per)
         return out[0], out[1], step
 
-    def save(self, directory: str) -> None:
-        """Write this rank's share when it is its stage's first replica (the others hold the
-        same values): parameters and Adam state by global layer and name, TP shards as such.
-        Collective: every rank must call it."""
+    def snapshot(self) -> dict:
+        """This rank's checkpoint content, copied now: parameters and Adam state by global
+        layer and name, TP shards as such. Collective: every rank must call it."""
         m1, m2, step = self._adam()
-        if self.role.replica != 0:
-            return
         rows = {key: {"param": p.detach().clone(), "exp_avg": a.clone(), "exp_avg_sq": b.clone()}
                 for key, p, a, b in zip(self._keys(), self.params, m1, m2, strict=True)}
-        torch.save({"tp_rank": self.role.tp_rank, "tp": self.tp.size, "step": step,
-                    "rows": rows}, f"{directory}/rank{self.rank}.pt")
+        return {"tp_rank": self.role.tp_rank, "tp": self.tp.size, "step": step, "rows": rows}
+
+    def save(self, directory: str) -> None:
+        """Write this rank's snapshot when it is its stage's first replica (the others hold
+        the same values). Collective: every rank must call it."""
+        doc = self.snapshot()
+        if self.role.replica == 0:
+            torch.save(doc, f"{directory}/rank{self.rank}.pt")
 
     def load(self, files: list[str]) -> None:
         """Take parameters and Adam state from a checkpoint written under any plan."""

@@ -147,19 +147,11 @@ def launch(world: int, fn, *args) -> None:
                                           nprocs=world, join=True, start_method=method)
 
 
-def _spawned(rank: int, world: int, port: int, plan_json: str, spec_json: str, steps: int,
-             seq: int, seed: int, dtype_name: str, out_dir: str, ckpt: str | None,
-             resume: bool) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
-        run_rank(TrainingPlan.model_validate_json(plan_json), ModelSpec.model_validate_json(spec_json),
-                 steps, seq, seed=seed, dtype=getattr(torch, dtype_name), out_dir=out_dir,
-                 checkpoint_dir=ckpt, resume=resume)
-    finally:
-        dist.destroy_process_group()
+def _run_from_json(plan_json: str, spec_json: str, steps: int, seq: int, seed: int,
+                   dtype_name: str, out_dir: str, ckpt: str | None, resume: bool) -> None:
+    run_rank(TrainingPlan.model_validate_json(plan_json), ModelSpec.model_validate_json(spec_json),
+             steps, seq, seed=seed, dtype=getattr(torch, dtype_name), out_dir=out_dir,
+             checkpoint_dir=ckpt, resume=resume)
 
 
 def spawn(plan: TrainingPlan, spec: ModelSpec, steps: int, seq: int, *, seed: int = 0,
@@ -170,11 +162,6 @@ def spawn(plan: TrainingPlan, spec: ModelSpec, steps: int, seq: int, *, seed: in
 
     world = layout(plan, spec).world
     out = out_dir or tempfile.mkdtemp(prefix="shoal-run-")
-    # fork where the platform has it: the children start at once, with torch already imported
-    method = "fork" if "fork" in torch.multiprocessing.get_all_start_methods() else "spawn"
-    torch.multiprocessing.start_processes(
-        _spawned, args=(world, _free_port(), plan.model_dump_json(by_alias=True),
-                        spec.model_dump_json(), steps, seq, seed, str(dtype).split(".")[-1], out,
-                        checkpoint_dir, resume),
-        nprocs=world, join=True, start_method=method)
+    launch(world, _run_from_json, plan.model_dump_json(by_alias=True), spec.model_dump_json(),
+           steps, seq, seed, str(dtype).split(".")[-1], out, checkpoint_dir, resume)
     return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]

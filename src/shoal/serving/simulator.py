@@ -24,7 +24,7 @@ import bisect
 import heapq
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -58,7 +58,6 @@ class SimResult:
     kv_peak_fraction: list[float]
     wall_s: float
     events: int
-    extra: dict = field(default_factory=dict)
 
     def to_json(self, names) -> dict:
         return {"mode": self.mode, "router": self.router, "window_s": self.window_s,
