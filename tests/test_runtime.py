@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 from shoal.catalog import TINY  # noqa: E402
 from shoal.errors import SpecError  # noqa: E402
 from shoal.runtime.model import Stage, shard, unshard  # noqa: E402
-from shoal.runtime.pipeline import layout, schedule  # noqa: E402
+from shoal.runtime.pipeline import layout  # noqa: E402
 from shoal.runtime.train import reference, spawn  # noqa: E402
 from shoal.specs.plan import TrainingPlan  # noqa: E402
 
@@ -99,13 +99,18 @@ def test_shards_round_trip():
 
 
 def test_schedules_cover_each_microbatch_once():
+    from shoal.specs.plan import orders
+
     for kind in ("1f1b", "gpipe"):
-        for stage in range(3):
-            s = schedule(kind, (0, 1, 2, 3, 4), stage, 3)
-            assert sorted(m for k, m in s if k == "F") == [0, 1, 2, 3, 4]
-            assert sorted(m for k, m in s if k == "B") == [0, 1, 2, 3, 4]
-            # a microbatch's backward comes after its forward
-            assert all(s.index(("F", m)) < s.index(("B", m)) for m in range(5))
+        for shares in ([[5], [5], [5]], [[2, 3], [5], [1, 1, 3]]):
+            for s, stage in enumerate(orders(kind, shares)):
+                ops = [op for rep in stage for op in rep]
+                assert sorted(m for k, m in ops if k == 0) == [0, 1, 2, 3, 4]
+                assert sorted(m for k, m in ops if k == 1) == [0, 1, 2, 3, 4]
+                for j, rep in enumerate(stage):  # each replica runs what it owns
+                    assert len(rep) == 2 * shares[s][j]
+                    # a microbatch's backward comes after its forward
+                    assert all(rep.index((0, m)) < rep.index((1, m)) for _, m in rep)
 
 
 def test_plans_the_runtime_cannot_run_say_why():

@@ -323,12 +323,17 @@ def test_microbatch_size_must_divide_global_batch(problem):
     assert "16" in e.allowed
 
 
-def test_stages_need_same_replica_count(problem):
+def test_stages_may_differ_in_replica_count(problem):
+    """Asymmetric stages are plans too (the estimator simulates them); what must match is the
+    microbatches every stage processes."""
     p = plan([{"layers": [0, 13], "replicas": [rep(m=8), rep(m=8)]},
               {"layers": [13, N_LAYERS], "replicas": [rep(m=16)]}])
+    validate_plan(problem, p, "plan.json")
+    short = plan([{"layers": [0, 13], "replicas": [rep(m=8), rep(m=8)]},
+                  {"layers": [13, N_LAYERS], "replicas": [rep(m=12)]}])
     with pytest.raises(SpecError) as ei:
-        validate_plan(problem, p, "plan.json")
-    assert (ei.value.field, ei.value.value, ei.value.allowed) == ("stages.1.replicas", 1, "2")
+        validate_plan(problem, short, "plan.json")
+    assert (ei.value.field, ei.value.value, ei.value.allowed) == ("stages.1.replicas", 12, "16")
 
 
 def test_recompute_not_allowed_by_job(problem):

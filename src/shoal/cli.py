@@ -31,6 +31,7 @@ from shoal.cli_common import (  # noqa: F401  (re-exported for tests and scripts
     handles_errors,
 )
 from shoal.errors import SpecError
+from shoal.units import fmt_seconds
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Plan LLM training and serving on mixed, scattered GPU pools.")
@@ -90,6 +91,8 @@ def estimate(
 class Strategy(StrEnum):
     auto = "auto"
     sailor = "sailor"
+    espresso = "espresso"
+    zorse = "zorse"
     exhaustive = "exhaustive"
 
 
@@ -110,6 +113,10 @@ def plan(
     min_throughput: Annotated[float | None, typer.Option(
         "--min-throughput", help="iterations per second at least")] = None,
     max_gpus: Annotated[int | None, typer.Option("--max-gpus", help="GPUs in total at most")] = None,
+    iterations: Annotated[int | None, typer.Option(
+        "--iterations", min=1, help="training-time SLO: this many iterations ...")] = None,
+    within: Annotated[str | None, typer.Option(
+        "--within", help="... must finish within this time, e.g. 72h or 3d")] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="plans to list")] = 5,
     budget: Annotated[float, typer.Option("--budget", min=0.1, help="search time limit, seconds")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
@@ -128,7 +135,7 @@ def plan(
     problem = load_problem(scenario)
     cons = problem.constraints.model_copy(update={k: v for k, v in {
         "max_cost_per_iteration_usd": max_cost_per_iter, "min_iters_per_s": min_throughput,
-        "max_gpus": max_gpus}.items() if v is not None})
+        "max_gpus": max_gpus, "deadline": _deadline(iterations, within)}.items() if v is not None})
     goal = objective.value if objective else None
     if as_json:
         result = search(problem, strategy=strategy.value, objective=goal, constraints=cons,
@@ -145,26 +152,39 @@ def plan(
 
         draw_pareto(result, figure)
     if as_json:
+        slo = cons.deadline
+
         def entry(c):
-            return {"plan": c.plan.to_json(), "estimate": run_estimate(problem, c.plan).to_json(),
-                    "rent": _rent(problem, c.plan)}
+            e = {"plan": c.plan.to_json(), "estimate": run_estimate(problem, c.plan).to_json(),
+                 "rent": _rent(problem, c.plan)}
+            if slo:
+                e["slo_total"] = {"cost_usd": c.cost_usd * slo.iterations,
+                                  "time_s": c.iteration_time_s * slo.iterations}
+            return e
         typer.echo(json.dumps({
             "search_time_s": result.stats.search_time_s, "objective": result.objective,
+            "slo": {"iterations": slo.iterations, "within_s": slo.within} if slo else None,
             "plans": [entry(c) for c in result.ranked], "pareto": [entry(c) for c in result.pareto],
             "stats": result.stats.to_json()}))
         return
     out = _out()
+    slo = cons.deadline
     t = _table(f"Best plans ({result.objective}, {result.stats.strategy})",
-               ["#", "it/s", "tokens/s", "$/iter", "GPUs", "stages", "pipelines", "mbs",
-                "stages: GPU(TP) x replicas"],
+               ["#", "it/s", "tokens/s", "$/iter"]
+               + ([f"$ for {slo.iterations:,} it", f"time for {slo.iterations:,} it"] if slo else [])
+               + ["GPUs", "stages", "pipelines", "mbs", "stages: GPU(TP) x replicas"],
                left=("stages: GPU(TP) x replicas",))
     tokens = problem.job.global_batch * problem.job.seq_len
     for i, c in enumerate(result.ranked):
         p = c.plan
+        total = ([f"{c.cost_usd * slo.iterations:,.4g}",
+                  fmt_seconds(c.iteration_time_s * slo.iterations)] if slo else [])
         t.add_row(str(i + 1), f"{c.throughput_iters_per_s:.4g}", f"{tokens * c.throughput_iters_per_s:,.0f}",
-                  f"{c.cost_usd:.4g}", str(c.num_gpus), str(len(p.stages)), str(len(p.stages[0].replicas)),
-                  str(p.microbatch_size), p.summary())
+                  f"{c.cost_usd:.4g}", *total, str(c.num_gpus), str(len(p.stages)),
+                  str(len(p.stages[0].replicas)), str(p.microbatch_size), p.summary())
     out.print(t)
+    if slo:
+        out.print(f"SLO: {slo.iterations:,} iterations within {fmt_seconds(slo.within)}")
     rent = _table("What to rent for plan 1", ["zone", "GPU", "GPUs", "nodes"], left=("zone", "GPU"))
     for row in _rent(problem, best):
         rent.add_row(row["zone"], row["gpu"], str(row["gpus"]), f"{row['nodes']} x {row['gpus_per_node']}")
@@ -182,6 +202,27 @@ def plan(
         out.print(f"best plan written to {output}")
     if figure is not None:
         out.print(f"Pareto front drawn in {figure}")
+
+
+def _deadline(iterations: int | None, within: str | None):
+    """The training-time SLO from ``--iterations`` and ``--within`` (both or neither)."""
+    from shoal.specs.job import Deadline
+    from shoal.units import UnitError, parse_seconds
+
+    if iterations is None and within is None:
+        return None
+    if iterations is None or within is None:
+        raise SpecError("a training-time SLO needs both --iterations and --within",
+                        field="--iterations" if iterations is None else "--within",
+                        value=None, allowed="e.g. --iterations 10000 --within 72h")
+    try:
+        seconds = parse_seconds(within)
+    except UnitError as e:
+        raise SpecError(str(e), field="--within", value=within, allowed="e.g. 72h, 3d, 90min") from None
+    if seconds <= 0:
+        raise SpecError("the SLO must be a positive time", field="--within", value=within,
+                        allowed="e.g. 72h, 3d, 90min")
+    return Deadline(iterations=iterations, within=seconds)
 
 
 def _rent(problem, p) -> list[dict]:
@@ -213,7 +254,7 @@ def _stage_table(est) -> Table:
     t = _table("Stages (per-microbatch times of the slowest replica)",
                ["stage", "layers", "replicas", "fwd\n/mb", "bwd\n/mb", "send/recv\n/mb", "grad\nsync",
                 "update", "busy", "bubble", "profile"], left=("layers", "profile"))
-    t.caption = "* straggler: the stage whose per-microbatch time sets the pipeline's pace"
+    t.caption = "* straggler: the stage whose busiest replica works longest; it sets the pace"
     t.caption_justify = "left"
     for s in est.stages:
         a, b = s.layers

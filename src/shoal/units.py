@@ -32,7 +32,7 @@ def _split(text: object, kind: str) -> tuple[float, str]:
 
 _EXAMPLES = {
     "size": "'40GB', '80GiB', '512MB' or a number of bytes",
-    "time": "'50ms', '2.5s', '10us', '3h' or a number of seconds",
+    "time": "'50ms', '2.5s', '10us', '3h', '3d' or a number of seconds",
     "bandwidth": "'10Gbps' (bits), '25GB/s' (bytes) or a number of bytes/s",
     "flops": "'312TFLOPS' or a number of FLOP/s",
 }
@@ -65,7 +65,8 @@ def parse_bytes(text: object) -> float:
 
 def parse_seconds(text: object) -> float:
     value, unit = _split(text, "time")
-    scale = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
+    scale = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0,
+             "d": 86400.0}
     if unit not in scale:
         raise UnitError(f"unknown time unit in {text!r}; write it like {_EXAMPLES['time']}")
     return value * scale[unit]
@@ -102,6 +103,12 @@ def fmt_bytes(n: float) -> str:
 
 
 def fmt_seconds(t: float) -> str:
+    if t >= 2 * 86400:
+        return f"{t / 86400:.2f} d"
+    if t >= 2 * 3600:
+        return f"{t / 3600:.2f} h"
+    if t >= 600:
+        return f"{t / 60:.1f} min"
     if t >= 1:
         return f"{t:.3f} s"
     if t >= 1e-3:

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from shoal import catalog
-from shoal.estimate import kernel
-from shoal.estimate.encode import encode
+from shoal.estimate import general, kernel
+from shoal.estimate.encode import encode_specs, to_spec
 from shoal.estimate.tables import CostTables, build_tables, default_tp_values
 from shoal.estimate.validate import validate_plan
 from shoal.problem import Problem
@@ -44,7 +44,7 @@ class StageBreakdown:
     update_s: float
     busy_s: float  # time the stage computes or sends during the iteration (slowest replica)
     bubble_s: float  # iteration time minus busy time (idle in the pipeline, plus sync and update)
-    straggler: bool  # the stage whose per-microbatch time sets the steady state
+    straggler: bool  # the stage whose busiest replica is busiest: it sets the pace
     profile_source: str
 
 
@@ -104,6 +104,24 @@ def run_kernel(problem: Problem, tb: CostTables, batch: kernel.Batch, detail: bo
                       state_bytes=states, detail=detail)
 
 
+def run_specs(problem: Problem, tb: CostTables, specs: list) -> dict[str, np.ndarray]:
+    """``run_kernel`` over compact plan specs of any shape: plans that are not a set of
+    pipelines are redone one by one through the event simulation (``general``)."""
+    out = run_kernel(problem, tb, encode_specs(tb, specs))
+    for i, sp in enumerate(specs):
+        if general.is_pipelines(sp):
+            continue
+        one = general.apply(problem, tb, sp, run_kernel(problem, tb, encode_specs(tb, [sp]),
+                                                         detail=True))
+        for k in ("iteration_time_s", "cost_compute_usd", "cost_egress_usd", "oom"):
+            out[k][i] = one[k][0]
+        S, R = one["peak_bytes"].shape[1:]
+        for k in ("peak_bytes", "capacity_bytes"):
+            out[k][i] = 0.0
+            out[k][i, :S, :R] = one[k][0]
+    return out
+
+
 def model_flops_per_iteration(problem: Problem) -> float:
     """Training FLOPs of one iteration without recompute: 3 x forward FLOPs."""
     return 3.0 * float(problem.sizes.fwd_flops.sum()) * problem.job.global_batch
@@ -113,7 +131,10 @@ def estimate(problem: Problem, plan: TrainingPlan, *, file: str | None = None,
              tables: CostTables | None = None) -> Estimate:
     validate_plan(problem, plan, file)
     tb = tables or tables_for(problem, [plan.microbatch_size])
-    out = run_kernel(problem, tb, encode(tb, [plan]), detail=True)
+    spec = to_spec(plan)
+    out = run_kernel(problem, tb, encode_specs(tb, [spec]), detail=True)
+    if not general.is_pipelines(spec):
+        out = general.apply(problem, tb, spec, out)
     return _readable(problem, plan, tb, out)
 
 
@@ -135,11 +156,14 @@ def _readable(problem: Problem, plan: TrainingPlan, tb: CostTables, o: dict) -> 
                 oom=bool(o["oom_workers"][0, s, r]),
             ))
     t_mb = o["t_mb"][0]
-    straggler = int(np.argmax(t_mb.max(axis=1)))
-    m_pipe = np.array([rep.microbatches for rep in plan.stages[0].replicas], dtype=float)
+    shares = np.zeros_like(t_mb)
+    for s, st in enumerate(plan.stages):
+        shares[s, :len(st.replicas)] = [rep.microbatches for rep in st.replicas]
+    busy_all = t_mb * shares
+    straggler = int(np.argmax(busy_all.max(axis=1)))
     stages = []
     for s, st in enumerate(plan.stages):
-        busy = t_mb[s] * m_pipe
+        busy = busy_all[s]
         r_slow = int(np.argmax(busy))
         stages.append(StageBreakdown(
             stage=s, layers=tuple(st.layers), replicas=len(st.replicas),

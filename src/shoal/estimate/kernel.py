@@ -90,6 +90,16 @@ def worker_memory(tb: CostTables, mem: MemoryConstants, state_bytes: tuple[float
     return states, buffers, act * mem.activation_factor
 
 
+def ring_allreduce_s(tb: CostTables, rid, d, gbytes, sync_scale: float = 1.0):
+    """Seconds of a ring all-reduce of ``gbytes`` over ``d`` members whose slowest hop is link
+    ``rid`` (``CostTables.link_id``): 2(d-1)/d of the bytes at the link's bandwidth for that
+    message size, plus 2(d-1) latencies. Broadcasts over array inputs."""
+    rdiv = tb.flat_div.take(rid)
+    vol = 2.0 * (d - 1) / d * gbytes
+    return (vol / (rdiv * bandwidth(tb.flat_curve[rid], gbytes / rdiv))
+            + 2.0 * (d - 1) * tb.flat_lat.take(rid)) * sync_scale
+
+
 def _subset(bt: Batch, idx: np.ndarray, r: int) -> Batch:
     return Batch(mbs_idx=bt.mbs_idx[idx], ls=bt.ls[idx], le=bt.le[idx], smask=bt.smask[idx],
                  g=bt.g[idx, :, :r], t=bt.t[idx, :, :r], z=bt.z[idx, :, :r], m=bt.m[idx, :, :r],
@@ -185,12 +195,9 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
     nxt = (np.arange(R)[None, None, :] + 1) % d  # ring successor inside the stage
     gn, zn = _take(g, nxt, 2), _take(z, nxt, 2)
     rid = tb.link_id(g, z, gn, zn, t)
-    rcurve = tb.flat_curve[rid]
-    rdiv = tb.flat_div.take(rid)
-    rlat = tb.flat_lat.take(rid)
     gbytes = grad_bytes[:, :, None]
     vol = 2.0 * (d - 1) / d * gbytes
-    ring = (vol / (rdiv * bandwidth(rcurve, gbytes / rdiv)) + 2.0 * (d - 1) * rlat) * tc.sync_scale
+    ring = ring_allreduce_s(tb, rid, d, gbytes, tc.sync_scale)
     sync = np.where(rm & (d > 1), ring, 0.0).max(axis=2)  # (B, S)
 
     upd_stage = (upd * rmf).max(axis=2)
@@ -218,7 +225,8 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
         pair = (rm[:, :-1] & rm[:, 1:]).astype(float)
         eg += (2.0 * msg * m_pipe[:, None, :] * per_b * pair).sum(axis=(1, 2))
     ring_b = tb.egress_per_byte[z, zn]
-    eg += (np.where(rm & (d > 1), vol * ring_b, 0.0)).sum(axis=(1, 2))
+    eg_ring = (np.where(rm & (d > 1), vol * ring_b, 0.0)).sum(axis=(1, 2))
+    eg += eg_ring
 
     out = {"iteration_time_s": iter_T, "cost_compute_usd": cost_compute, "cost_egress_usd": eg,
            "oom": oom, "peak_bytes": peak, "capacity_bytes": cap * rmf}
@@ -228,5 +236,6 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
                    send_bwd=(send_bwd + tc.recv_fraction * recv_bwd) * rmf,
                    t_mb=t_mb, pipe_T=pipe_T, stage_end=stage_end, sync=sync, update=upd * rmf,
                    states=states * rmf, buffers=buffers * rmf, activations=act * rmf,
-                   oom_workers=oom_w, inflight=inflight * rmf, egress=eg, gpu_usd_per_s=gpu_s)
+                   oom_workers=oom_w, inflight=inflight * rmf, egress=eg, egress_ring=eg_ring,
+                   gpu_usd_per_s=gpu_s)
     return out

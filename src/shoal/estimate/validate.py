@@ -48,14 +48,8 @@ def validate_plan(problem: Problem, plan: TrainingPlan, file: str | None = None)
                         field="microbatch_size", value=plan.microbatch_size,
                         allowed=str(job.microbatch_sizes))
     used: dict[tuple[str, str], int] = {}
-    d0 = len(plan.stages[0].replicas)
     heads, kv = problem.model.num_heads, problem.model.kv_heads
     for i, st in enumerate(plan.stages):
-        if len(st.replicas) != d0:
-            raise SpecError(
-                f"schedule {plan.schedule} runs one pipeline per replica index, so every stage "
-                "needs the same number of replicas",
-                file=file, field=f"stages.{i}.replicas", value=len(st.replicas), allowed=str(d0))
         if sum(r.microbatches for r in st.replicas) != total_mb:
             raise SpecError(
                 "replica microbatches of a stage must sum to global batch / microbatch size",
@@ -83,11 +77,6 @@ def validate_plan(problem: Problem, plan: TrainingPlan, file: str | None = None)
                 raise SpecError("TP must be a power of two dividing the attention heads and the "
                                 "KV heads", file=file, field=f"{f}.tp", value=r.tp,
                                 allowed=f"1, 2, 4, ... dividing {heads} heads and {kv} KV heads")
-            if i > 0 and r.microbatches != plan.stages[0].replicas[j].microbatches:
-                raise SpecError(
-                    "pipeline j (replica j of every stage) must run the same microbatches in "
-                    "every stage", file=file, field=f"{f}.microbatches", value=r.microbatches,
-                    allowed=str(plan.stages[0].replicas[j].microbatches))
             used[(g, r.zone)] = used.get((g, r.zone), 0) + r.tp
     for (g, z), k in used.items():
         if k > problem.avail[(g, z)]:

@@ -1,9 +1,10 @@
 """Run one TrainingPlan on torch.distributed: ranks, process groups, the pipeline schedule,
 gradient synchronisation and the optimizer step.
 
-Ranks are given stage by stage, replica by replica, TP rank by TP rank. Each stage's replicas own
-consecutive runs of the iteration's microbatches (their ``microbatches`` shares, in replica
-order), so microbatch i meets, in every stage, the replica whose run holds i; activations and
+Ranks are given stage by stage, replica by replica, TP rank by TP rank. Each stage deals the
+iteration's microbatches to its replicas by their ``microbatches`` shares
+(``shoal.specs.plan.owners``: smooth weighted round-robin), so microbatch i meets, in every
+stage, the replica that owns i there; activations and
 gradients go between those replicas' first TP ranks and are broadcast inside the receiving TP
 group, so neighbouring stages may differ in replica count and TP degree. Losses are summed over
 tokens and divided by the iteration's tokens, so summing the gradients over a stage's replicas
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from shoal.errors import SpecError
 from shoal.runtime.model import Stage, TPGroup
 from shoal.specs.model import ModelSpec
-from shoal.specs.plan import TrainingPlan
+from shoal.specs.plan import TrainingPlan, orders, owners
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Layout:
     tp: tuple[tuple[int, ...], ...]  # [stage][replica] -> TP degree
     owned: tuple[tuple[tuple[int, ...], ...], ...]  # [stage][replica] -> microbatch indices
     total: int  # microbatches per iteration
+    ops: tuple[tuple[tuple[tuple[str, int], ...], ...], ...]  # [stage][replica] -> ("F"|"B", mb)
 
     @property
     def world(self) -> int:
@@ -80,31 +82,20 @@ def layout(plan: TrainingPlan, spec: ModelSpec) -> Layout:
             if spec.num_heads % r.tp or spec.ffn % r.tp:
                 raise SpecError(f"TP {r.tp} does not divide the model's {spec.num_heads} heads "
                                 f"and {spec.ffn} MLP units", field=f"stages.{s}.replicas")
-        f, t, o, at = [], [], [], 0
+        f, t = [], []
+        own = owners([r.microbatches for r in st.replicas])
+        o = [tuple(i for i, x in enumerate(own) if x == j) for j in range(len(st.replicas))]
         for j, r in enumerate(st.replicas):
             f.append(len(roles))
             t.append(r.tp)
-            o.append(tuple(range(at, at + r.microbatches)))
-            at += r.microbatches
             roles += [Role(s, j, k) for k in range(r.tp)]
         first.append(tuple(f))
         tps.append(tuple(t))
         owned.append(tuple(o))
-    return Layout(tuple(roles), tuple(first), tuple(tps), tuple(owned), totals.pop())
-
-
-def schedule(kind: str, mbs: tuple[int, ...], stage: int, stages: int) -> list[tuple[str, int]]:
-    """This replica's order of forward ('F') and backward ('B') passes."""
-    if kind == "gpipe":
-        return [("F", m) for m in mbs] + [("B", m) for m in mbs]
-    warm = min(stages - stage - 1, len(mbs))
-    out = [("F", m) for m in mbs[:warm]]
-    fwd, bwd = list(mbs[warm:]), list(mbs)
-    while fwd:
-        out.append(("F", fwd.pop(0)))
-        out.append(("B", bwd.pop(0)))
-    out += [("B", m) for m in bwd]
-    return out
+    ops = tuple(tuple(tuple(("B" if bk else "F", m) for bk, m in rep) for rep in stage)
+                for stage in orders(plan.schedule, [[r.microbatches for r in st.replicas]
+                                                     for st in plan.stages]))
+    return Layout(tuple(roles), tuple(first), tuple(tps), tuple(owned), totals.pop(), ops)
 
 
 class Worker:
@@ -175,13 +166,12 @@ class Worker:
         seq = tokens.shape[1] - 1
         n_tok = float(lay.total * mbs * seq)
         h = self.spec.hidden_size
-        mine = lay.owned[s][j]
         sends, inputs, outputs = [], {}, {}
         loss_sum = torch.zeros((), dtype=torch.float64)
         lead = self.role.tp_rank == 0
         for p in self.params:
             p.grad = None
-        for kind, m in schedule(plan.schedule, mine, s, len(plan.stages)):
+        for kind, m in lay.ops[s][j]:
             if kind == "F":
                 x_tok = tokens[m * mbs:(m + 1) * mbs]
                 if self.is_first:

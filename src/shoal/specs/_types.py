@@ -31,7 +31,7 @@ Bytes = Annotated[
 ]
 Seconds = Annotated[
     float, BeforeValidator(_wrap(units.parse_seconds)), Field(ge=0),
-    _unit_schema("50ms", "time: seconds, or a string with ns/us/ms/s/min/h"),
+    _unit_schema("50ms", "time: seconds, or a string with ns/us/ms/s/min/h/d"),
 ]
 BytesPerSecond = Annotated[
     float, BeforeValidator(_wrap(units.parse_bandwidth)), Field(gt=0),

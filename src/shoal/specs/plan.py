@@ -25,6 +25,63 @@ class Stage(BaseModel):
     replicas: list[Replica] = Field(min_length=1, description="at least one replica")
 
 
+def owners(shares: list[int] | tuple[int, ...]) -> list[int]:
+    """The replica that runs each microbatch of the iteration, for one stage whose replicas run
+    ``shares`` microbatches: smooth weighted round-robin (each pick adds every replica's share
+    to its credit and takes the replica with the most credit, lowest index first on ties, which
+    then pays the total). Each replica gets exactly its share, spread evenly over the iteration,
+    so a stage with fewer replicas or other shares than its neighbour still receives work at a
+    steady pace. Stages with the same shares get the same owners: they form pipelines."""
+    total = sum(shares)
+    credit = [0] * len(shares)
+    out = []
+    for _ in range(total):
+        for j, w in enumerate(shares):
+            credit[j] += w
+        j = max(range(len(shares)), key=lambda x: (credit[x], -x))
+        credit[j] -= total
+        out.append(j)
+    return out
+
+
+def orders(schedule: str, shares: list[list[int]]) -> list[list[list[tuple[int, int]]]]:
+    """[stage][replica] -> the (is_backward, microbatch) operations that replica runs, in order,
+    for a plan whose stage s gives its replicas ``shares[s]`` microbatches (``owners``).
+
+    Each stage runs one order over all the iteration's microbatches, and each replica the part of
+    it that it owns. GPipe: every forward, then every backward. 1F1B: W_s forwards, then a
+    forward and a backward in turn, then the backwards left. W_s gives each replica the
+    warm-up of a pipeline's stage s (min(S - s - 1, its share)), is at least W_{s+1} + 1 (so
+    that a stage never waits for a backward that needs a forward it has not yet sent) and at
+    most the microbatches. With equal shares these are the pipelines' 1F1B orders; the stages'
+    orders form a valid single-pipeline schedule and each replica's order is part of its
+    stage's, so no plan can deadlock."""
+    S = len(shares)
+    total = sum(shares[0])
+    warm = [0] * S
+    for s in range(S - 1, -1, -1):
+        w = sum(min(S - s - 1, n) for n in shares[s])
+        if s < S - 1:
+            w = max(w, warm[s + 1] + 1)
+        warm[s] = min(w, total)
+    out = []
+    for s in range(S):
+        if schedule == "gpipe":
+            stage = [(0, i) for i in range(total)] + [(1, i) for i in range(total)]
+        else:
+            stage = [(0, i) for i in range(warm[s])]
+            for k in range(total):
+                if warm[s] + k < total:
+                    stage.append((0, warm[s] + k))
+                stage.append((1, k))
+        own = owners(shares[s])
+        mine: list[list[tuple[int, int]]] = [[] for _ in shares[s]]
+        for op in stage:
+            mine[own[op[1]]].append(op)
+        out.append(mine)
+    return out
+
+
 class TrainingPlan(BaseModel):
     model_config = STRICT | {"frozen": True}
     schema_: Literal["shoal/training-plan@1"] = Field(default=PLAN_SCHEMA, alias="schema")

@@ -11,7 +11,7 @@ from shoal.errors import InfeasibleError, SpecError
 from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
 from shoal.specs.job import Constraints
-from shoal.training.planners import auto, exhaustive, sailor
+from shoal.training.planners import auto, espresso, exhaustive, sailor, zorse
 from shoal.training.planners.common import (
     OBJECTIVES,
     Candidate,
@@ -33,7 +33,8 @@ class Reuse:
     min_tp: dict = field(default_factory=dict)
 
 
-STRATEGIES = {"auto": auto.search, "sailor": sailor.search, "exhaustive": exhaustive.search}
+STRATEGIES = {"auto": auto.search, "sailor": sailor.search, "espresso": espresso.search,
+              "zorse": zorse.search, "exhaustive": exhaustive.search}
 
 __all__ = ["OBJECTIVES", "STRATEGIES", "Candidate", "Reuse", "SearchResult", "search"]
 
@@ -48,8 +49,10 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     bounds the search time (``auto`` stops taking new plan shapes; the result says it was
     truncated). ``reuse`` carries what does not depend on GPU counts from one search of this
     problem to the next (cost tables, smallest fitting TPs); ``seeds`` are plans known to fit
-    the pool, costed first so that the search starts with an incumbent. Raises InfeasibleError
-    naming the binding constraint when nothing fits."""
+    the pool, costed first so that the search starts with an incumbent. ``auto`` also costs
+    the plan shapes of ``zorse`` (when the pool mixes GPU types) and, under min-cost, of
+    ``espresso``, unless ``max_pairs`` bounds it. Raises InfeasibleError naming the binding
+    constraint when nothing fits."""
     if strategy not in STRATEGIES:
         raise SpecError("unknown strategy", field="--strategy", value=strategy,
                         allowed=", ".join(STRATEGIES))
@@ -74,5 +77,10 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
                               relaxation="add GPUs (with bf16 support for a mixed-bf16 job)")
     if seeds:
         ev.cost(list(dict.fromkeys(seeds)))
+    full = strategy == "auto" and max_pairs is None
+    if full and len({k.gpu for k in space.kinds}) > 1:
+        zorse.search(ev, space, objective, mbs, max_stages)  # mixed groups: cheap, costed first
     STRATEGIES[strategy](ev, space, objective, mbs, max_stages)
+    if full and objective == "min-cost" and not ev.out_of_time():
+        espresso.search(ev, space, objective, mbs, max_stages)  # its bounds use the incumbent
     return finish(ev, objective, top_k)

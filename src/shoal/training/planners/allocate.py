@@ -61,6 +61,9 @@ def _combos(opts: tuple[Option, ...], D: int, region_of: tuple[int, ...], K: int
     return combos, use, t_fast, t_slow, n_slow
 
 
+_CHUNK = 256
+
+
 def _prune(U: np.ndarray, price: np.ndarray) -> np.ndarray:
     """Indices of usage vectors not dominated by another (no more of every kind), cheapest
     first; at most MAX_FRONT kept."""
@@ -73,11 +76,21 @@ def _prune(U: np.ndarray, price: np.ndarray) -> np.ndarray:
         prev_min = np.minimum.accumulate(np.concatenate([[_BIG], u1[:-1]]))
         return order[u1 < prev_min]
     order = np.argsort(U @ price, kind="stable")
+    # In cost order, a vector is dominated only by cheaper (or equal, earlier) ones, and
+    # domination is transitive, so a chunk's survivors are those no kept vector and no earlier
+    # vector of the chunk dominates.
     kept: list[int] = []
-    for i in order:
-        if kept and np.all(U[kept] <= U[i], axis=1).any():
-            continue
-        kept.append(int(i))
+    kept_rows = np.empty((0, K), dtype=U.dtype)
+    for c in range(0, len(order), _CHUNK):
+        idx = order[c:c + _CHUNK]
+        rows = U[idx]
+        dom = (kept_rows[None, :, :] <= rows[:, None, :]).all(axis=2).any(axis=1)
+        inner = (rows[None, :, :] <= rows[:, None, :]).all(axis=2)  # [i, j]: j <= i everywhere
+        inner &= np.tri(len(idx), k=-1, dtype=bool)  # only earlier j
+        dom |= inner.any(axis=1)
+        new = idx[~dom][:MAX_FRONT - len(kept)]
+        kept += new.tolist()
+        kept_rows = U[kept]
         if len(kept) >= MAX_FRONT:
             break
     return np.array(kept)

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shoal.errors import InfeasibleError
-from shoal.estimate.api import run_kernel, tables_for
-from shoal.estimate.encode import PlanSpec, encode_specs
+from shoal.estimate.api import run_specs, tables_for
+from shoal.estimate.encode import PlanSpec
 from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
 from shoal.specs.job import Constraints
@@ -120,7 +120,7 @@ class Evaluator:
         """Candidates for ``specs`` (None where OOM or against a constraint), batch-costed."""
         if not specs:
             return []
-        out = run_kernel(self.problem, self.tb, encode_specs(self.tb, specs))
+        out = run_specs(self.problem, self.tb, specs)
         self.stats.candidates_costed += len(specs)
         res: list[Candidate | None] = []
         ratio = (out["peak_bytes"] / np.maximum(out["capacity_bytes"], 1)).max(axis=(1, 2))

@@ -78,6 +78,8 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
             walk = list(range(1, Dmax + 1) if objective == "min-cost" else range(Dmax, 0, -1))
             best, done = None, False
             for at in range(0, len(walk), WALK_CHUNK):
+                if ev.out_of_time():
+                    return
                 specs = []
                 for D in walk[at:at + WALK_CHUNK]:
                     alloc = (fastest(opts, D, avail, price, region_of, total=total)

@@ -1,0 +1,176 @@
+"""Zorse (§4.2-4.3): GPU groups from a min-k cut of the bandwidth graph, pipeline parallelism
+across groups, data parallelism (ZeRO) inside each, with mixed GPU types per group and uneven
+microbatch shares.
+
+Phase 1. The pool is a graph whose vertices are nodes (a node's GPUs share its fast intra-node
+links, so they stay in one group) and whose edge weights are the bandwidths between them. SPLIT
+(Saran & Vazirani; within 2 - 2/k of the optimal min k-cut) splits, k = 2, 3, ..., the component
+whose Stoer-Wagner min cut is lightest, so one pass gives a partition for every k: data
+parallelism stays on fast links and the pipeline crosses slow ones.
+
+Phase 2, per partition. Each group's speed is the sum of its GPUs' full-model rates (from the
+layer profile); layers are split over groups in proportion to speed (largest remainder, at least
+one each); groups run in descending order of the bandwidth inside them (the first group's
+all-gathers have nothing to hide behind); inside a group, one replica per GPU (no TP, as Zorse)
+and microbatch shares in proportion to GPU speed. Every microbatch size, recompute and schedule
+setting the job allows, with the highest ZeRO stage it allows (Zorse runs ZeRO-2; a higher stage
+never needs more memory and never updates slower), is costed by shoal's estimator (asymmetric
+plans go through its event simulation, ``shoal.estimate.general``); the best under the objective
+wins.
+
+Choices and limits:
+- Graph vertices are nodes, not GPUs (Zorse's own groups never split a node). Where links tie
+  (one zone at one bandwidth, as a scenario usually says), an edge between nodes of the same GPU
+  type weighs 1% more, so the cut keeps types together (Zorse's Cluster B groups are its GPU
+  types), and ties are broken by node order.
+- Not modelled: ministage interleaving with CPU offload of idle ministages and of boundary
+  activations, and per-ministage optimizer steps (Zorse §4.1). A plan that only fits with them
+  is reported out of memory here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+import numpy as np
+
+from shoal.training.planners.common import Evaluator, PlanSpec
+from shoal.training.planners.space import Space
+
+SAME_TYPE_BONUS = 1.01
+MESSAGE = 64e6  # bytes at which link bandwidths are compared
+
+
+def nodes(space: Space) -> list[tuple[str, str, int]]:
+    """(GPU type, zone, GPUs) per node of the pool, a zone's partial node last."""
+    p = space.problem
+    out = []
+    for k in space.kinds:
+        gpn = p.gpus[k.gpu].gpus_per_node
+        for z, n in space.zones_of[k]:
+            full, rest = divmod(n, gpn)
+            out += [(k.gpu, z, gpn)] * full + ([(k.gpu, z, rest)] if rest else [])
+    return out
+
+
+def _bandwidth(space: Space, a: tuple[str, str, int], b: tuple[str, str, int]) -> float:
+    link = space.problem.network.link(a[1], b[1], a[0], b[0])
+    t = float(link.transfer_time(MESSAGE)) - link.latency_s
+    return MESSAGE / t if t > 0 else math.inf
+
+
+def _intra(space: Space, node: tuple[str, str, int]) -> float:
+    """Bandwidth between the GPUs of one node."""
+    p = space.problem
+    link = p.network.intra.get(node[0])
+    if link is not None:
+        t = float(link.transfer_time(MESSAGE)) - link.latency_s
+        return MESSAGE / t if t > 0 else math.inf
+    return p.gpus[node[0]].intra_node_bw_Bps
+
+
+def split(space: Space, vertices: list[tuple[str, str, int]],
+          most: int | None = None) -> dict[int, list[list[int]]]:
+    """SPLIT: k -> groups (vertex indices) for k = 1 .. min(most, vertices)."""
+    g = nx.Graph()
+    g.add_nodes_from(range(len(vertices)))
+    for i in range(len(vertices)):
+        for j in range(i + 1, len(vertices)):
+            w = _bandwidth(space, vertices[i], vertices[j])
+            if vertices[i][0] == vertices[j][0]:
+                w *= SAME_TYPE_BONUS
+            g.add_edge(i, j, weight=w / 1e9)
+    parts = [sorted(g.nodes)]
+    out = {1: [list(p) for p in parts]}
+    cuts: dict[tuple[int, ...], tuple[float, list[int], list[int]]] = {}
+    limit = min(most or len(vertices), len(vertices))
+    for k in range(2, limit + 1):
+        best = None
+        for c in parts:
+            if len(c) < 2:
+                continue
+            key = tuple(c)
+            if key not in cuts:
+                value, (a, b) = nx.stoer_wagner(g.subgraph(c), weight="weight")
+                cuts[key] = (value, sorted(a), sorted(b))
+            value, a, b = cuts[key]
+            if best is None or (value, min(c)) < (best[0], min(best[1])):
+                best = (value, c, a, b)
+        if best is None:
+            break
+        _, c, a, b = best
+        parts = [p for p in parts if p is not c] + [a, b]
+        parts.sort(key=min)
+        out[k] = [list(p) for p in parts]
+    return out
+
+
+def _largest_remainder(weights: list[float], total: int, floor: int = 0) -> list[int]:
+    """Integers proportional to ``weights`` summing to ``total``, each at least ``floor``."""
+    n = len(weights)
+    base = [floor] * n
+    left = total - floor * n
+    w = np.asarray(weights, dtype=float)
+    raw = w / w.sum() * left
+    got = np.floor(raw).astype(int)
+    rem = left - int(got.sum())
+    order = np.argsort(-(raw - got), kind="stable")
+    got[order[:rem]] += 1
+    return [int(b + x) for b, x in zip(base, got, strict=True)]
+
+
+def build(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: bool, zero: int,
+          schedule: str) -> PlanSpec | None:
+    """The plan of one partition (module docstring, Phase 2), or None if it has more groups
+    than layers or fewer microbatches than one per group."""
+    p = space.problem
+    L = p.n_layers
+    total = p.job.global_batch // mbs
+    if len(groups) > L:
+        return None
+    rate = {}
+    for gpu in {v[0] for v in vertices}:
+        cum = space.tb.cum_step(gpu, 1, mbs, recompute)
+        rate[gpu] = 1.0 / (float(cum[-1]) * p.timing.compute_scale)
+    speed = [sum(rate[vertices[v][0]] * vertices[v][2] for v in grp) for grp in groups]
+
+    def inside(grp: list[int]) -> float:
+        bws = [_intra(space, vertices[v]) for v in grp if vertices[v][2] > 1]
+        bws += [_bandwidth(space, vertices[a], vertices[b])
+                for i, a in enumerate(grp) for b in grp[i + 1:]]
+        return min(bws, default=math.inf)
+
+    order = sorted(range(len(groups)), key=lambda i: (-inside(groups[i]), i))
+    layers = _largest_remainder([speed[i] for i in order], L, floor=1)
+    stages, a = [], 0
+    for i, n in zip(order, layers, strict=True):
+        gpus = [(vertices[v][0], vertices[v][1]) for v in groups[i] for _ in range(vertices[v][2])]
+        shares = _largest_remainder([rate[g] for g, _ in gpus], total)
+        reps = tuple((g, 1, z, m) for (g, z), m in zip(gpus, shares, strict=True))
+        stages.append((a, a + n, reps))
+        a += n
+    return (mbs, schedule, recompute, zero, tuple(stages))
+
+
+def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
+           max_stages: int | None = None) -> None:
+    problem = space.problem
+    job = problem.job
+    vertices = nodes(space)
+    if not vertices:
+        return
+    parts = split(space, vertices, most=min(max_stages or problem.n_layers, problem.n_layers))
+    specs: list[PlanSpec] = []
+    for k in sorted(parts):
+        for recompute in sorted(set(job.recompute), reverse=True):
+            for zero in [max(job.zero_stage)]:  # never more memory, never slower
+                for schedule in job.schedule:
+                    for mbs in mbs_values:
+                        sp = build(space, vertices, parts[k], mbs, recompute, zero, schedule)
+                        if sp is not None:
+                            specs.append(sp)
+    for i in range(0, len(specs), 64):
+        ev.cost(specs[i:i + 64])
+        if ev.out_of_time():
+            return

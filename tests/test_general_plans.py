@@ -1,0 +1,148 @@
+"""Plans that are not a set of pipelines: stages with different replica counts, uneven and
+stage-specific microbatch shares. The event simulation equals the batched kernel on pipelines,
+and behaves as a schedule must on the rest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shoal.estimate import estimate, general
+from shoal.estimate.api import run_kernel, tables_for
+from shoal.estimate.encode import encode_specs, to_spec
+from shoal.problem import load_problem
+from shoal.specs.plan import TrainingPlan, owners
+from shoal.training.planners import search
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.fixture(scope="module")
+def het():
+    pb = load_problem(EXAMPLES / "het-a100-v100.yaml")
+    plan = json.loads((EXAMPLES / "het-a100-v100.plan.json").read_text())
+    return pb, plan
+
+
+def test_simulation_equals_kernel_on_pipelines(het):
+    pb, plan = het
+    plans = [TrainingPlan.model_validate(plan)] + [c.plan for c in search(pb, top_k=4).ranked]
+    for p in plans + [p.model_copy(update={"schedule": "gpipe"}) for p in plans[:2]]:
+        tb = tables_for(pb, [p.microbatch_size])
+        sp = to_spec(p)
+        out = run_kernel(pb, tb, encode_specs(tb, [sp]), detail=True)
+        sim = general.apply(pb, tb, sp, out)
+        assert sim["iteration_time_s"][0] == pytest.approx(out["iteration_time_s"][0], rel=1e-9)
+        assert sim["cost_egress_usd"][0] == pytest.approx(out["cost_egress_usd"][0], rel=1e-9, abs=1e-12)
+
+
+@given(shares=st.lists(st.integers(0, 9), min_size=1, max_size=6))
+def test_owners_deal_every_share_evenly(shares):
+    own = owners(shares)
+    assert len(own) == sum(shares)
+    for j, n in enumerate(shares):
+        picks = [i for i, x in enumerate(own) if x == j]
+        assert len(picks) == n
+        # spread: replica j's k-th microbatch comes within one round of k * total / share
+        for k, i in enumerate(picks):
+            assert abs(i - k * sum(shares) / n) <= sum(shares) / n + 1
+
+
+def _with_stage(plan: dict, s: int, replicas: list[dict]) -> TrainingPlan:
+    d = json.loads(json.dumps(plan))
+    d["stages"][s]["replicas"] = replicas
+    return TrainingPlan.model_validate(d)
+
+
+def test_fewer_faster_replicas_carry_a_stage(het):
+    """8 V100 stages handing off to 4 A100 replicas with twice the share each: the hand-off
+    many-to-few works, the A100 stage is twice as busy per replica as with 8, and the iteration
+    is no faster than its busiest replica."""
+    pb, plan = het
+    total = sum(r["microbatches"] for r in plan["stages"][2]["replicas"])
+    base = estimate(pb, TrainingPlan.model_validate(plan))
+    four = [{"gpu": "A100-40GB", "tp": 4, "zone": "us-central1-a", "microbatches": total // 4}] * 4
+    e = estimate(pb, _with_stage(plan, 2, four))
+    assert not e.oom
+    assert e.stages[2].replicas == 4
+    assert e.stages[2].busy_s == pytest.approx(2 * base.stages[2].busy_s, rel=1e-6)
+    assert e.iteration_time_s >= max(s.busy_s for s in e.stages)
+    assert e.num_gpus == base.num_gpus - 16
+
+
+def test_shares_by_speed_beat_even_shares():
+    """Zorse's point: in a data-parallel group of mixed GPUs, microbatch shares proportional to
+    speed finish sooner than even shares."""
+    pb = load_problem(EXAMPLES / "het-a100-v100.yaml")
+    L = pb.n_layers
+    mixed = [("A100-40GB", 4), ("A100-40GB", 4), ("V100-16GB", 4), ("V100-16GB", 4)]
+
+    def plan(shares):
+        reps = [{"gpu": g, "tp": t, "zone": "us-central1-a", "microbatches": m}
+                for (g, t), m in zip(mixed, shares, strict=True)]
+        return TrainingPlan.model_validate({
+            "microbatch_size": 1, "recompute": True,
+            "stages": [{"layers": [0, L // 2], "replicas": reps},
+                       {"layers": [L // 2, L], "replicas": reps}]})
+
+    even = estimate(pb, plan([512] * 4))
+    by_speed = estimate(pb, plan([700, 700, 324, 324]))
+    assert by_speed.iteration_time_s < even.iteration_time_s
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.lists(st.integers(1, 4), min_size=2, max_size=4), seed=st.integers(0, 10_000))
+def test_asymmetric_plans_schedule_and_bound(counts, seed):
+    """Random stage replica counts and shares: the simulation finishes (no deadlock), every
+    replica's busy time is at most the iteration time, and slowing one replica never makes the
+    iteration faster."""
+    pb = load_problem(EXAMPLES / "het-a100-v100.yaml")
+    rng = np.random.default_rng(seed)
+    total = pb.job.global_batch  # microbatch size 1
+    cuts = np.sort(rng.choice(np.arange(1, pb.n_layers), size=len(counts) - 1, replace=False))
+    edges = [0, *cuts.tolist(), pb.n_layers]
+    stages = []
+    for s, n in enumerate(counts):
+        w = rng.dirichlet(np.ones(n))
+        sh = np.floor(w * total).astype(int)
+        sh[-1] += total - sh.sum()
+        stages.append({"layers": [edges[s], edges[s + 1]], "replicas": [
+            {"gpu": "A100-40GB", "tp": 4, "zone": "us-central1-a", "microbatches": int(m)}
+            for m in sh]})
+    plan = TrainingPlan.model_validate({"microbatch_size": 1, "recompute": True, "stages": stages})
+    tb = tables_for(pb, [1])
+    sp = to_spec(plan)
+    out = run_kernel(pb, tb, encode_specs(tb, [sp]), detail=True)
+    S = len(counts)
+    fwd, bwd = out["fwd"][0, :S], out["bwd"][0, :S]
+    hop = general.hops(pb, tb, sp)
+    ends, busy = general.simulate(sp, fwd, bwd, hop, pb.timing.recv_fraction)
+    assert np.all(busy <= ends.max() * (1 + 1e-12))
+    s0 = int(rng.integers(S))
+    slower = fwd.copy()
+    slower[s0] *= 1.5
+    ends2, _ = general.simulate(sp, slower, bwd, hop, pb.timing.recv_fraction)
+    assert ends2.max() >= ends.max() * (1 - 1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(a=st.integers(0, 20), n=st.integers(1, 14), tp=st.integers(0, 2), dp=st.integers(1, 16),
+       inflight=st.integers(1, 8), recompute=st.booleans())
+def test_zero_never_raises_memory(het, a, n, tp, dp, inflight, recompute):
+    from shoal.estimate.api import _state_bytes
+    from shoal.estimate.kernel import worker_memory
+
+    pb, _ = het
+    tb = tables_for(pb, [1])
+    b = min(a + n, pb.n_layers)
+    totals = []
+    for zero in (0, 1, 2):
+        parts = worker_memory(tb, pb.memory, _state_bytes(pb)[1], a, b, tp, 1.0, float(inflight),
+                              np.bool_(recompute), np.int64(zero), float(dp))
+        totals.append(float(sum(parts)))
+    assert totals[1] <= totals[0] and totals[2] <= totals[1]
