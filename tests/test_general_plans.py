@@ -5,6 +5,7 @@ and behaves as a schedule must on the rest."""
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,24 @@ def het():
     pb = load_problem(EXAMPLES / "het-a100-v100.yaml")
     plan = json.loads((EXAMPLES / "het-a100-v100.plan.json").read_text())
     return pb, plan
+
+
+@lru_cache(maxsize=1)
+def small_het():
+    """The example pool with a 64-sequence batch: quick to simulate."""
+    import yaml
+
+    from shoal.problem import build_problem
+    from shoal.specs.scenario import parse_scenario
+
+    data = yaml.safe_load((EXAMPLES / "het-a100-v100.yaml").read_text())
+    data["job"]["global_batch"] = 64
+    return build_problem(parse_scenario(data, file="small.yaml"), file="small.yaml")
+
+
+@lru_cache(maxsize=1)
+def small_tables():
+    return tables_for(small_het(), [1])
 
 
 def test_simulation_equals_kernel_on_pipelines(het):
@@ -101,7 +120,7 @@ def test_asymmetric_plans_schedule_and_bound(counts, seed):
     """Random stage replica counts and shares: the simulation finishes (no deadlock), every
     replica's busy time is at most the iteration time, and slowing one replica never makes the
     iteration faster."""
-    pb = load_problem(EXAMPLES / "het-a100-v100.yaml")
+    pb = small_het()
     rng = np.random.default_rng(seed)
     total = pb.job.global_batch  # microbatch size 1
     cuts = np.sort(rng.choice(np.arange(1, pb.n_layers), size=len(counts) - 1, replace=False))
@@ -115,7 +134,7 @@ def test_asymmetric_plans_schedule_and_bound(counts, seed):
             {"gpu": "A100-40GB", "tp": 4, "zone": "us-central1-a", "microbatches": int(m)}
             for m in sh]})
     plan = TrainingPlan.model_validate({"microbatch_size": 1, "recompute": True, "stages": stages})
-    tb = tables_for(pb, [1])
+    tb = small_tables()
     sp = to_spec(plan)
     out = run_kernel(pb, tb, encode_specs(tb, [sp]), detail=True)
     S = len(counts)
@@ -133,12 +152,11 @@ def test_asymmetric_plans_schedule_and_bound(counts, seed):
 @settings(max_examples=30, deadline=None)
 @given(a=st.integers(0, 20), n=st.integers(1, 14), tp=st.integers(0, 2), dp=st.integers(1, 16),
        inflight=st.integers(1, 8), recompute=st.booleans())
-def test_zero_never_raises_memory(het, a, n, tp, dp, inflight, recompute):
+def test_zero_never_raises_memory(a, n, tp, dp, inflight, recompute):
     from shoal.estimate.api import _state_bytes
     from shoal.estimate.kernel import worker_memory
 
-    pb, _ = het
-    tb = tables_for(pb, [1])
+    pb, tb = small_het(), small_tables()
     b = min(a + n, pb.n_layers)
     totals = []
     for zero in (0, 1, 2):

@@ -25,8 +25,9 @@ import numpy as np
 from shoal.estimate.encode import PlanSpec
 from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
-from shoal.specs.plan import orders as plan_orders
 from shoal.specs.plan import owners as plan_owners
+from shoal.specs.plan import stage_orders as plan_stage_orders
+from shoal.specs.plan import warmups as plan_warmups
 
 
 def is_pipelines(spec: PlanSpec) -> bool:
@@ -41,6 +42,38 @@ def owners(spec: PlanSpec) -> list[np.ndarray]:
     return [np.array(plan_owners([r[3] for r in reps]), dtype=np.int64) for _, _, reps in spec[4]]
 
 
+def topological(schedule: str, shares: list[list[int]]) -> list[tuple[int, int, int]]:
+    """The stages' orders (``stage_orders``) merged into one order in which every operation
+    comes after the one it waits for: (stage, is_backward, microbatch). Each replica's order is
+    part of its stage's, so this order also respects every replica's."""
+    per = plan_stage_orders(schedule, shares)
+    S = len(per)
+    pos = [0] * S
+    M = sum(shares[0])
+    f_done = [[False] * M for _ in range(S)]
+    b_done = [[False] * M for _ in range(S)]
+    out: list[tuple[int, int, int]] = []
+    left = sum(len(p) for p in per)
+    while left:
+        progressed = False
+        for s in range(S):
+            ops = per[s]
+            while pos[s] < len(ops):
+                bk, i = ops[pos[s]]
+                ok = ((b_done[s + 1][i] if s + 1 < S else f_done[s][i]) if bk
+                      else (s == 0 or f_done[s - 1][i]))
+                if not ok:
+                    break
+                (b_done if bk else f_done)[s][i] = True
+                out.append((s, bk, i))
+                pos[s] += 1
+                left -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("the plan's schedule has a cycle")
+    return out
+
+
 def simulate(spec: PlanSpec, fwd: np.ndarray, bwd: np.ndarray, hop: list[np.ndarray],
              recv_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """(end of each replica's last operation (S, R), busy seconds of each replica (S, R)).
@@ -48,56 +81,51 @@ def simulate(spec: PlanSpec, fwd: np.ndarray, bwd: np.ndarray, hop: list[np.ndar
     ``fwd``/``bwd``: (S, R) compute seconds per microbatch; ``hop[s]``: (R_s, R_{s+1}) seconds
     of one microbatch's transfer between replica a of stage s and replica b of stage s+1 (the
     same in both directions)."""
-    schedule = spec[1]
     stages = spec[4]
     S = len(stages)
     own = owners(spec)
-    M = len(own[0])
     R = fwd.shape[1]
-    f_end = np.full((S, M), np.nan)
-    b_end = np.full((S, M), np.nan)
-    free = np.zeros((S, R))
-    busy = np.zeros((S, R))
-    per = plan_orders(schedule, [[r[3] for r in reps] for _, _, reps in stages])
-    orders = [(s, j, ops) for s in range(S) for j, ops in enumerate(per[s])]
-    pos = [0] * len(orders)
-    left = sum(len(o) for _, _, o in orders)
     rf = recv_fraction
-    while left:
-        progressed = False
-        for w, (s, j, ops) in enumerate(orders):
-            t = free[s, j]
-            while pos[w] < len(ops):
-                bk, i = ops[pos[w]]
-                if not bk:
-                    dep = f_end[s - 1, i] if s > 0 else 0.0
-                    d = fwd[s, j]
-                    if s + 1 < S:
-                        d += hop[s][j, own[s + 1][i]]  # send activations on
-                    if s > 0:
-                        d += rf * hop[s - 1][own[s - 1][i], j]  # blocking share of the receive
-                else:
-                    dep = b_end[s + 1, i] if s + 1 < S else f_end[s, i]
-                    d = bwd[s, j]
-                    if s > 0:
-                        d += hop[s - 1][own[s - 1][i], j]  # send gradients back
-                    if s + 1 < S:
-                        d += rf * hop[s][j, own[s + 1][i]]
-                if np.isnan(dep):
-                    break
-                t = max(t, dep) + d
-                busy[s, j] += d
-                if bk:
-                    b_end[s, i] = t
-                else:
-                    f_end[s, i] = t
-                pos[w] += 1
-                left -= 1
-                progressed = True
-            free[s, j] = t
-        if not progressed:
-            raise RuntimeError("the plan's schedule has a cycle")
-    return free, busy
+    # per stage and microbatch: its owner and the seconds of its forward and backward there
+    # (compute, the send to the next owner, the blocking share of the receive)
+    d_f, d_b = [], []
+    for s in range(S):
+        o = own[s]
+        df = fwd[s, o].astype(float)
+        db = bwd[s, o].astype(float)
+        if s + 1 < S:
+            h = hop[s][o, own[s + 1]]
+            df, db = df + h, db + rf * h
+        if s > 0:
+            h = hop[s - 1][own[s - 1], o]
+            df, db = df + rf * h, db + h
+        d_f.append(df.tolist())
+        d_b.append(db.tolist())
+    own_l = [o.tolist() for o in own]
+    shares = [[r[3] for r in reps] for _, _, reps in stages]
+    f_end = [[0.0] * len(own_l[0]) for _ in range(S)]
+    b_end = [[0.0] * len(own_l[0]) for _ in range(S)]
+    free = [[0.0] * R for _ in range(S)]
+    busy = np.zeros((S, R))
+    for s, bk, i in topological(spec[1], shares):
+        j = own_l[s][i]
+        if bk:
+            dep = b_end[s + 1][i] if s + 1 < S else f_end[s][i]
+            d = d_b[s][i]
+        else:
+            dep = f_end[s - 1][i] if s > 0 else 0.0
+            d = d_f[s][i]
+        t = free[s][j]
+        if dep > t:
+            t = dep
+        t += d
+        free[s][j] = t
+        (b_end if bk else f_end)[s][i] = t
+    for s in range(S):
+        for j in range(len(shares[s])):
+            mine = own[s] == j
+            busy[s, j] = float(np.sum(np.asarray(d_f[s])[mine]) + np.sum(np.asarray(d_b[s])[mine]))
+    return np.array(free), busy
 
 
 def hops(problem: Problem, tb: CostTables, spec: PlanSpec) -> list[np.ndarray]:
@@ -106,16 +134,13 @@ def hops(problem: Problem, tb: CostTables, spec: PlanSpec) -> list[np.ndarray]:
     tc = problem.timing
     mi = tb.mi(spec[0])
     stages = spec[4]
+    idx = [(np.array([tb.gi(r[0]) for r in reps]), np.array([tb.zones.index(r[2]) for r in reps]),
+            np.array([tb.ti(r[1]) for r in reps])) for _, _, reps in stages]
     out = []
     for s in range(len(stages) - 1):
-        a_reps, b_reps = stages[s][2], stages[s + 1][2]
-        h = np.zeros((len(a_reps), len(b_reps)))
-        for a, (ga, ta, za, _) in enumerate(a_reps):
-            for b, (gb, _, zb, _) in enumerate(b_reps):
-                lid = tb.link_id(tb.gi(ga), tb.zones.index(za), tb.gi(gb), tb.zones.index(zb),
-                                 tb.ti(ta))
-                h[a, b] = float(tb.p2p_time[mi, lid]) * tc.p2p_scale + tc.p2p_overhead_s
-        out.append(h)
+        (ga, za, ta), (gb, zb, _) = idx[s], idx[s + 1]
+        lid = tb.link_id(ga[:, None], za[:, None], gb[None, :], zb[None, :], ta[:, None])
+        out.append(tb.p2p_time[mi][lid] * tc.p2p_scale + tc.p2p_overhead_s)
     return out
 
 
@@ -146,7 +171,7 @@ def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
     upd = out["update"][0, :S].max(axis=1)
     T = float((stage_end + sync + upd).max() + problem.timing.step_overhead_s)
     res = dict(out)
-    _memory(problem, tb, spec, res)
+    memory(problem, tb, spec, res)
     res["iteration_time_s"] = np.array([T])
     res["stage_end"] = out["stage_end"].copy()
     res["stage_end"][0, :S] = stage_end
@@ -169,23 +194,33 @@ def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
 
 
 def in_flight(spec: PlanSpec) -> list[list[int]]:
-    """[stage][replica] -> the most microbatches whose activations the replica holds at once."""
-    per = plan_orders(spec[1], [[r[3] for r in reps] for _, _, reps in spec[4]])
+    """[stage][replica] -> the most microbatches whose activations the replica holds at once.
+
+    In the 1F1B stage order (W forwards, then forward W+k before backward k), a replica holds
+    after forward W+k its microbatches in [k, W+k]: the most it ever holds is the most of its
+    microbatches in any W+1 consecutive ones. Under GPipe, all of them."""
+    stages = spec[4]
+    shares = [[r[3] for r in reps] for _, _, reps in stages]
+    warm = plan_warmups(shares)
     out = []
-    for stage in per:
+    for s, sh in enumerate(shares):
+        if spec[1] == "gpipe":
+            out.append(list(sh))
+            continue
+        own = np.array(plan_owners(sh), dtype=np.int64)
+        M, W = len(own), warm[s]
         row = []
-        for ops in stage:
-            held = most = 0
-            for bk, _ in ops:
-                held += -1 if bk else 1
-                most = max(most, held)
-            row.append(most)
+        for j in range(len(sh)):
+            c = np.concatenate([[0], np.cumsum(own == j)])
+            hi = np.minimum(np.arange(M) + W + 1, M)
+            row.append(int((c[hi] - c[np.arange(M)]).max()) if M else 0)
         out.append(row)
     return out
 
 
-def _memory(problem: Problem, tb: CostTables, spec: PlanSpec, res: dict) -> None:
-    """Activations, peak and OOM of every replica from its order's in-flight microbatches."""
+def memory(problem: Problem, tb: CostTables, spec: PlanSpec, res: dict) -> None:
+    """Activations, peak and OOM of every replica from its order's in-flight microbatches,
+    written into ``res`` (a one-plan kernel result with ``detail``)."""
     from shoal.estimate.api import _state_bytes
     from shoal.estimate.kernel import worker_memory
 

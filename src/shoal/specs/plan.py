@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from shoal.specs._types import STRICT, NonNegInt, PositiveInt
@@ -27,21 +29,34 @@ class Stage(BaseModel):
 
 def owners(shares: list[int] | tuple[int, ...]) -> list[int]:
     """The replica that runs each microbatch of the iteration, for one stage whose replicas run
-    ``shares`` microbatches: smooth weighted round-robin (each pick adds every replica's share
-    to its credit and takes the replica with the most credit, lowest index first on ties, which
-    then pays the total). Each replica gets exactly its share, spread evenly over the iteration,
-    so a stage with fewer replicas or other shares than its neighbour still receives work at a
-    steady pace. Stages with the same shares get the same owners: they form pipelines."""
-    total = sum(shares)
-    credit = [0] * len(shares)
-    out = []
-    for _ in range(total):
-        for j, w in enumerate(shares):
-            credit[j] += w
-        j = max(range(len(shares)), key=lambda x: (credit[x], -x))
-        credit[j] -= total
-        out.append(j)
-    return out
+    ``shares`` microbatches: replica j's k-th microbatch is due at (k + 1/2) / share_j of the
+    iteration, and microbatches go out in order of due time (lower replica first on ties).
+    Each replica gets exactly its share, spread evenly over the iteration, so a stage with fewer
+    replicas or other shares than its neighbour still receives work at a steady pace. Stages
+    with the same shares get the same owners: they form pipelines."""
+    return list(_owners(tuple(int(n) for n in shares)))
+
+
+@lru_cache(maxsize=4096)
+def _owners(shares: tuple[int, ...]) -> tuple[int, ...]:
+    if not shares or sum(shares) == 0:
+        return ()
+    due = np.concatenate([(np.arange(n) + 0.5) / n for n in shares if n > 0])
+    who = np.concatenate([np.full(n, j) for j, n in enumerate(shares) if n > 0])
+    return tuple(int(x) for x in who[np.lexsort((who, due))])
+
+
+def warmups(shares: list[list[int]]) -> list[int]:
+    """W_s of ``orders``' 1F1B: forwards each stage runs before its first backward."""
+    S = len(shares)
+    total = sum(shares[0])
+    warm = [0] * S
+    for s in range(S - 1, -1, -1):
+        w = sum(min(S - s - 1, n) for n in shares[s])
+        if s < S - 1:
+            w = max(w, warm[s + 1] + 1)
+        warm[s] = min(w, total)
+    return warm
 
 
 def orders(schedule: str, shares: list[list[int]]) -> list[list[list[tuple[int, int]]]]:
@@ -56,29 +71,30 @@ def orders(schedule: str, shares: list[list[int]]) -> list[list[list[tuple[int, 
     most the microbatches. With equal shares these are the pipelines' 1F1B orders; the stages'
     orders form a valid single-pipeline schedule and each replica's order is part of its
     stage's, so no plan can deadlock."""
-    S = len(shares)
-    total = sum(shares[0])
-    warm = [0] * S
-    for s in range(S - 1, -1, -1):
-        w = sum(min(S - s - 1, n) for n in shares[s])
-        if s < S - 1:
-            w = max(w, warm[s + 1] + 1)
-        warm[s] = min(w, total)
     out = []
-    for s in range(S):
-        if schedule == "gpipe":
-            stage = [(0, i) for i in range(total)] + [(1, i) for i in range(total)]
-        else:
-            stage = [(0, i) for i in range(warm[s])]
-            for k in range(total):
-                if warm[s] + k < total:
-                    stage.append((0, warm[s] + k))
-                stage.append((1, k))
+    for s, stage in enumerate(stage_orders(schedule, shares)):
         own = owners(shares[s])
         mine: list[list[tuple[int, int]]] = [[] for _ in shares[s]]
         for op in stage:
             mine[own[op[1]]].append(op)
         out.append(mine)
+    return out
+
+
+def stage_orders(schedule: str, shares: list[list[int]]) -> list[list[tuple[int, int]]]:
+    """[stage] -> the (is_backward, microbatch) order of the whole stage (``orders``)."""
+    total = sum(shares[0])
+    out = []
+    for w in warmups(shares):
+        if schedule == "gpipe":
+            stage = [(0, i) for i in range(total)] + [(1, i) for i in range(total)]
+        else:
+            stage = [(0, i) for i in range(w)]
+            for k in range(total):
+                if w + k < total:
+                    stage.append((0, w + k))
+                stage.append((1, k))
+        out.append(stage)
     return out
 
 

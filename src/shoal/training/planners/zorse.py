@@ -15,14 +15,20 @@ all-gathers have nothing to hide behind); inside a group, one replica per GPU (n
 and microbatch shares in proportion to GPU speed. Every microbatch size, recompute and schedule
 setting the job allows, with the highest ZeRO stage it allows (Zorse runs ZeRO-2; a higher stage
 never needs more memory and never updates slower), is costed by shoal's estimator (asymmetric
-plans go through its event simulation, ``shoal.estimate.general``); the best under the objective
-wins.
+plans go through its event simulation, ``shoal.estimate.general``), in order of a lower bound
+(the busiest GPU's compute), skipping plans whose bound cannot beat the best so far; the best
+under the objective wins.
 
 Choices and limits:
 - Graph vertices are nodes, not GPUs (Zorse's own groups never split a node). Where links tie
   (one zone at one bandwidth, as a scenario usually says), an edge between nodes of the same GPU
   type weighs 1% more, so the cut keeps types together (Zorse's Cluster B groups are its GPU
   types), and ties are broken by node order.
+- Hand-off between groups: each group deals the iteration's microbatches to its GPUs by smooth
+  weighted round-robin over their shares (``shoal.specs.plan.owners``), so every GPU receives
+  work at the pace of its share. Zorse assigns the i-th finished microbatch to the GPU with the
+  i-th most work left; with steady per-GPU rates both keep every GPU's queue in step with its
+  share, and the static deal is what the runtime executes and the estimator simulates.
 - Not modelled: ministage interleaving with CPU offload of idle ministages and of boundary
   activations, and per-ministage optimizer steps (Zorse §4.1). A plan that only fits with them
   is reported out of memory here.
@@ -31,10 +37,14 @@ Choices and limits:
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import networkx as nx
 import numpy as np
 
+from shoal.estimate import general
+from shoal.estimate.api import run_kernel
+from shoal.estimate.encode import encode_specs
 from shoal.training.planners.common import Evaluator, PlanSpec
 from shoal.training.planners.space import Space
 
@@ -55,7 +65,12 @@ def nodes(space: Space) -> list[tuple[str, str, int]]:
 
 
 def _bandwidth(space: Space, a: tuple[str, str, int], b: tuple[str, str, int]) -> float:
-    link = space.problem.network.link(a[1], b[1], a[0], b[0])
+    return _link_bw(space.problem.network, a[1], b[1], a[0], b[0])
+
+
+@lru_cache(maxsize=65536)
+def _link_bw(network, za: str, zb: str, ga: str, gb: str) -> float:
+    link = network.link(za, zb, ga, gb)
     t = float(link.transfer_time(MESSAGE)) - link.latency_s
     return MESSAGE / t if t > 0 else math.inf
 
@@ -170,7 +185,35 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                         sp = build(space, vertices, parts[k], mbs, recompute, zero, schedule)
                         if sp is not None:
                             specs.append(sp)
-    for i in range(0, len(specs), 64):
-        ev.cost(specs[i:i + 64])
+    if not specs:
+        return
+    # A lower bound per plan: its busiest GPU's compute. Plans are simulated in bound order,
+    # and those whose bound cannot beat the best plan so far are skipped.
+    out = run_kernel(problem, space.tb, encode_specs(space.tb, specs), detail=True)
+    shares = np.zeros(out["fwd"].shape)
+    for b, sp in enumerate(specs):
+        for s_, (_, _, reps) in enumerate(sp[4]):
+            shares[b, s_, :len(reps)] = [r[3] for r in reps]
+    t_low = ((out["fwd"] + out["bwd"]) * shares).max(axis=(1, 2))
+    usd_s = out["gpu_usd_per_s"]
+    B = len(specs)
+    for i in np.argsort(t_low, kind="stable"):
+        # memory needs no simulation: a plan out of memory is counted, not simulated
+        one = {k: v[i:i + 1] for k, v in out.items() if isinstance(v, np.ndarray) and len(v) == B}
+        general.memory(problem, space.tb, specs[i], one)
+        if one["oom"][0]:
+            ev.stats.oom += 1
+            ev.stats.candidates_costed += 1
+            continue
+        inc = ev.incumbent
+        if inc is not None:
+            low = {"max-throughput": t_low[i], "min-cost": t_low[i] * usd_s[i],
+                   "max-throughput-per-dollar": t_low[i] ** 2 * usd_s[i]}[objective]
+            best = {"max-throughput": inc.iteration_time_s, "min-cost": inc.cost_usd,
+                    "max-throughput-per-dollar": inc.iteration_time_s * inc.cost_usd}[objective]
+            if low >= best:
+                ev.stats.pruned += 1
+                continue
+        ev.cost([specs[i]])
         if ev.out_of_time():
             return
