@@ -164,3 +164,20 @@ def test_zero_never_raises_memory(a, n, tp, dp, inflight, recompute):
                               np.bool_(recompute), np.int64(zero), float(dp))
         totals.append(float(sum(parts)))
     assert totals[1] <= totals[0] and totals[2] <= totals[1]
+
+
+def test_timeline_of_an_asymmetric_plan_matches_the_estimate(het, tmp_path):
+    from shoal.training.schedule import draw_timeline, simulate
+
+    pb, plan = het
+    total = sum(r["microbatches"] for r in plan["stages"][2]["replicas"])
+    four = [{"gpu": "A100-40GB", "tp": 4, "zone": "us-central1-a", "microbatches": total // 4}] * 4
+    p = _with_stage(plan, 2, four)
+    tl = simulate(pb, p)
+    assert tl.iteration_time_s == pytest.approx(estimate(pb, p).iteration_time_s, rel=1e-9)
+    per_replica = {}
+    for op in tl.ops:
+        if op.kind in "FB":
+            per_replica[(op.stage, op.replica)] = per_replica.get((op.stage, op.replica), 0) + 1
+    assert per_replica[(2, 0)] == 2 * total // 4 and per_replica[(0, 0)] == 2 * total // 8
+    assert draw_timeline(pb, p, tmp_path / "t.png").stat().st_size > 10_000

@@ -2,7 +2,7 @@
 microbatch shares differ from stage to stage (Zorse's asymmetric stages and uneven shares).
 
 Microbatches are numbered 0..M-1 for the iteration, and each stage deals them to its replicas
-by smooth weighted round-robin over their shares (``shoal.specs.plan.owners``, as the runtime
+in order of due time by their shares (``shoal.specs.plan.owners``, as the runtime
 does): microbatch i meets, in every stage, the replica that owns i there. Every replica runs its
 part of its stage's 1F1B (or GPipe) order (``shoal.specs.plan.orders``). An event simulation
 gives when every replica ends: a forward of microbatch i starts when the replica is free and the
@@ -75,12 +75,13 @@ def topological(schedule: str, shares: list[list[int]]) -> list[tuple[int, int, 
 
 
 def simulate(spec: PlanSpec, fwd: np.ndarray, bwd: np.ndarray, hop: list[np.ndarray],
-             recv_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+             recv_fraction: float, trace: list | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(end of each replica's last operation (S, R), busy seconds of each replica (S, R)).
 
     ``fwd``/``bwd``: (S, R) compute seconds per microbatch; ``hop[s]``: (R_s, R_{s+1}) seconds
     of one microbatch's transfer between replica a of stage s and replica b of stage s+1 (the
-    same in both directions)."""
+    same in both directions). ``trace``: a list to which every operation is appended as
+    (stage, replica, is_backward, microbatch, start, end)."""
     stages = spec[4]
     S = len(stages)
     own = owners(spec)
@@ -118,6 +119,8 @@ def simulate(spec: PlanSpec, fwd: np.ndarray, bwd: np.ndarray, hop: list[np.ndar
         t = free[s][j]
         if dep > t:
             t = dep
+        if trace is not None:
+            trace.append((s, j, bk, i, t, t + d))
         t += d
         free[s][j] = t
         (b_end if bk else f_end)[s][i] = t

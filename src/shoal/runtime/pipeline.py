@@ -2,15 +2,15 @@
 gradient synchronisation and the optimizer step.
 
 Ranks are given stage by stage, replica by replica, TP rank by TP rank. Each stage deals the
-iteration's microbatches to its replicas by their ``microbatches`` shares
-(``shoal.specs.plan.owners``: smooth weighted round-robin), so microbatch i meets, in every
-stage, the replica that owns i there; activations and
-gradients go between those replicas' first TP ranks and are broadcast inside the receiving TP
-group, so neighbouring stages may differ in replica count and TP degree. Losses are summed over
-tokens and divided by the iteration's tokens, so summing the gradients over a stage's replicas
-(all-reduce) gives the gradient of the global batch's mean loss whatever the shares: training is
-the same as one process on the whole batch. Sends are non-blocking and receives blocking, so the
-per-rank 1F1B and GPipe orders cannot deadlock.
+iteration's microbatches to its replicas by their ``microbatches`` shares, in order of due time
+(``shoal.specs.plan.owners``), so microbatch i meets, in every stage, the replica that owns i
+there; activations and gradients go between those replicas' first TP ranks and are broadcast
+inside the receiving TP group, so neighbouring stages may differ in replica count and TP degree.
+Losses are summed over tokens and divided by the iteration's tokens, so summing the gradients
+over a stage's replicas (all-reduce) gives the gradient of the global batch's mean loss whatever
+the shares: training is the same as one process on the whole batch. Each replica runs its part
+of its stage's 1F1B or GPipe order (``shoal.specs.plan.orders``: no plan can deadlock); sends
+are non-blocking and receives blocking.
 
 ZeRO (``zero_stage`` 1 or 2): inside each data-parallel group the flat gradient is
 reduce-scattered so that each rank owns one shard, updates only that shard with AdamW (its

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from shoal.estimate import general
 from shoal.estimate.api import run_kernel, tables_for
-from shoal.estimate.encode import encode
+from shoal.estimate.encode import encode, to_spec
 from shoal.estimate.pipeline import stage_order
 from shoal.estimate.validate import validate_plan
 from shoal.files import save_png
@@ -110,6 +111,9 @@ def simulate(problem: Problem, plan: TrainingPlan, *, validate: bool = True) -> 
         validate_plan(problem, plan)
     tb = tables_for(problem, [plan.microbatch_size])
     o = run_kernel(problem, tb, encode(tb, [plan]), detail=True)
+    spec = to_spec(plan)
+    if not general.is_pipelines(spec):
+        return _simulate_general(problem, plan, tb, spec, o)
     fwd = (o["fwd"] + o["send_fwd"])[0]
     bwd = (o["bwd"] + o["send_bwd"])[0]
     P = len(plan.stages)
@@ -139,6 +143,27 @@ def simulate(problem: Problem, plan: TrainingPlan, *, validate: bool = True) -> 
                     pipeline_time_s=pipe_T)
 
 
+def _simulate_general(problem: Problem, plan: TrainingPlan, tb, spec, o) -> Timeline:
+    """A plan that is not a set of pipelines: every replica's operations from the estimator's
+    event simulation (``shoal.estimate.general``), then each stage's all-reduce and update."""
+    S = len(plan.stages)
+    trace: list = []
+    ends, _ = general.simulate(spec, o["fwd"][0, :S], o["bwd"][0, :S], general.hops(problem, tb, spec),
+                               problem.timing.recv_fraction, trace=trace)
+    ops = [Op(s, j, "B" if bk else "F", i, t0, t1) for s, j, bk, i, t0, t1 in trace]
+    end = 0.0
+    for s, st in enumerate(plan.stages):
+        t0 = float(ends[s, :len(st.replicas)].max())
+        sync, upd = float(o["sync"][0, s]), float(o["update"][0, s].max())
+        for r in range(len(st.replicas)):
+            if sync > 0:
+                ops.append(Op(s, r, "sync", -1, t0, t0 + sync))
+            ops.append(Op(s, r, "update", -1, t0 + sync, t0 + sync + upd))
+        end = max(end, t0 + sync + upd)
+    return Timeline(iteration_time_s=end + problem.timing.step_overhead_s, ops=ops,
+                    pipeline_time_s=[])
+
+
 _COLORS = {"F": "#4C72B0", "B": "#55A868", "sync": "#C44E52", "update": "#8172B2"}
 
 
@@ -152,8 +177,10 @@ def draw_timeline(problem: Problem, plan: TrainingPlan, path: str | Path,
     from matplotlib.patches import Patch
 
     tl = simulate(problem, plan)
-    pipes = sorted({op.replica for op in tl.ops})[:max_pipelines]
     P = len(plan.stages)
+    if not tl.pipeline_time_s:  # not a set of pipelines: the first replicas of every stage
+        return _draw_workers(plan, tl, path, max_pipelines)
+    pipes = sorted({op.replica for op in tl.ops})[:max_pipelines]
     rows = [(r, s) for r in pipes for s in range(P)]
     row_of = {rs: i for i, rs in enumerate(rows)}
     fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 2.0))
@@ -175,6 +202,37 @@ def draw_timeline(problem: Problem, plan: TrainingPlan, path: str | Path,
                  f"{len(plan.stages)} stage{'s' * (P > 1)}, {n_pipes} pipeline{'s' * (n_pipes > 1)}"
                  + (f", first {len(pipes)} shown" if len(pipes) < len(plan.stages[0].replicas) else "")
                  + ")")
+    names = {"F": "forward", "B": "backward", "sync": "gradient all-reduce", "update": "optimizer"}
+    ax.legend(handles=[Patch(color=c, label=names[k]) for k, c in _COLORS.items()],
+              loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.5 / len(rows)), fontsize=8,
+              ncol=4, frameon=False)
+    return save_png(fig, path)
+
+
+def _draw_workers(plan: TrainingPlan, tl: Timeline, path: str | Path, per_stage: int) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    rows = [(s, r) for s, st in enumerate(plan.stages) for r in range(min(per_stage, len(st.replicas)))]
+    row_of = {sr: i for i, sr in enumerate(rows)}
+    fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 2.0))
+    for op in tl.ops:
+        y = row_of.get((op.stage, op.replica))
+        if y is not None:
+            ax.barh(y, op.end_s - op.start_s, left=op.start_s, height=0.8,
+                    color=_COLORS[op.kind], edgecolor="white", linewidth=0.2)
+    labels = [f"stage {s} replica {r} · {plan.stages[s].replicas[r].gpu} "
+              f"TP{plan.stages[s].replicas[r].tp} · {plan.stages[s].replicas[r].microbatches} mb"
+              for s, r in rows]
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    counts = "/".join(str(len(st.replicas)) for st in plan.stages)
+    ax.set_title(f"one iteration: {tl.iteration_time_s:.3f} s ({plan.schedule}, replicas per "
+                 f"stage {counts}; at most {per_stage} shown per stage)")
     names = {"F": "forward", "B": "backward", "sync": "gradient all-reduce", "update": "optimizer"}
     ax.legend(handles=[Patch(color=c, label=names[k]) for k, c in _COLORS.items()],
               loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.5 / len(rows)), fontsize=8,

@@ -24,11 +24,11 @@ Choices and limits:
   (one zone at one bandwidth, as a scenario usually says), an edge between nodes of the same GPU
   type weighs 1% more, so the cut keeps types together (Zorse's Cluster B groups are its GPU
   types), and ties are broken by node order.
-- Hand-off between groups: each group deals the iteration's microbatches to its GPUs by smooth
-  weighted round-robin over their shares (``shoal.specs.plan.owners``), so every GPU receives
-  work at the pace of its share. Zorse assigns the i-th finished microbatch to the GPU with the
-  i-th most work left; with steady per-GPU rates both keep every GPU's queue in step with its
-  share, and the static deal is what the runtime executes and the estimator simulates.
+- Hand-off between groups: each group deals the iteration's microbatches to its GPUs in order
+  of due time by their shares (``shoal.specs.plan.owners``), so every GPU receives work at the
+  pace of its share. Zorse assigns the i-th finished microbatch to the GPU with the i-th most
+  work left; with steady per-GPU rates both keep every GPU's queue in step with its share, and
+  the static deal is what the runtime executes and the estimator simulates.
 - Not modelled: ministage interleaving with CPU offload of idle ministages and of boundary
   activations, and per-ministage optimizer steps (Zorse §4.1). A plan that only fits with them
   is reported out of memory here.
