@@ -10,7 +10,7 @@ Scenarios (built from the bundled examples; the catalog's models):
   lower bounds: the minimum of Espresso's space that the 4.5% claim is measured against.
 - zorse-B-*, zorse-C-*: Zorse's clusters B (one region: 8 A100-40GB, 16 A10G, 16 V100, 24 T4)
   and C (two regions: 16 A10G + 48 T4 | 16 V100 + 48 T4), 8 GPUs per node, LLaMA-1 7B/13B/33B,
-  1M-token batches (sequence 1024 on B, 512 on C), activation recompute, ZeRO 0-2,
+  1M-token batches (sequence 1024 on B, 512 on C), activation recompute, ZeRO 0-3,
   max-throughput.
 - sailor: examples/het-a100-v100.yaml (GPT-Neo-2.7B on 32 A100 + 96 V100), max-throughput.
 
@@ -44,7 +44,7 @@ NET = {"defaults": {"same_zone": {"bandwidth": "100Gbps", "latency": "50us"},
                     "same_region": {"bandwidth": "25Gbps", "latency": "1ms"},
                     "cross_region": {"bandwidth": "5Gbps", "latency": "20ms"}}}
 ZORSE_JOB = {"optimizer": "adam", "precision": "mixed-fp16", "recompute": [True],
-             "zero_stage": [0, 1, 2], "schedule": ["1f1b", "gpipe"]}
+             "zero_stage": [0, 1, 2, 3], "schedule": ["1f1b", "gpipe"]}
 REF_STAGES = 12  # deepest pipelines espresso-ref enumerates
 PRICES = {"A100-40GB": 3.67, "V100-16GB": 2.48, "A10G": 1.006, "T4": 0.35}
 

@@ -159,11 +159,11 @@ def test_zero_never_raises_memory(a, n, tp, dp, inflight, recompute):
     pb, tb = small_het(), small_tables()
     b = min(a + n, pb.n_layers)
     totals = []
-    for zero in (0, 1, 2):
+    for zero in (0, 1, 2, 3):
         parts = worker_memory(tb, pb.memory, _state_bytes(pb)[1], a, b, tp, 1.0, float(inflight),
                               np.bool_(recompute), np.int64(zero), float(dp))
         totals.append(float(sum(parts)))
-    assert totals[1] <= totals[0] and totals[2] <= totals[1]
+    assert totals[1] <= totals[0] and totals[2] <= totals[1] and totals[3] <= totals[2]
 
 
 def test_timeline_of_an_asymmetric_plan_matches_the_estimate(het, tmp_path):
@@ -181,3 +181,34 @@ def test_timeline_of_an_asymmetric_plan_matches_the_estimate(het, tmp_path):
             per_replica[(op.stage, op.replica)] = per_replica.get((op.stage, op.replica), 0) + 1
     assert per_replica[(2, 0)] == 2 * total // 4 and per_replica[(0, 0)] == 2 * total // 8
     assert draw_timeline(pb, p, tmp_path / "t.png").stat().st_size > 10_000
+
+
+def test_zero3_trades_gathers_for_memory():
+    """ZeRO-3 holds less than ZeRO-2 on a data-parallel stage and pays weight gathers in
+    every microbatch; the runtime says it does not run it."""
+    import yaml
+
+    from shoal.errors import SpecError
+    from shoal.problem import build_problem
+    from shoal.runtime.pipeline import layout
+    from shoal.specs.scenario import parse_scenario
+
+    data = yaml.safe_load((EXAMPLES / "het-a100-v100.yaml").read_text())
+    data["job"].update(global_batch=64, zero_stage=[2, 3])
+    pb = build_problem(parse_scenario(data, file="z3.yaml"), file="z3.yaml")
+    L = pb.n_layers
+    reps = [{"gpu": "A100-40GB", "tp": 4, "zone": "us-central1-a", "microbatches": 16}] * 4
+
+    def plan(z):
+        return TrainingPlan.model_validate({
+            "microbatch_size": 1, "recompute": True, "zero_stage": z,
+            "stages": [{"layers": [0, L // 2], "replicas": reps},
+                       {"layers": [L // 2, L], "replicas": reps}]})
+
+    e2, e3 = estimate(pb, plan(2)), estimate(pb, plan(3))
+    assert max(w.peak_memory_bytes for w in e3.workers) < max(w.peak_memory_bytes for w in e2.workers)
+    assert e3.iteration_time_s > e2.iteration_time_s
+    from shoal.catalog import TINY
+
+    with pytest.raises(SpecError, match="ZeRO-3"):
+        layout(plan(3), TINY)

@@ -76,13 +76,17 @@ def worker_memory(tb: CostTables, mem: MemoryConstants, state_bytes: tuple[float
     worker holding layers [ls, le) at TP index t, for broadcastable arrays of those inputs.
 
     ``inflight``: microbatches whose activations the worker holds; ``dp``: the stage's replicas
-    (ZeRO 1 shards the optimizer state over them, ZeRO 2 the gradients too)."""
+    (ZeRO 1 shards the optimizer state over them, ZeRO 2 the gradients too, ZeRO 3 the
+    weights too, which it gathers a layer at a time: the shard plus the current and the
+    prefetched layer, never more than the whole stage)."""
     w_b, g_b, o_b = state_bytes
     tpv = np.asarray(tb.tps, dtype=float)[t]
     params_w = (tb.cum_params[le] - tb.cum_params[ls]) / tpv
     dd = np.asarray(dp, dtype=float)
-    per_param = (w_b + np.where(zero >= 2, g_b / dd, g_b) + np.where(zero >= 1, o_b / dd, o_b))
-    states = params_w * per_param * mem.state_factor
+    gathered = np.minimum(params_w, 2.0 * tb.range_max_params[ls, le] / tpv)
+    weights = np.where(zero >= 3, np.minimum(params_w, params_w / dd + gathered), params_w) * w_b
+    per_param = np.where(zero >= 2, g_b / dd, g_b) + np.where(zero >= 1, o_b / dd, o_b)
+    states = (weights + params_w * per_param) * mem.state_factor
     buffers = params_w * mem.comm_buffer_bytes_per_param
     cum_a = np.where(recompute, tb.cum_act_rc[t, le] - tb.cum_act_rc[t, ls],
                      tb.cum_act[t, le] - tb.cum_act[t, ls])
@@ -161,6 +165,20 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
     stage_d = rm.sum(axis=2)  # (B, S) replicas per stage
     zero_div = np.where(bt.zero[:, None] >= 1, np.maximum(stage_d, 1), 1)[:, :, None]
     upd = upd / zero_div
+    # data-parallel ring inside each stage: replica r sends to r+1, over its slowest hop
+    d = np.maximum(stage_d, 1)[:, :, None]
+    nxt = (np.arange(R)[None, None, :] + 1) % d  # ring successor inside the stage
+    gn, zn = _take(g, nxt, 2), _take(z, nxt, 2)
+    rid = tb.link_id(g, z, gn, zn, t)
+    params_stage = tb.cum_params[bt.le] - tb.cum_params[bt.ls]  # (B, S)
+    # ZeRO-3 gathers the stage's weights in every microbatch's forward and again in its backward
+    # (an all-gather moves half an all-reduce's bytes)
+    z3 = (bt.zero[:, None, None] >= 3) & (d > 1) & rm
+    if z3.any():
+        gather = 0.5 * ring_allreduce_s(tb, rid, d, (params_stage * bytes_per_grad)[:, :, None],
+                                        tc.sync_scale)
+        f = f + np.where(z3, gather, 0.0)
+        bw_ = bw_ + np.where(z3, gather, 0.0)
 
     # ---- pipeline sends: stage s -> s+1 on the same pipeline -------------------------------
     msg = tb.boundary_bytes * mbs[:, None, None]  # (B,1,1) bytes per microbatch
@@ -189,12 +207,7 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
     stage_end = (ends * rmf).max(axis=2)  # (B, S) last backward of each stage
 
     # ---- data-parallel gradient sync per stage: ring all-reduce -----------------------------
-    params_stage = tb.cum_params[bt.le] - tb.cum_params[bt.ls]  # (B, S)
     grad_bytes = params_stage * bytes_per_grad
-    d = np.maximum(stage_d, 1)[:, :, None]
-    nxt = (np.arange(R)[None, None, :] + 1) % d  # ring successor inside the stage
-    gn, zn = _take(g, nxt, 2), _take(z, nxt, 2)
-    rid = tb.link_id(g, z, gn, zn, t)
     gbytes = grad_bytes[:, :, None]
     vol = 2.0 * (d - 1) / d * gbytes
     ring = ring_allreduce_s(tb, rid, d, gbytes, tc.sync_scale)

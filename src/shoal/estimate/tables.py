@@ -47,6 +47,13 @@ class CostTables:
     sources: dict[tuple[str, int], str]
 
     def __post_init__(self) -> None:
+        # largest single layer's parameters in [a, b): ZeRO-3 materialises one layer at a time
+        lp = np.diff(self.cum_params)
+        n = len(lp)
+        rng = np.zeros((n + 1, n + 1))
+        for a in range(n):
+            rng[a, a + 1:] = np.maximum.accumulate(lp[a:])
+        self.range_max_params = rng
         G, Z, _, _, T, _ = self.link_curve.shape
         self._dims = (G, Z, T)
         self.flat_curve = self.link_curve.reshape(-1, 5)

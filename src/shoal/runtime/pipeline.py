@@ -62,6 +62,10 @@ class Layout:
 
 def layout(plan: TrainingPlan, spec: ModelSpec) -> Layout:
     """The rank layout of a plan, or a SpecError naming what the runtime cannot run."""
+    if plan.zero_stage > 2:
+        raise SpecError("unsupported by the runtime: ZeRO-3 (the estimator and planners model "
+                        "it; the runtime shards optimizer state and gradients only)",
+                        field="zero_stage", value=plan.zero_stage, allowed="0, 1 or 2")
     n_layers = spec.num_layers + 2
     edges = [st.layers for st in plan.stages]
     if edges[0][0] != 0 or edges[-1][1] != n_layers or any(

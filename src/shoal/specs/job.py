@@ -19,8 +19,8 @@ class JobSpec(BaseModel):
     recompute: list[bool] = Field(
         default=[False], description="activation-recompute settings the planner may choose"
     )
-    zero_stage: list[Literal[0, 1, 2]] = Field(
-        default=[0], description="ZeRO stages the planner may choose (0 = none)"
+    zero_stage: list[Literal[0, 1, 2, 3]] = Field(
+        default=[0], description="ZeRO stages the planner may choose (0 = none; 3 also shards weights)"
     )
     schedule: list[Literal["1f1b", "gpipe"]] = Field(
         default=["1f1b", "gpipe"], description="pipeline schedules the planner may choose"

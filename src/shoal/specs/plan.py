@@ -104,7 +104,7 @@ class TrainingPlan(BaseModel):
     microbatch_size: PositiveInt
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
     recompute: bool = False
-    zero_stage: Literal[0, 1, 2] = 0
+    zero_stage: Literal[0, 1, 2, 3] = 0
     stages: list[Stage] = Field(min_length=1, description="at least one stage")
 
     def to_json(self) -> dict:

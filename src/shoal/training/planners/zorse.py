@@ -13,11 +13,11 @@ layer profile); layers are split over groups in proportion to speed (largest rem
 one each); groups run in descending order of the bandwidth inside them (the first group's
 all-gathers have nothing to hide behind); inside a group, one replica per GPU (no TP, as Zorse)
 and microbatch shares in proportion to GPU speed. Every microbatch size, recompute and schedule
-setting the job allows, with the highest ZeRO stage it allows (Zorse runs ZeRO-2; a higher stage
-never needs more memory and never updates slower), is costed by shoal's estimator (asymmetric
-plans go through its event simulation, ``shoal.estimate.general``), in order of a lower bound
-(the busiest GPU's compute), skipping plans whose bound cannot beat the best so far; the best
-under the objective wins.
+setting the job allows, with the highest ZeRO stage it allows up to 2 (Zorse runs ZeRO-2; a
+higher stage never needs more memory and never updates slower) and ZeRO-3 if allowed, is costed
+by shoal's estimator (asymmetric plans go through its event simulation,
+``shoal.estimate.general``), in order of a lower bound (the busiest GPU's compute), skipping
+plans whose bound cannot beat the best so far; the best under the objective wins.
 
 Choices and limits:
 - Graph vertices are nodes, not GPUs (Zorse's own groups never split a node). Where links tie
@@ -168,6 +168,13 @@ def build(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: 
     return (mbs, schedule, recompute, zero, tuple(stages))
 
 
+def _zero_stages(allowed) -> list[int]:
+    """The highest allowed ZeRO stage up to 2 (less memory, never slower), and 3 if allowed
+    (less memory again, but it gathers weights every microbatch)."""
+    out = [max((z for z in allowed if z <= 2), default=None)] + ([3] if 3 in allowed else [])
+    return [z for z in out if z is not None]
+
+
 def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
            max_stages: int | None = None) -> None:
     problem = space.problem
@@ -179,7 +186,7 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
     specs: list[PlanSpec] = []
     for k in sorted(parts):
         for recompute in sorted(set(job.recompute), reverse=True):
-            for zero in [max(job.zero_stage)]:  # never more memory, never slower
+            for zero in _zero_stages(job.zero_stage):
                 for schedule in job.schedule:
                     for mbs in mbs_values:
                         sp = build(space, vertices, parts[k], mbs, recompute, zero, schedule)
