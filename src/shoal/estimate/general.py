@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from shoal.estimate.encode import PlanSpec
+from shoal.estimate.kernel import p2p_s
 from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
 from shoal.specs.plan import owners as plan_owners
@@ -143,7 +144,7 @@ def hops(problem: Problem, tb: CostTables, spec: PlanSpec) -> list[np.ndarray]:
     for s in range(len(stages) - 1):
         (ga, za, ta), (gb, zb, _) = idx[s], idx[s + 1]
         lid = tb.link_id(ga[:, None], za[:, None], gb[None, :], zb[None, :], ta[:, None])
-        out.append(tb.p2p_time[mi][lid] * tc.p2p_scale + tc.p2p_overhead_s)
+        out.append(p2p_s(tb, tc, mi, lid))
     return out
 
 

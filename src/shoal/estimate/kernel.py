@@ -83,8 +83,10 @@ def worker_memory(tb: CostTables, mem: MemoryConstants, state_bytes: tuple[float
     tpv = np.asarray(tb.tps, dtype=float)[t]
     params_w = (tb.cum_params[le] - tb.cum_params[ls]) / tpv
     dd = np.asarray(dp, dtype=float)
-    gathered = np.minimum(params_w, 2.0 * tb.range_max_params[ls, le] / tpv)
-    weights = np.where(zero >= 3, np.minimum(params_w, params_w / dd + gathered), params_w) * w_b
+    weights = params_w * w_b
+    if np.any(zero >= 3):  # the table gather only when some plan shards weights
+        gathered = np.minimum(params_w, 2.0 * tb.range_max_params[ls, le] / tpv)
+        weights = np.where(zero >= 3, np.minimum(params_w, params_w / dd + gathered), params_w) * w_b
     per_param = np.where(zero >= 2, g_b / dd, g_b) + np.where(zero >= 1, o_b / dd, o_b)
     states = (weights + params_w * per_param) * mem.state_factor
     buffers = params_w * mem.comm_buffer_bytes_per_param
@@ -92,6 +94,12 @@ def worker_memory(tb: CostTables, mem: MemoryConstants, state_bytes: tuple[float
                      tb.cum_act[t, le] - tb.cum_act[t, ls])
     act = cum_a * mbs * inflight + np.where(recompute, tb.rc_work[t] * mbs, 0.0)
     return states, buffers, act * mem.activation_factor
+
+
+def p2p_s(tb: CostTables, tc: TimeConstants, mbs_idx, lid):
+    """Seconds of one microbatch's pipeline transfer on link ``lid`` (``CostTables.link_id``)
+    at microbatch-size index ``mbs_idx``, as every estimate charges it; broadcasts."""
+    return tb.p2p_time[mbs_idx, lid] * tc.p2p_scale + tc.p2p_overhead_s
 
 
 def ring_allreduce_s(tb: CostTables, rid, d, gbytes, sync_scale: float = 1.0):
@@ -186,7 +194,7 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
     if S > 1:
         lid = tb.link_id(g[:, :-1], z[:, :-1], g[:, 1:], z[:, 1:], t[:, :-1])
         pair = rm[:, :-1] & rm[:, 1:]
-        tt = tb.p2p_time[bt.mbs_idx][np.arange(B)[:, None, None], lid] * tc.p2p_scale + tc.p2p_overhead_s
+        tt = p2p_s(tb, tc, bt.mbs_idx[:, None, None], lid)
         send[:, :-1] = np.where(pair, tt, 0.0)
     send_fwd = send  # activations s -> s+1
     send_bwd = np.zeros_like(send)  # gradients s -> s-1 (same link, same size)

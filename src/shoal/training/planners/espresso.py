@@ -61,7 +61,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shoal.estimate.kernel import ring_allreduce_s, worker_memory
+from shoal.estimate.kernel import p2p_s, ring_allreduce_s, worker_memory
 from shoal.training.planners.build import shares
 from shoal.training.planners.common import Evaluator, PlanSpec
 from shoal.training.planners.space import Space, balanced_split
@@ -232,8 +232,7 @@ class _Tree:
             zu = tb.zones.index(sp.zones_of[sp.kinds[u.kind]][0][0])
             zv = tb.zones.index(sp.zones_of[sp.kinds[v.kind]][0][0])
             lid = tb.link_id(tb.gi(u.gpu), zu, tb.gi(v.gpu), zv, tb.ti(u.tp))
-            self._handoff[key] = (float(tb.p2p_time[tb.mi(self.mbs), lid]) * tc.p2p_scale
-                                  + tc.p2p_overhead_s) * (1.0 + tc.recv_fraction)
+            self._handoff[key] = float(p2p_s(tb, tc, tb.mi(self.mbs), lid)) * (1.0 + tc.recv_fraction)
         return self._handoff[key]
 
     def balanced(self, order: tuple[Unit, ...]) -> list[list] | None:
