@@ -93,6 +93,7 @@ class Strategy(StrEnum):
     sailor = "sailor"
     espresso = "espresso"
     zorse = "zorse"
+    atlas = "atlas"
     exhaustive = "exhaustive"
 
 
@@ -838,6 +839,15 @@ def _serving_commands() -> None:
 
 
 _serving_commands()
+
+
+def _geo_commands() -> None:
+    from shoal.cli_geo import bubbles_cmd
+
+    app.command("bubbles")(handles_errors(bubbles_cmd))
+
+
+_geo_commands()
 
 
 def main() -> None:

@@ -82,7 +82,7 @@ def _link(spec: LinkSpec, name: str) -> Link:
     return Link(
         single=curve_array(spec.single_curve()),
         parallel={int(k): curve_array(v) for k, v in spec.parallel.items()},
-        latency_s=float(spec.latency),
+        latency_s=spec.latency_s(),
         name=name,
     )
 

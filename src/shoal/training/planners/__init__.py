@@ -11,7 +11,7 @@ from shoal.errors import InfeasibleError, SpecError
 from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
 from shoal.specs.job import Constraints
-from shoal.training.planners import auto, espresso, exhaustive, sailor, zorse
+from shoal.training.planners import atlas, auto, espresso, exhaustive, sailor, zorse
 from shoal.training.planners.common import (
     OBJECTIVES,
     Candidate,
@@ -34,7 +34,7 @@ class Reuse:
 
 
 STRATEGIES = {"auto": auto.search, "sailor": sailor.search, "espresso": espresso.search,
-              "zorse": zorse.search, "exhaustive": exhaustive.search}
+              "zorse": zorse.search, "atlas": atlas.search, "exhaustive": exhaustive.search}
 
 __all__ = ["OBJECTIVES", "STRATEGIES", "Candidate", "Reuse", "SearchResult", "search"]
 
@@ -51,8 +51,9 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     problem to the next (cost tables, smallest fitting TPs); ``seeds`` are plans known to fit
     the pool, costed first so that the search starts with an incumbent. ``auto`` also costs
     the plan shapes of ``zorse`` (when the pool mixes GPU types) and, under min-cost, of
-    ``espresso``, unless ``max_pairs`` bounds it. Raises InfeasibleError naming the binding
-    constraint when nothing fits."""
+    ``espresso``, and, when the pool spans regions, Atlas's layouts (pipelines across
+    datacenters, data parallelism inside each), unless ``max_pairs`` bounds it. Raises
+    InfeasibleError naming the binding constraint when nothing fits."""
     if strategy not in STRATEGIES:
         raise SpecError("unknown strategy", field="--strategy", value=strategy,
                         allowed=", ".join(STRATEGIES))
@@ -80,6 +81,8 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     full = strategy == "auto" and max_pairs is None
     if full and len({k.gpu for k in space.kinds}) > 1:
         zorse.search(ev, space, objective, mbs, max_stages)  # mixed groups: cheap, costed first
+    if full and len({k.region for k in space.kinds}) > 1:
+        atlas.search(ev, space, objective, mbs, max_stages)  # pipelines across datacenters
     STRATEGIES[strategy](ev, space, objective, mbs, max_stages)
     if full and objective == "min-cost" and not ev.out_of_time():
         espresso.search(ev, space, objective, mbs, max_stages)  # its bounds use the incumbent

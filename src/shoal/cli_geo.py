@@ -1,0 +1,120 @@
+"""``shoal bubbles``: a training plan across datacenters simulated with its WAN schedule, and
+inference prefill placed in its pipeline bubbles (BubbleTea)."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from shoal.cli_common import _out, _table
+from shoal.errors import SpecError
+from shoal.units import fmt_seconds, parse_seconds
+
+
+class GeoSchedule(StrEnum):
+    atlas = "atlas"
+    varuna = "varuna"
+    f1b1 = "1f1b"
+    gpipe = "gpipe"
+
+
+def _seconds(text: str, option: str) -> float:
+    try:
+        v = parse_seconds(text)
+    except Exception as exc:  # units.UnitError
+        raise SpecError(str(exc), field=option, value=text) from None
+    if v < 0:
+        raise SpecError("must be >= 0", field=option, value=text)
+    return v
+
+
+def bubbles_cmd(
+    scenario: Annotated[Path, typer.Argument(metavar="SCENARIO", help="scenario file (YAML or JSON)")],
+    plan: Annotated[Path, typer.Option("--plan", "-p", metavar="PLAN",
+                                       help="training plan: every stage in one region")],
+    requests: Annotated[Path | None, typer.Option(
+        "--requests", metavar="CSV", help="prefill requests: arrival_s,prompt_tokens")] = None,
+    rate: Annotated[float | None, typer.Option(
+        "--rate", help="without --requests: Poisson requests per second")] = None,
+    duration: Annotated[str, typer.Option("--duration", help="with --rate: how long")] = "60s",
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    schedule: Annotated[GeoSchedule, typer.Option(
+        "--schedule", help="training schedule over the WAN")] = GeoSchedule.atlas,
+    cell: Annotated[int | None, typer.Option(
+        "--cell", help="pipelines per DP-cell (atlas; default all)")] = None,
+    inference_model: Annotated[str, typer.Option(
+        "--inference-model", help="catalog model whose prefills fill the bubbles")] = "LLaMA-3-8B",
+    depth: Annotated[int, typer.Option("--depth", help="most GPUs per inference pipeline")] = 8,
+    guard: Annotated[str, typer.Option("--guard", help="slack before training resumes")] = "5ms",
+    max_wait: Annotated[str, typer.Option(
+        "--max-wait", help="longest a request may wait for a bubble")] = "50ms",
+    figure: Annotated[Path | None, typer.Option(
+        "--figure", help="write the filled timeline (PNG) here")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
+) -> None:
+    """Inference prefill in the bubbles of a training pipeline across datacenters: GPU
+    utilization, time to first token and training iteration time, before and after."""
+    from shoal import catalog
+    from shoal.cli import load_plan
+    from shoal.files import check_output
+    from shoal.problem import load_problem
+    from shoal.training import bubbles as bt
+    from shoal.training.geo import job_from_plan, simulate
+
+    if figure is not None:
+        check_output(figure, "--figure")
+    if depth < 1:
+        raise SpecError("must be >= 1", field="--depth", value=depth)
+    if cell is not None and cell < 1:
+        raise SpecError("must be >= 1", field="--cell", value=cell)
+    g, w = _seconds(guard, "--guard"), _seconds(max_wait, "--max-wait")
+    if requests is not None and rate is not None:
+        raise SpecError("give --requests or --rate, not both", field="--rate", value=rate)
+    if requests is not None:
+        reqs = bt.load_requests(requests)
+        source = str(requests)
+    elif rate is not None:
+        if rate <= 0:
+            raise SpecError("must be > 0", field="--rate", value=rate)
+        reqs = bt.synthetic_requests(rate, _seconds(duration, "--duration"), seed)
+        source = f"Poisson {rate:g}/s for {duration} (seed {seed})"
+    else:
+        raise SpecError("no requests", field="--requests",
+                        allowed="--requests FILE.csv or --rate N [--duration 60s]")
+    catalog.models().get(inference_model)  # a clear error for an unknown name
+    problem = load_problem(scenario)
+    tplan = load_plan(plan)
+    job = job_from_plan(problem, tplan, file=str(plan))
+    gpu = catalog.gpus().canonical(tplan.stages[0].replicas[0].gpu)
+    tl = simulate(job, schedule.value, cell=cell)
+    model = bt.prefill_model(inference_model, gpu)
+    res = bt.place(tl, reqs, model, depth=depth, guard_s=g, max_wait_s=w)
+    if figure is not None:
+        bt.draw(res, tl, figure)
+    doc = res.summary() | {"schedule": schedule.value, "requests_source": source,
+                           "inference_model": inference_model, "training": tl.to_json()}
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    s = res.summary()
+    out = _out()
+    out.print(f"{plan.name}: {len(tl.busy)} GPUs, {schedule.value} schedule; {len(reqs)} prefill "
+              f"requests ({source}) of {inference_model}, {len(res.pipelines)} inference pipelines")
+    t = _table("training GPUs", ["", "before", "after"], left=("",))
+    t.add_row("GPU busy", f"{s['utilization_before']:.1%}", f"{s['utilization_after']:.1%}")
+    t.add_row("training iteration", fmt_seconds(s["iteration_time_before_s"]),
+              fmt_seconds(s["iteration_time_after_s"]))
+    out.print(t)
+    r = s["requests"]
+    q = _table("prefill requests", ["placed", "rejected", "TTFT p50", "TTFT p95", "decision p50"])
+    q.add_row(f"{r['placed']}", f"{s['rejected_fraction']:.1%}",
+              fmt_seconds(s["ttft_s"]["p50"]) if s["ttft_s"]["p50"] is not None else "-",
+              fmt_seconds(s["ttft_s"]["p95"]) if s["ttft_s"]["p95"] is not None else "-",
+              f"{s['decision_us']['p50']:.0f} us")
+    out.print(q)
+    if figure is not None:
+        out.print(f"timeline written to {figure}")

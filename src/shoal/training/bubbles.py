@@ -1,0 +1,482 @@
+"""BubbleTea: inference prefill placed in the bubbles of a training pipeline (Atlas §5).
+
+The training schedule repeats every iteration. A GPU's *bubbles* are the gaps between its
+training computations (the gradient all-reduce and optimizer step count as training), wrapped
+around the iteration so the gap at the end joins the gap at the start. Each bubble is shortened by
+a guard band at its end so a prefill always finishes before training resumes on that GPU; a
+prefill never runs at the same time as training.
+
+Prefill requests run on *inference pipelines*: GPUs of the same rank (pipeline position inside
+a DP-cell, stage) across DP-cells, which sit in one datacenter, cut into groups of at most
+``depth`` GPUs; each holds a slice of the inference model's layers. A request goes to the first
+pipeline (first-fit) on which every stage fits in a bubble of its GPU, in order, each stage
+waiting at most ``max_wait`` for its bubble (after the previous stage's hand-off and the GPU's
+previous prefill, so prefills pipeline through the stages). A request that fits nowhere is
+rejected at once.
+
+Prefill latency on a GPU is the analytic layer profile of the inference model (FLOPs and bytes,
+``shoal.profiles.analytic``) over its layers for the prompt length, plus one hand-off per stage
+boundary: the hidden state over the datacenter link and a fixed per-hop cost
+(``hop_overhead_s``, launch and synchronisation of a blocking point-to-point step).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shoal.training.geo import INTRA_DC_BPS, GeoTimeline
+
+# Calibrated on the one latency anchor the paper gives: Llama-3-8B, 512 tokens on a DGX A100, 8
+# pipeline stages add 16 ms (29%) to time-to-first-token against one GPU (Atlas §6.6): 16 ms / 7
+# hand-offs, less the hidden state's NVLink transfer (4 MB at 300 GB/s, 14 us).
+HOP_OVERHEAD_S = 16e-3 / 7
+
+
+@dataclass(frozen=True)
+class PrefillModel:
+    """Seconds to prefill a prompt of n tokens on ``depth`` GPUs of one type."""
+
+    profile_for: object  # callable seq_len -> AnalyticProfile-like (layer_times(gpu, tp, mbs))
+    gpu: str
+    hidden_size: int
+    link_bw: float = INTRA_DC_BPS
+    hop_overhead_s: float = HOP_OVERHEAD_S
+    bucket: int = 64  # prompt lengths are rounded up to a multiple of this (cached profiles)
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def stage_times(self, tokens: int, depth: int) -> tuple[list[float], float]:
+        """(per-stage compute seconds, hand-off seconds between two stages)."""
+        n = max(self.bucket, int(math.ceil(tokens / self.bucket)) * self.bucket)
+        key = (n, depth)
+        if key not in self._cache:
+            fwd = self.profile_for(n).layer_times(self.gpu, 1, 1)[:, 0]
+            cuts = np.linspace(0, len(fwd), depth + 1).round().astype(int)
+            stages = [float(fwd[a:b].sum()) for a, b in zip(cuts, cuts[1:])]
+            hop = 2.0 * n * self.hidden_size / self.link_bw + self.hop_overhead_s
+            self._cache[key] = (stages, hop)
+        return self._cache[key]
+
+    def latency(self, tokens: int, depth: int) -> float:
+        stages, hop = self.stage_times(tokens, depth)
+        return sum(stages) + hop * (depth - 1)
+
+
+def prefill_model(model_name: str, gpu: str, link_bw: float = INTRA_DC_BPS) -> PrefillModel:
+    """A prefill model for a catalog model on a catalog GPU whose pipeline stages hand off over
+    ``link_bw`` bytes/s (default: between nodes of a datacenter)."""
+    from shoal import catalog
+    from shoal.profiles.analytic import AnalyticProfile
+
+    spec = catalog.models().get(model_name)
+    gpus = {gpu: catalog.gpus().get(gpu)}
+    profiles: dict[int, AnalyticProfile] = {}
+
+    def profile_for(n: int):
+        if n not in profiles:
+            profiles[n] = AnalyticProfile(spec, n, gpus, flash_attention=True)
+        return profiles[n]
+
+    return PrefillModel(profile_for=profile_for, gpu=catalog.gpus().canonical(gpu),
+                        hidden_size=spec.hidden_size, link_bw=link_bw)
+
+
+class Bubbles:
+    """The periodic free windows of one GPU: ``starts``/``ends`` within one period (ends may pass
+    the period for the window that wraps around)."""
+
+    def __init__(self, busy: list[tuple[float, float]], period: float, guard: float):
+        self.period = period
+        busy = sorted(busy)
+        gaps = []
+        t = 0.0
+        for a, b in busy:
+            if a > t:
+                gaps.append((t, a))
+            t = max(t, b)
+        if t < period:
+            gaps.append((t, period))
+        if len(gaps) > 1 and gaps[0][0] == 0.0 and gaps[-1][1] == period:
+            # the last gap runs into the first gap of the next iteration
+            gaps = gaps[1:-1] + [(gaps[-1][0], period + gaps[0][1])]
+        elif len(gaps) == 1 and gaps[0] == (0.0, period):
+            gaps = [(0.0, math.inf)]
+        self.starts = [a for a, b in gaps if b - guard > a]
+        self.ends = [b - guard for a, b in gaps if b - guard > a]
+        self.free_s = sum(e - s for s, e in zip(self.starts, self.ends)) if gaps else 0.0
+        # this period's bubbles and the next one's, for searches that start anywhere in it
+        self._two = (self.starts + [s + period for s in self.starts],
+                     self.ends + [e + period for e in self.ends])
+
+    def fit(self, t: float, dur: float) -> float:
+        """Earliest start >= t of a window of ``dur`` inside one bubble (inf if none is long
+        enough)."""
+        if not self.starts:
+            return math.inf
+        k, off = divmod(t, self.period)
+        S, E = self._two
+        i = bisect.bisect_left(E, off + dur)  # the first bubble that ends late enough
+        while i < len(S):
+            if S[i] <= off:
+                return t
+            if E[i] - S[i] >= dur:
+                return k * self.period + S[i]
+            i += 1
+        return math.inf  # two periods from any point hold every bubble there is
+
+
+@dataclass(frozen=True)
+class PrefillModel:
+    """Seconds to prefill a prompt of n tokens on ``depth`` GPUs of one type."""
+
+    profile_for: object  # callable seq_len -> AnalyticProfile-like (layer_times(gpu, tp, mbs))
+    gpu: str
+    hidden_size: int
+    link_bw: float = INTRA_DC_BPS
+    hop_overhead_s: float = HOP_OVERHEAD_S
+    bucket: int = 64  # prompt lengths are rounded up to a multiple of this (cached profiles)
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def stage_times(self, tokens: int, depth: int) -> tuple[list[float], float]:
+        """(per-stage compute seconds, hand-off seconds between two stages)."""
+        n = max(self.bucket, int(math.ceil(tokens / self.bucket)) * self.bucket)
+        key = (n, depth)
+        if key not in self._cache:
+            fwd = self.profile_for(n).layer_times(self.gpu, 1, 1)[:, 0]
+            cuts = np.linspace(0, len(fwd), depth + 1).round().astype(int)
+            stages = [float(fwd[a:b].sum()) for a, b in zip(cuts, cuts[1:])]
+            hop = 2.0 * n * self.hidden_size / self.link_bw + self.hop_overhead_s
+            self._cache[key] = (stages, hop)
+        return self._cache[key]
+
+    def latency(self, tokens: int, depth: int) -> float:
+        stages, hop = self.stage_times(tokens, depth)
+        return sum(stages) + hop * (depth - 1)
+
+
+def prefill_model(model_name: str, gpu: str, link_bw: float = INTRA_DC_BPS) -> PrefillModel:
+    """A prefill model for a catalog model on a catalog GPU whose pipeline stages hand off over
+    ``link_bw`` bytes/s (default: between nodes of a datacenter)."""
+    from shoal import catalog
+    from shoal.profiles.analytic import AnalyticProfile
+
+    spec = catalog.models().get(model_name)
+    gpus = {gpu: catalog.gpus().get(gpu)}
+    profiles: dict[int, AnalyticProfile] = {}
+
+    def profile_for(n: int):
+        if n not in profiles:
+            profiles[n] = AnalyticProfile(spec, n, gpus, flash_attention=True)
+        return profiles[n]
+
+    return PrefillModel(profile_for=profile_for, gpu=catalog.gpus().canonical(gpu),
+                        hidden_size=spec.hidden_size, link_bw=link_bw)
+
+
+class Bubbles:
+    """The periodic free windows of one GPU: ``starts``/``ends`` within one period (ends may pass
+    the period for the window that wraps around)."""
+
+    def __init__(self, busy: list[tuple[float, float]], period: float, guard: float):
+        self.period = period
+        busy = sorted(busy)
+        gaps = []
+        t = 0.0
+        for a, b in busy:
+            if a > t:
+                gaps.append((t, a))
+            t = max(t, b)
+        if t < period:
+            gaps.append((t, period))
+        if len(gaps) > 1 and gaps[0][0] == 0.0 and gaps[-1][1] == period:
+            # the last gap runs into the first gap of the next iteration
+            gaps = gaps[1:-1] + [(gaps[-1][0], period + gaps[0][1])]
+        elif len(gaps) == 1 and gaps[0] == (0.0, period):
+            gaps = [(0.0, math.inf)]
+        self.starts = [a for a, b in gaps if b - guard > a]
+        self.ends = [b - guard for a, b in gaps if b - guard > a]
+        self.free_s = sum(e - s for s, e in zip(self.starts, self.ends)) if gaps else 0.0
+        # this period's bubbles and the next one's, for searches that start anywhere in it
+        self._two = (self.starts + [s + period for s in self.starts],
+                     self.ends + [e + period for e in self.ends])
+
+    def fit(self, t: float, dur: float) -> float:
+        """Earliest start >= t of a window of ``dur`` inside one bubble (inf if none is long
+        enough)."""
+        if not self.starts:
+            return math.inf
+        k, off = divmod(t, self.period)
+        base = k * self.period
+        n = len(self.starts)
+        i = bisect.bisect_right(self.starts, off) - 1
+        for step in range(2 * n + 2):
+            j = i + step
+            rep, idx = divmod(j, n) if j >= 0 else (-1, j + n)
+            s = base + rep * self.period + self.starts[idx]
+            e = base + rep * self.period + self.ends[idx]
+            start = max(t, s)
+            if start + dur <= e:
+                return start
+        return math.inf
+
+
+@dataclass(frozen=True)
+class Prefill:
+    request: int
+    arrival: float
+    tokens: int
+    pipeline: int  # -1 when rejected
+    start: float
+    ttft: float  # finish - arrival (nan when rejected)
+
+
+@dataclass
+class BubbleResult:
+    prefills: list[Prefill]
+    utilization_before: float
+    utilization_after: float
+    iteration_time_before_s: float
+    iteration_time_after_s: float
+    decision_s: list[float]
+    reserved: dict[tuple, list[tuple[float, float]]]  # GPU -> prefill intervals
+    horizon_s: float
+    pipelines: list[list[tuple]]
+
+    def summary(self) -> dict:
+        done = [p.ttft for p in self.prefills if p.pipeline >= 0]
+        n = len(self.prefills)
+
+        def pct(xs, q):
+            return float(np.percentile(xs, q)) if xs else None
+
+        return {
+            "utilization_before": self.utilization_before,
+            "utilization_after": self.utilization_after,
+            "iteration_time_before_s": self.iteration_time_before_s,
+            "iteration_time_after_s": self.iteration_time_after_s,
+            "ttft_s": {"p50": pct(done, 50), "p95": pct(done, 95), "mean": (
+                float(np.mean(done)) if done else None)},
+            "rejected_fraction": (n - len(done)) / n if n else 0.0,
+            "requests": {"total": n, "placed": len(done), "rejected": n - len(done)},
+            "inference_pipelines": len(self.pipelines),
+            "decision_us": {"p50": pct(self.decision_s, 50) * 1e6 if self.decision_s else None,
+                            "p99": pct(self.decision_s, 99) * 1e6 if self.decision_s else None},
+            "horizon_s": self.horizon_s,
+        }
+
+
+def training_busy(tl: GeoTimeline, cells: int = 1) -> dict[tuple, list[tuple[float, float]]]:
+    """Training busy intervals per GPU ``(cell, pipeline-in-cell, stage)`` over one iteration,
+    for ``cells`` identical copies of the timeline's DP-cells (cells do not interact). The
+    stage's all-reduce and the rest of its training step count as busy."""
+    out = {}
+    for (p, s), ops in tl.busy.items():
+        iv = [(b.start, b.end) for b in ops]
+        iv.append((tl.stage_end[s], tl.stage_end[s] + tl.allreduce_s[s]))
+        for c in range(cells):
+            out[(c, p, s)] = iv
+    return out
+
+
+def inference_pipelines(gpus: list[tuple], dc_of, depth: int) -> list[list[tuple]]:
+    """Same-rank GPUs across cells, in one datacenter, in groups of at most ``depth``."""
+    by_rank: dict[tuple, list[tuple]] = {}
+    for g in sorted(gpus):
+        c, p, s = g
+        by_rank.setdefault((dc_of(g), p, s), []).append(g)
+    out = []
+    for _, members in sorted(by_rank.items()):
+        for i in range(0, len(members), depth):
+            out.append(members[i:i + depth])
+    return out
+
+
+def place(tl: GeoTimeline, requests: list[tuple[float, int]], model: PrefillModel, *,
+          cells: int = 1, depth: int = 8, guard_s: float = 0.005,
+          max_wait_s: float = 0.05, max_checks: int = 64) -> BubbleResult:
+    """Place prefill ``requests`` ((arrival s, prompt tokens), sorted by arrival) in the bubbles
+    of ``cells`` copies of the training timeline ``tl``."""
+    T = tl.iteration_s
+    busy = training_busy(tl, cells)
+    bub = {g: Bubbles(iv, T, guard_s) for g, iv in busy.items()}
+    pipes = inference_pipelines(list(busy), lambda g: tl.job.stage_dc[g[2]], depth)
+    gpu_free = {g: 0.0 for g in busy}  # end of the GPU's last prefill
+    pattern = [tuple(id(busy[g]) for g in pipe) for pipe in pipes]  # copies of a cell share lists
+    pipe_free = [0.0] * len(pipes)  # its last prefill's end (the last stage ends last)
+    reserved: dict[tuple, list[tuple[float, float]]] = {g: [] for g in busy}
+    out: list[Prefill] = []
+    decisions: list[float] = []
+    last = -math.inf
+    for i, (arrival, tokens) in enumerate(requests):
+        if arrival < last:
+            raise ValueError(f"request {i}: arrivals must be sorted (arrival {arrival} < {last})")
+        last = arrival
+        t0 = time.perf_counter()
+        hit = None
+        failed_idle: set = set()  # patterns of idle pipelines that did not fit this request
+        for k, pipe in enumerate(pipes):
+            if gpu_free[pipe[0]] > arrival + max_wait_s:
+                continue
+            # pipelines with the same bubbles whose GPUs are all idle fit a request alike
+            idle = pipe_free[k] <= arrival
+            if idle and pattern[k] in failed_idle:
+                continue
+            stages, hop = model.stage_times(tokens, len(pipe))
+            starts = []
+            ready = arrival
+            for j, g in enumerate(pipe):
+                # stage j: after stage j-1 and the hand-off, after the GPU's last prefill, in a
+                # bubble, waiting at most max_wait
+                ready = max(ready, gpu_free[g])
+                s_j = bub[g].fit(ready, stages[j])
+                if s_j - ready > max_wait_s or (j == 0 and s_j > arrival + max_wait_s):
+                    break
+                starts.append(s_j)
+                ready = s_j + stages[j] + hop
+            else:
+                hit = (k, starts)
+                break
+            if idle:
+                failed_idle.add(pattern[k])
+        decisions.append(time.perf_counter() - t0)
+        if hit is None:
+            out.append(Prefill(i, arrival, tokens, -1, math.nan, math.nan))
+            continue
+        k, starts = hit
+        pipe = pipes[k]
+        stages, hop = model.stage_times(tokens, len(pipe))
+        for g, s_j, d in zip(pipe, starts, stages):
+            reserved[g].append((s_j, s_j + d))
+            gpu_free[g] = s_j + d
+        end = starts[-1] + stages[-1]
+        pipe_free[k] = end
+        out.append(Prefill(i, arrival, tokens, k, starts[0], end - arrival))
+    horizon = max([requests[-1][0] if requests else 0.0]
+                  + [iv[-1][1] for iv in reserved.values() if iv] + [T])
+    periods = horizon / T
+    n = len(busy)
+    train = sum(b.end - b.start for ops in tl.busy.values() for b in ops) * cells
+    before = train / (n * T)
+    prefill = sum(b - a for iv in reserved.values() for a, b in iv)
+    after = (train * periods + prefill) / (n * horizon)
+    after_iter = _iteration_with_prefill(tl, reserved, cells, max_checks)
+    return BubbleResult(out, before, after, T, after_iter, decisions, reserved, horizon, pipes)
+
+
+def _iteration_with_prefill(tl: GeoTimeline, reserved, cells: int, max_checks: int) -> float:
+    """The training iteration re-simulated with the prefills as windows in which each GPU is
+    taken (``geo.simulate(blocked=...)``), for every iteration the prefills touch (at most
+    ``max_checks`` (cell, iteration) pairs, the busiest first); the longest one is returned.
+    Equal to the undisturbed iteration when every prefill sits inside a bubble."""
+    from shoal.training.geo import simulate
+
+    T = tl.iteration_s
+    per: dict[tuple[int, int], dict[tuple[int, int], list]] = {}
+    for (c, p, s), iv in reserved.items():
+        for a, b in iv:
+            for k in range(int(a // T) - 1, int(b // T) + 1):
+                if k >= 0:
+                    per.setdefault((c, k), {}).setdefault((p, s), []).append((a - k * T, b - k * T))
+    worst = T
+    todo = sorted(per, key=lambda ck: -sum(len(v) for v in per[ck].values()))[:max_checks]
+    for c, k in todo:
+        again = simulate(tl.job, tl.schedule, cell=tl.cell, max_inflight=tl.max_inflight,
+                         blocked=per[(c, k)])
+        worst = max(worst, again.iteration_s)
+    return worst
+
+
+def load_requests(path) -> list[tuple[float, int]]:
+    """Prefill requests from a CSV with the header ``arrival_s,prompt_tokens`` (arrivals sorted,
+    non-negative; prompts > 0); every problem is a SpecError naming the line."""
+    import csv
+    from pathlib import Path
+
+    from shoal.errors import SpecError
+
+    try:
+        text = Path(path).read_text()
+    except (FileNotFoundError, IsADirectoryError):
+        raise SpecError("file not found", file=str(path)) from None
+    rows = list(csv.reader(text.splitlines()))
+    if not rows or [c.strip() for c in rows[0]][:2] != ["arrival_s", "prompt_tokens"]:
+        raise SpecError("expected a CSV with the header arrival_s,prompt_tokens", file=str(path),
+                        value=",".join(rows[0]) if rows else "")
+    out: list[tuple[float, int]] = []
+    for n, r in enumerate(rows[1:], 2):
+        if not r:
+            continue
+        try:
+            a, k = float(r[0]), int(r[1])
+        except (ValueError, IndexError):
+            raise SpecError(f"line {n}: expected a time in seconds and a token count",
+                            file=str(path), value=",".join(r)) from None
+        if not math.isfinite(a) or a < 0 or k <= 0:
+            raise SpecError(f"line {n}: arrival must be >= 0 and prompt_tokens > 0",
+                            file=str(path), value=",".join(r))
+        if out and a < out[-1][0]:
+            raise SpecError(f"line {n}: arrivals must be sorted", file=str(path), value=r[0],
+                            allowed=f">= {out[-1][0]}")
+        out.append((a, k))
+    if not out:
+        raise SpecError("no requests", file=str(path))
+    return out
+
+
+def synthetic_requests(rate_per_s: float, duration_s: float, seed: int = 0
+                       ) -> list[tuple[float, int]]:
+    """Poisson arrivals at ``rate_per_s`` for ``duration_s``, prompt lengths like the Azure
+    conversation trace (``shoal.serving.workload.synthetic_lengths``)."""
+    from shoal.serving.workload import poisson, synthetic_lengths
+
+    n = max(1, int(round(rate_per_s * duration_s)))
+    w = poisson(synthetic_lengths(n, seed), rate_per_s, n, seed)
+    return [(float(a), int(p)) for a, p in zip(w.arrival_s, w.prompt) if a <= duration_s] or [
+        (float(w.arrival_s[0]), int(w.prompt[0]))]
+
+
+def draw(result: BubbleResult, tl: GeoTimeline, path, iterations: int = 2, cell: int = 0):
+    """Per GPU of one DP-cell, ``iterations`` training iterations: forward, recompute, backward
+    and gradient sync as bars, the prefills placed in the bubbles on top; white is what is left
+    idle."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from shoal.files import save_png
+
+    T = tl.iteration_s
+    colours = {"F": "#4C72B0", "R": "#8172B3", "B": "#55A868", "sync": "#999999",
+               "prefill": "#DD8452"}
+    gpus = sorted(tl.busy)
+    fig, ax = plt.subplots(figsize=(10, max(2.5, 0.35 * len(gpus) + 1.2)))
+    for row, (p, s) in enumerate(gpus):
+        for k in range(iterations):
+            bars = [(b.start + k * T, b.end - b.start, colours[b.kind]) for b in tl.busy[(p, s)]]
+            bars.append((tl.stage_end[s] + k * T, tl.allreduce_s[s], colours["sync"]))
+            for x, w, c in bars:
+                ax.barh(row, w, left=x, height=0.7, color=c, linewidth=0)
+        for a, b in result.reserved.get((cell, p, s), []):
+            if a < iterations * T:
+                ax.barh(row, min(b, iterations * T) - a, left=a, height=0.45,
+                        color=colours["prefill"], linewidth=0)
+    ax.set_yticks(range(len(gpus)), [f"p{p} s{s} ({tl.job.stage_dc[s]})" for p, s in gpus],
+                  fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, iterations * T)
+    ax.set_xlabel("seconds")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in colours.items()], fontsize=7,
+              ncol=5, loc="upper right")
+    s = result.summary()
+    ax.set_title(f"{tl.schedule}: GPU busy {s['utilization_before']:.0%} -> "
+                 f"{s['utilization_after']:.0%} with prefills; iteration "
+                 f"{s['iteration_time_before_s']:.3f} s -> {s['iteration_time_after_s']:.3f} s",
+                 fontsize=9)
+    return save_png(fig, path)
