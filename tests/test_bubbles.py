@@ -94,7 +94,7 @@ def test_no_prefill_overlaps_training(testbed_run):
             for k in range(int(a // T) - 1, int(b // T) + 2):
                 for x, y in busy[g]:
                     assert not (max(a, x + k * T) < min(b, y + k * T) - 1e-9), (g, a, b)
-        for (a, b), (c, d) in zip(iv, iv[1:]):
+        for (_, b), (c, _) in zip(iv, iv[1:]):
             assert c >= b - 1e-12  # one prefill at a time on a GPU
 
 
@@ -186,8 +186,9 @@ def test_plan_with_a_stage_across_regions_is_refused():
 
 
 def test_cli_bubbles_json_contract(tmp_path, capsys):
-    from shoal.cli import app
     from typer.testing import CliRunner
+
+    from shoal.cli import app
 
     reqs = tmp_path / "req.csv"
     reqs.write_text("arrival_s,prompt_tokens\n" + "".join(
@@ -214,8 +215,9 @@ def test_cli_bubbles_json_contract(tmp_path, capsys):
     (["--rate", "5", "--depth", "0"], "--depth"),
 ])
 def test_cli_bubbles_bad_input(args, msg):
-    from shoal.cli import app
     from typer.testing import CliRunner
+
+    from shoal.cli import app
 
     r = CliRunner().invoke(app, ["bubbles", str(EXAMPLE), "--plan", str(EXAMPLE_PLAN), *args])
     assert r.exit_code == 2, r.output

@@ -108,9 +108,11 @@ class Bubbles:
         self.starts = [a for a, b in gaps if b - guard > a]
         self.ends = [b - guard for a, b in gaps if b - guard > a]
         self.free_s = sum(e - s for s, e in zip(self.starts, self.ends)) if gaps else 0.0
-        # this period's bubbles and the next one's, for searches that start anywhere in it
-        self._two = (self.starts + [s + period for s in self.starts],
-                     self.ends + [e + period for e in self.ends])
+        # the previous period's last bubble (it may run into this period), this period's and the
+        # next one's: enough for a search that starts anywhere in this period
+        prev = ([self.starts[-1] - period], [self.ends[-1] - period]) if self.starts else ([], [])
+        self._two = (prev[0] + self.starts + [s + period for s in self.starts],
+                     prev[1] + self.ends + [e + period for e in self.ends])
 
     def fit(self, t: float, dur: float) -> float:
         """Earliest start >= t of a window of ``dur`` inside one bubble (inf if none is long
@@ -119,109 +121,15 @@ class Bubbles:
             return math.inf
         k, off = divmod(t, self.period)
         S, E = self._two
-        i = bisect.bisect_left(E, off + dur)  # the first bubble that ends late enough
+        eps = 1e-9  # a window that fills a bubble exactly fits (period shifts round)
+        i = bisect.bisect_left(E, off + dur - eps)  # the first bubble that ends late enough
         while i < len(S):
-            if S[i] <= off:
+            if S[i] <= off + eps:
                 return t
-            if E[i] - S[i] >= dur:
+            if E[i] - S[i] >= dur - eps:
                 return k * self.period + S[i]
             i += 1
         return math.inf  # two periods from any point hold every bubble there is
-
-
-@dataclass(frozen=True)
-class PrefillModel:
-    """Seconds to prefill a prompt of n tokens on ``depth`` GPUs of one type."""
-
-    profile_for: object  # callable seq_len -> AnalyticProfile-like (layer_times(gpu, tp, mbs))
-    gpu: str
-    hidden_size: int
-    link_bw: float = INTRA_DC_BPS
-    hop_overhead_s: float = HOP_OVERHEAD_S
-    bucket: int = 64  # prompt lengths are rounded up to a multiple of this (cached profiles)
-    _cache: dict = field(default_factory=dict, compare=False, repr=False)
-
-    def stage_times(self, tokens: int, depth: int) -> tuple[list[float], float]:
-        """(per-stage compute seconds, hand-off seconds between two stages)."""
-        n = max(self.bucket, int(math.ceil(tokens / self.bucket)) * self.bucket)
-        key = (n, depth)
-        if key not in self._cache:
-            fwd = self.profile_for(n).layer_times(self.gpu, 1, 1)[:, 0]
-            cuts = np.linspace(0, len(fwd), depth + 1).round().astype(int)
-            stages = [float(fwd[a:b].sum()) for a, b in zip(cuts, cuts[1:])]
-            hop = 2.0 * n * self.hidden_size / self.link_bw + self.hop_overhead_s
-            self._cache[key] = (stages, hop)
-        return self._cache[key]
-
-    def latency(self, tokens: int, depth: int) -> float:
-        stages, hop = self.stage_times(tokens, depth)
-        return sum(stages) + hop * (depth - 1)
-
-
-def prefill_model(model_name: str, gpu: str, link_bw: float = INTRA_DC_BPS) -> PrefillModel:
-    """A prefill model for a catalog model on a catalog GPU whose pipeline stages hand off over
-    ``link_bw`` bytes/s (default: between nodes of a datacenter)."""
-    from shoal import catalog
-    from shoal.profiles.analytic import AnalyticProfile
-
-    spec = catalog.models().get(model_name)
-    gpus = {gpu: catalog.gpus().get(gpu)}
-    profiles: dict[int, AnalyticProfile] = {}
-
-    def profile_for(n: int):
-        if n not in profiles:
-            profiles[n] = AnalyticProfile(spec, n, gpus, flash_attention=True)
-        return profiles[n]
-
-    return PrefillModel(profile_for=profile_for, gpu=catalog.gpus().canonical(gpu),
-                        hidden_size=spec.hidden_size, link_bw=link_bw)
-
-
-class Bubbles:
-    """The periodic free windows of one GPU: ``starts``/``ends`` within one period (ends may pass
-    the period for the window that wraps around)."""
-
-    def __init__(self, busy: list[tuple[float, float]], period: float, guard: float):
-        self.period = period
-        busy = sorted(busy)
-        gaps = []
-        t = 0.0
-        for a, b in busy:
-            if a > t:
-                gaps.append((t, a))
-            t = max(t, b)
-        if t < period:
-            gaps.append((t, period))
-        if len(gaps) > 1 and gaps[0][0] == 0.0 and gaps[-1][1] == period:
-            # the last gap runs into the first gap of the next iteration
-            gaps = gaps[1:-1] + [(gaps[-1][0], period + gaps[0][1])]
-        elif len(gaps) == 1 and gaps[0] == (0.0, period):
-            gaps = [(0.0, math.inf)]
-        self.starts = [a for a, b in gaps if b - guard > a]
-        self.ends = [b - guard for a, b in gaps if b - guard > a]
-        self.free_s = sum(e - s for s, e in zip(self.starts, self.ends)) if gaps else 0.0
-        # this period's bubbles and the next one's, for searches that start anywhere in it
-        self._two = (self.starts + [s + period for s in self.starts],
-                     self.ends + [e + period for e in self.ends])
-
-    def fit(self, t: float, dur: float) -> float:
-        """Earliest start >= t of a window of ``dur`` inside one bubble (inf if none is long
-        enough)."""
-        if not self.starts:
-            return math.inf
-        k, off = divmod(t, self.period)
-        base = k * self.period
-        n = len(self.starts)
-        i = bisect.bisect_right(self.starts, off) - 1
-        for step in range(2 * n + 2):
-            j = i + step
-            rep, idx = divmod(j, n) if j >= 0 else (-1, j + n)
-            s = base + rep * self.period + self.starts[idx]
-            e = base + rep * self.period + self.ends[idx]
-            start = max(t, s)
-            if start + dur <= e:
-                return start
-        return math.inf
 
 
 @dataclass(frozen=True)
