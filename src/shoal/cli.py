@@ -26,6 +26,7 @@ from shoal.cli_common import (  # noqa: F401  (re-exported for tests and scripts
     _err,
     _fail,
     _out,
+    _progress,
     _spec_error,
     _table,
     handles_errors,
@@ -75,10 +76,16 @@ def estimate(
     problem = load_problem(scenario)
     tplan = load_plan(plan)
     est = run_estimate(problem, tplan, file=str(plan))
+    if timeline is not None or as_json:
+        from shoal.training.schedule import timeline_json
+
+        tl_doc = timeline_json(problem, tplan)
     if timeline is not None:
-        _draw_timeline(problem, tplan, timeline)
+        from shoal.report.figures import draw_timeline_doc
+
+        draw_timeline_doc(tl_doc, timeline)
     if as_json:
-        typer.echo(json.dumps(est.to_json()))
+        typer.echo(json.dumps(est.to_json() | {"timeline": tl_doc}))
         return
     out = _out()
     out.print(_stage_table(est))
@@ -142,16 +149,16 @@ def plan(
         result = search(problem, strategy=strategy.value, objective=goal, constraints=cons,
                         top_k=top, budget_s=budget)
     else:
-        with _err().status(f"searching plans ({strategy.value})..."):
+        with _progress().status(f"searching plans ({strategy.value})..."):
             result = search(problem, strategy=strategy.value, objective=goal, constraints=cons,
                             top_k=top, budget_s=budget)
     best = result.ranked[0].plan
     if output is not None:
         write_json(output, best.to_json())
     if figure is not None:
-        from shoal.report.figures import draw_pareto
+        from shoal.report.figures import draw_pareto, front_doc
 
-        draw_pareto(result, figure)
+        draw_pareto(front_doc(result), figure)
     if as_json:
         slo = cons.deadline
 
@@ -235,14 +242,6 @@ def _rent(problem, p) -> list[dict]:
         gpn = problem.gpus[g].gpus_per_node
         rows.append({"zone": z, "gpu": g, "gpus": n, "gpus_per_node": gpn, "nodes": math.ceil(n / gpn)})
     return rows
-
-
-def _draw_timeline(problem, plan, path: Path) -> None:
-    try:
-        from shoal.training.schedule import draw_timeline
-    except ImportError as exc:
-        raise _fail(f"--timeline is not available in this install ({exc})", 1) from None
-    draw_timeline(problem, plan, path)
 
 
 def _s(t: float) -> str:
@@ -381,7 +380,7 @@ def replay(
     else:
         from rich.progress import Progress
 
-        with Progress(console=_err(), transient=True) as bar:
+        with Progress(console=_progress(), transient=True) as bar:
             task = bar.add_task("planning each availability state", total=len(tr.states))
             options = plan_trace(problem, tr, replanner,
                                  lambda done, total: bar.update(task, completed=done))
@@ -393,7 +392,7 @@ def replay(
     if figure is not None:
         from shoal.report.figures import draw_replay
 
-        draw_replay(runs, tr, figure)
+        draw_replay(doc, figure)
     if as_json:
         typer.echo(json.dumps(doc))
         return
@@ -694,7 +693,7 @@ def train(
             if line.startswith("{") and not as_json:
                 try:
                     d = json.loads(line)
-                    _err().print(f"step {d['step']}: loss {d['loss']:.4f}, "
+                    _progress().print(f"step {d['step']}: loss {d['loss']:.4f}, "
                                  f"{d['step_time_s']:.3f} s, {d['tokens_per_s']:,.0f} tokens/s")
                 except (ValueError, KeyError):
                     pass
@@ -812,7 +811,7 @@ def _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_di
         if as_json:
             doc = job.run(world, events=events, timeout_s=None)
         else:
-            with _err().status(f"training {steps} steps on {world} elastic workers"):
+            with _progress().status(f"training {steps} steps on {world} elastic workers"):
                 doc = job.run(world, events=events, timeout_s=None)
     if as_json:
         typer.echo(json.dumps(doc))
@@ -839,6 +838,41 @@ def _serving_commands() -> None:
 
 
 _serving_commands()
+
+
+@app.command()
+@handles_errors
+def report(
+    inputs: Annotated[list[Path], typer.Argument(
+        metavar="INPUT...", help="JSON outputs of plan, estimate, replay, bubbles, serve plan, "
+                                 "serve simulate (each run with --json)")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="the HTML file to write")] = Path(
+        "report.html"),
+    title: Annotated[str | None, typer.Option("--title", help="the page title")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
+) -> None:
+    """One self-contained HTML report (figures embedded) from the JSON outputs of shoal's
+    commands."""
+    from shoal.files import check_output
+    from shoal.report.html import build, kind_of
+
+    check_output(output, "--output")
+    with _progress().status("drawing the report...") if not as_json else _nullcontext():
+        path = build(list(inputs), output, title)
+    if as_json:
+        from shoal.files import read_json
+
+        typer.echo(json.dumps({"written": str(path), "sections": [
+            {"input": str(p), "kind": kind_of(read_json(p))} for p in inputs]}))
+    else:
+        _out().print(f"report written to {path} ({path.stat().st_size / 1e6:.1f} MB, "
+                     f"{len(inputs)} section{'s' * (len(inputs) > 1)})")
+
+
+def _nullcontext():
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 def _geo_commands() -> None:

@@ -4,7 +4,10 @@ an exit code (DESIGN §6)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import os
+import typing
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
@@ -19,13 +22,21 @@ EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
 
 
+QUIET = {"on": False}  # --quiet of the running command: no tables, no progress
+
+
 def _out() -> Console:
     # Made per call, so that the console writes to whatever sys.stdout is now (tests swap it).
     # Piped output has no terminal width: give tables room rather than 80 columns.
-    con = Console(highlight=False)
+    con = Console(highlight=False, quiet=QUIET["on"])
     if not con.is_terminal and "COLUMNS" not in os.environ:
-        con = Console(highlight=False, width=160)
+        con = Console(highlight=False, width=160, quiet=QUIET["on"])
     return con
+
+
+def _progress() -> Console:
+    """Where progress (spinners, bars, per-step lines) goes: stderr, silent under --quiet."""
+    return Console(stderr=True, highlight=False, quiet=QUIET["on"])
 
 
 def _err() -> Console:
@@ -38,10 +49,14 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 
 def handles_errors(fn):
-    """Turn shoal's errors (and pydantic's, as bad input) into a message and an exit code."""
+    """Turn shoal's errors (and pydantic's, as bad input) into a message and an exit code, and
+    give every command the same ``--quiet`` (no tables or progress; errors still print)."""
+    sig = inspect.signature(fn)
+    own_quiet = "quiet" in sig.parameters
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        QUIET["on"] = bool(kwargs.get("quiet") if own_quiet else kwargs.pop("quiet", False))
         try:
             return fn(*args, **kwargs)
         except InfeasibleError as exc:
@@ -50,7 +65,21 @@ def handles_errors(fn):
             raise _fail(str(exc), EXIT_BAD_INPUT) from None
         except ValidationError as exc:
             raise _fail(str(_spec_error(exc, None)), EXIT_BAD_INPUT) from None
+        finally:
+            QUIET["on"] = False
 
+    if not own_quiet:
+        # typer reads __signature__ when a function has one: give it resolved annotations
+        hints = typing.get_type_hints(fn, include_extras=True)
+        params = [p.replace(annotation=hints.get(p.name, p.annotation))
+                  for p in sig.parameters.values()]
+        quiet = inspect.Parameter(
+            "quiet", inspect.Parameter.KEYWORD_ONLY, default=False,
+            annotation=Annotated[bool, typer.Option("--quiet", "-q",
+                                                    help="print no tables or progress")])
+        wrapper.__signature__ = sig.replace(parameters=[*params, quiet],
+                                            return_annotation=hints.get("return", None))
+        wrapper.__annotations__ = {**hints, "quiet": quiet.annotation}
     return wrapper
 
 

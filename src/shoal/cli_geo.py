@@ -93,10 +93,13 @@ def bubbles_cmd(
     tl = simulate(job, schedule.value, cell=cell)
     model = bt.prefill_model(inference_model, gpu)
     res = bt.place(tl, reqs, model, depth=depth, guard_s=g, max_wait_s=w)
-    if figure is not None:
-        bt.draw(res, tl, figure)
     doc = res.summary() | {"schedule": schedule.value, "requests_source": source,
-                           "inference_model": inference_model, "training": tl.to_json()}
+                           "inference_model": inference_model, "training": tl.to_json(),
+                           "fill": res.fill_json(tl.iteration_s)}
+    if figure is not None:
+        from shoal.report.figures import draw_bubbles
+
+        draw_bubbles(doc, figure)
     if as_json:
         typer.echo(json.dumps(doc))
         return

@@ -67,7 +67,7 @@ def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path
     if figure is not None:
         from shoal.report.figures import draw_placement
 
-        draw_placement(cluster, placed, figure)
+        draw_placement(doc, figure)
     if as_json:
         typer.echo(json.dumps(doc))
         return
@@ -142,7 +142,7 @@ def plan_cmd(
     if as_json or time_limit < 1:
         placed = place(cluster, placer.value, **kw)
     else:
-        with _cli._err().status(f"placing {cluster.layers} layers on {cluster.n} nodes "
+        with _cli._progress().status(f"placing {cluster.layers} layers on {cluster.n} nodes "
                                 f"({placer.value}, {obj}, up to {time_limit:g} s)"):
             placed = place(cluster, placer.value, **kw)
     _report(cluster, placed, as_json, output, helix_out, figure)
@@ -246,7 +246,7 @@ def simulate_cmd(
     else:
         from rich.progress import Progress
 
-        with Progress(console=_cli._err(), transient=True) as bar:
+        with Progress(console=_cli._progress(), transient=True) as bar:
             task = bar.add_task(f"simulating {work.source}", total=None)
 
             def tick(t, end, completed):

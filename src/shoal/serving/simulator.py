@@ -58,6 +58,7 @@ class SimResult:
     kv_peak_fraction: list[float]
     wall_s: float
     events: int
+    latency_histogram: dict | None = None
 
     def to_json(self, names) -> dict:
         return {"mode": self.mode, "router": self.router, "window_s": self.window_s,
@@ -71,7 +72,19 @@ class SimResult:
                           for i, (u, k) in enumerate(zip(self.node_utilization,
                                                          self.kv_peak_fraction, strict=True))
                           if u > 0 or k > 0],
-                "simulated_events": self.events, "wall_s": self.wall_s}
+                "simulated_events": self.events, "wall_s": self.wall_s,
+                "latency_histogram": self.latency_histogram}
+
+
+def _histogram(x: np.ndarray, bins: int = 40) -> dict:
+    """Counts over log-spaced bins (latencies span orders of magnitude)."""
+    x = x[x > 0]
+    if len(x) == 0:
+        return {"edges": [], "counts": []}
+    lo, hi = float(x.min()), float(x.max())
+    edges = np.geomspace(lo, hi * (1 + 1e-9), bins + 1) if hi > lo else np.array([lo, lo * 1.01 + 1e-12])
+    counts, edges = np.histogram(x, edges)
+    return {"edges": edges.tolist(), "counts": counts.tolist()}
 
 
 def _stats(x: np.ndarray) -> dict:
@@ -356,6 +369,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         decode_tokens_per_s=decode_tokens / window,
         tokens_per_s=(decode_tokens + prompt_tokens) / window,
         prompt_latency_s=_stats(pl_lat), decode_latency_s=_stats(dl),
+        latency_histogram={"prompt": _histogram(pl_lat), "decode": _histogram(dl)},
         completed=completed, rejected=rejected, in_flight_peak=peak_in_flight,
         node_utilization=[b / window for b in busy_s],
         kv_peak_fraction=[float(p / t) if t > 0 else 0.0 for p, t in zip(kv.peak, kv.total,

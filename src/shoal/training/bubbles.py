@@ -154,6 +154,14 @@ class BubbleResult:
     horizon_s: float
     pipelines: list[list[tuple]]
 
+    def fill_json(self, period: float, iterations: int = 2, cell: int = 0) -> dict:
+        """The prefills on the GPUs of DP-cell ``cell`` during the first ``iterations``
+        training iterations (for the filled-timeline figure)."""
+        end = iterations * period
+        return {"iterations": iterations, "cell": cell, "gpus": [
+            {"pipeline": p, "stage": s, "busy": [[a, min(b, end)] for a, b in iv if a < end]}
+            for (c, p, s), iv in sorted(self.reserved.items()) if c == cell]}
+
     def summary(self) -> dict:
         done = [p.ttft for p in self.prefills if p.pipeline >= 0]
         n = len(self.prefills)
@@ -345,46 +353,3 @@ def synthetic_requests(rate_per_s: float, duration_s: float, seed: int = 0
     w = poisson(synthetic_lengths(n, seed), rate_per_s, n, seed)
     return [(float(a), int(p)) for a, p in zip(w.arrival_s, w.prompt) if a <= duration_s] or [
         (float(w.arrival_s[0]), int(w.prompt[0]))]
-
-
-def draw(result: BubbleResult, tl: GeoTimeline, path, iterations: int = 2, cell: int = 0):
-    """Per GPU of one DP-cell, ``iterations`` training iterations: forward, recompute, backward
-    and gradient sync as bars, the prefills placed in the bubbles on top; white is what is left
-    idle."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from shoal.files import save_png
-
-    T = tl.iteration_s
-    colours = {"F": "#4C72B0", "R": "#8172B3", "B": "#55A868", "sync": "#999999",
-               "prefill": "#DD8452"}
-    gpus = sorted(tl.busy)
-    fig, ax = plt.subplots(figsize=(10, max(2.5, 0.35 * len(gpus) + 1.2)))
-    for row, (p, s) in enumerate(gpus):
-        for k in range(iterations):
-            bars = [(b.start + k * T, b.end - b.start, colours[b.kind]) for b in tl.busy[(p, s)]]
-            bars.append((tl.stage_end[s] + k * T, tl.allreduce_s[s], colours["sync"]))
-            for x, w, c in bars:
-                ax.barh(row, w, left=x, height=0.7, color=c, linewidth=0)
-        for a, b in result.reserved.get((cell, p, s), []):
-            if a < iterations * T:
-                ax.barh(row, min(b, iterations * T) - a, left=a, height=0.45,
-                        color=colours["prefill"], linewidth=0)
-    ax.set_yticks(range(len(gpus)), [f"p{p} s{s} ({tl.job.stage_dc[s]})" for p, s in gpus],
-                  fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlim(0, iterations * T)
-    ax.set_xlabel("seconds")
-    from matplotlib.patches import Patch
-
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in colours.items()], fontsize=7,
-              ncol=5, loc="upper right")
-    s = result.summary()
-    ax.set_title(f"{tl.schedule}: GPU busy {s['utilization_before']:.0%} -> "
-                 f"{s['utilization_after']:.0%} with prefills; iteration "
-                 f"{s['iteration_time_before_s']:.3f} s -> {s['iteration_time_after_s']:.3f} s",
-                 fontsize=9)
-    return save_png(fig, path)

@@ -110,7 +110,8 @@ class GeoTimeline:
             "iteration_time_s": self.iteration_s, "utilization": self.utilization(),
             "allreduce_s": list(self.allreduce_s), "wan_bytes": self.wan_bytes,
             "gpus": [{"pipeline": p, "stage": s, "dc": self.job.stage_dc[s],
-                      "busy": [[b.start, b.end, b.kind, b.microbatch] for b in ops]}
+                      "busy": [[b.start, b.end, b.kind, b.microbatch] for b in ops],
+                      "sync": [self.stage_end[s], self.stage_end[s] + self.allreduce_s[s]]}
                      for (p, s), ops in sorted(self.busy.items())],
         }
 

@@ -25,7 +25,6 @@ from shoal.estimate.api import run_kernel, tables_for
 from shoal.estimate.encode import encode, to_spec
 from shoal.estimate.pipeline import stage_order
 from shoal.estimate.validate import validate_plan
-from shoal.files import save_png
 from shoal.problem import Problem
 from shoal.specs.plan import TrainingPlan
 
@@ -164,77 +163,34 @@ def _simulate_general(problem: Problem, plan: TrainingPlan, tb, spec, o) -> Time
                     pipeline_time_s=[])
 
 
-_COLORS = {"F": "#4C72B0", "B": "#55A868", "sync": "#C44E52", "update": "#8172B2"}
+def timeline_json(problem: Problem, plan: TrainingPlan, max_rows: int = 4) -> dict:
+    """The simulated iteration for a report: one row per worker shown (the first ``max_rows``
+    pipelines of a set of pipelines; otherwise the first ``max_rows`` replicas of every stage),
+    each with its operations ``[kind, microbatch, start_s, end_s]``."""
+    tl = simulate(problem, plan)
+    if tl.pipeline_time_s:
+        pipes = sorted({op.replica for op in tl.ops})[:max_rows]
+        rows = [(s, r) for r in pipes for s in range(len(plan.stages))]
+        shown = f"first {len(pipes)} of {len(plan.stages[0].replicas)} pipelines"
+    else:
+        rows = [(s, r) for s, st in enumerate(plan.stages) for r in range(min(max_rows, len(st.replicas)))]
+        shown = "replicas per stage " + "/".join(str(len(st.replicas)) for st in plan.stages) + \
+            f"; at most {max_rows} shown per stage"
+    ops: dict[tuple[int, int], list] = {rs: [] for rs in rows}
+    for op in tl.ops:
+        if (op.stage, op.replica) in ops:
+            ops[(op.stage, op.replica)].append([op.kind, op.microbatch, op.start_s, op.end_s])
+    return {"iteration_time_s": tl.iteration_time_s, "schedule": plan.schedule,
+            "stages": len(plan.stages), "shown": shown,
+            "rows": [{"stage": s, "replica": r, "gpu": plan.stages[s].replicas[r].gpu,
+                      "tp": plan.stages[s].replicas[r].tp,
+                      "microbatches": plan.stages[s].replicas[r].microbatches,
+                      "ops": ops[(s, r)]} for s, r in rows]}
 
 
 def draw_timeline(problem: Problem, plan: TrainingPlan, path: str | Path,
                   max_pipelines: int = 4) -> Path:
     """Draw the simulated iteration as a Gantt chart (one row per worker) and write a PNG."""
-    import matplotlib
+    from shoal.report.figures import draw_timeline_doc
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    tl = simulate(problem, plan)
-    P = len(plan.stages)
-    if not tl.pipeline_time_s:  # not a set of pipelines: the first replicas of every stage
-        return _draw_workers(plan, tl, path, max_pipelines)
-    pipes = sorted({op.replica for op in tl.ops})[:max_pipelines]
-    rows = [(r, s) for r in pipes for s in range(P)]
-    row_of = {rs: i for i, rs in enumerate(rows)}
-    fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 2.0))
-    for op in tl.ops:
-        if op.replica not in pipes:
-            continue
-        y = row_of[(op.replica, op.stage)]
-        ax.barh(y, op.end_s - op.start_s, left=op.start_s, height=0.8,
-                color=_COLORS[op.kind], edgecolor="white", linewidth=0.2)
-    labels = []
-    for r, s in rows:
-        rep = plan.stages[s].replicas[r]
-        labels.append(f"pipe {r} stage {s} · {rep.gpu} TP{rep.tp}")
-    ax.set_yticks(range(len(rows)), labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds")
-    n_pipes = len(plan.stages[0].replicas)
-    ax.set_title(f"one iteration: {tl.iteration_time_s:.3f} s ({plan.schedule}, "
-                 f"{len(plan.stages)} stage{'s' * (P > 1)}, {n_pipes} pipeline{'s' * (n_pipes > 1)}"
-                 + (f", first {len(pipes)} shown" if len(pipes) < len(plan.stages[0].replicas) else "")
-                 + ")")
-    names = {"F": "forward", "B": "backward", "sync": "gradient all-reduce", "update": "optimizer"}
-    ax.legend(handles=[Patch(color=c, label=names[k]) for k, c in _COLORS.items()],
-              loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.5 / len(rows)), fontsize=8,
-              ncol=4, frameon=False)
-    return save_png(fig, path)
-
-
-def _draw_workers(plan: TrainingPlan, tl: Timeline, path: str | Path, per_stage: int) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    rows = [(s, r) for s, st in enumerate(plan.stages) for r in range(min(per_stage, len(st.replicas)))]
-    row_of = {sr: i for i, sr in enumerate(rows)}
-    fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 2.0))
-    for op in tl.ops:
-        y = row_of.get((op.stage, op.replica))
-        if y is not None:
-            ax.barh(y, op.end_s - op.start_s, left=op.start_s, height=0.8,
-                    color=_COLORS[op.kind], edgecolor="white", linewidth=0.2)
-    labels = [f"stage {s} replica {r} · {plan.stages[s].replicas[r].gpu} "
-              f"TP{plan.stages[s].replicas[r].tp} · {plan.stages[s].replicas[r].microbatches} mb"
-              for s, r in rows]
-    ax.set_yticks(range(len(rows)), labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds")
-    counts = "/".join(str(len(st.replicas)) for st in plan.stages)
-    ax.set_title(f"one iteration: {tl.iteration_time_s:.3f} s ({plan.schedule}, replicas per "
-                 f"stage {counts}; at most {per_stage} shown per stage)")
-    names = {"F": "forward", "B": "backward", "sync": "gradient all-reduce", "update": "optimizer"}
-    ax.legend(handles=[Patch(color=c, label=names[k]) for k, c in _COLORS.items()],
-              loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.5 / len(rows)), fontsize=8,
-              ncol=4, frameon=False)
-    return save_png(fig, path)
+    return draw_timeline_doc(timeline_json(problem, plan, max_pipelines), path)

@@ -4,6 +4,10 @@ target objective or a window without improvement."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -11,6 +15,32 @@ import highspy
 import numpy as np
 
 INF = highspy.kHighsInf
+
+
+@contextlib.contextmanager
+def _no_stdout():
+    """C-level stdout goes to /dev/null: HiGHS prints its banner from the constructor, before any
+    option can turn output off, and it must not reach a command's --json output."""
+    sys.stdout.flush()
+    libc = ctypes.CDLL(None)
+    saved = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        yield
+    finally:
+        libc.fflush(None)
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
+
+
+def new_highs() -> highspy.Highs:
+    """A silent HiGHS instance."""
+    with _no_stdout():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    return h
 
 
 @dataclass
@@ -62,8 +92,7 @@ class Model:
         if any(self.integer):
             lp.integrality_ = [highspy.HighsVarType.kInteger if i else
                                highspy.HighsVarType.kContinuous for i in self.integer]
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
+        h = new_highs()
         h.setOptionValue("threads", 1)
         h.setOptionValue("random_seed", 0)
         h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))

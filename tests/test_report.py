@@ -1,0 +1,158 @@
+"""`shoal report`: one self-contained HTML page from the commands' JSON outputs; checked in
+headless Chromium (slow) and by parsing the page."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from shoal.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+EX = ROOT / "examples"
+ARTIFACTS = ROOT / "build" / "test-artifacts"
+FIGURES = {"estimate": 2, "plan": 2, "replay": 1, "bubbles": 1, "serve plan": 1,
+           "serve simulate": 1}
+
+
+def _shoal(*args: str) -> str:
+    """Run the installed CLI in a subprocess, as a user would, and return its stdout."""
+    out = subprocess.run([sys.executable, "-m", "shoal.cli", *args], capture_output=True,
+                         text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("report")
+    runs = {
+        "estimate": ["estimate", str(EX / "het-a100-v100.yaml"), "--plan",
+                     str(EX / "het-a100-v100.plan.json"), "--json"],
+        "plan": ["plan", str(EX / "opt350m-two-zones.yaml"), "--budget", "10", "--json"],
+        "replay": ["replay", str(EX / "opt350m-two-zones.yaml"), "--trace",
+                   str(EX / "opt350m-two-zones.events.csv"), "--policy", "all", "--budget", "10",
+                   "--json"],
+        "bubbles": ["bubbles", str(EX / "atlas-gpt-3dc.yaml"), "--plan",
+                    str(EX / "atlas-gpt-3dc.plan.json"), "--rate", "50", "--duration", "20s",
+                    "--json"],
+        "serve plan": ["serve", "plan", str(EX / "llama2-70b-mixed.serving.yaml"),
+                       "--time-limit", "5", "--json", "-o", str(d / "placement.json")],
+    }
+    out = {}
+    for kind, args in runs.items():
+        text = _shoal(*args)
+        json.loads(text)  # stdout is exactly one JSON document (no solver banners)
+        out[kind] = d / f"{kind.replace(' ', '-')}.json"
+        out[kind].write_text(text)
+    text = _shoal("serve", "simulate", str(EX / "llama2-70b-mixed.serving.yaml"), "--placement",
+                  str(d / "placement.json"), "--json")
+    out["serve simulate"] = d / "serve-simulate.json"
+    out["serve simulate"].write_text(text)
+    return out
+
+
+@pytest.fixture(scope="module")
+def report(inputs, tmp_path_factory) -> Path:
+    page = tmp_path_factory.mktemp("page") / "report.html"
+    r = CliRunner().invoke(app, ["report", *map(str, inputs.values()), "-o", str(page), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert [s["kind"] for s in doc["sections"]] == list(inputs)
+    return page
+
+
+def test_report_embeds_every_figure(report):
+    html = report.read_text()
+    assert "http://" not in html and "https://" not in html  # nothing fetched from a network
+    for kind, n in FIGURES.items():
+        sec = re.search(rf'<section id="s\d+" data-kind="{kind}">(.*?)</section>', html, re.S)
+        assert sec, kind
+        imgs = re.findall(r'src="data:image/png;base64,([^"]+)"', sec.group(1))
+        assert len(imgs) == n, (kind, len(imgs))
+        for data in imgs:
+            png = base64.b64decode(data)
+            assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+        assert sec.group(1).count("<figcaption>") == n
+
+
+def test_report_bad_inputs_write_nothing(tmp_path, inputs):
+    out = tmp_path / "r.html"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hello": 1}')
+    r = CliRunner().invoke(app, ["report", str(inputs["estimate"]), str(bad), "-o", str(out)])
+    assert r.exit_code == 2 and "not a shoal result" in r.output and "bad.json" in r.output
+    assert not out.exists()
+    r = CliRunner().invoke(app, ["report", str(tmp_path / "missing.json"), "-o", str(out)])
+    assert r.exit_code == 2 and "not found" in r.output and not out.exists()
+    r = CliRunner().invoke(app, ["report", str(inputs["estimate"]), "-o",
+                                 str(tmp_path / "no" / "r.html")])
+    assert r.exit_code == 2 and "--output" in r.output
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-dev-shm-usage"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_chromium() is None, reason="needs Chromium (Debian package 'chromium')")
+def test_report_in_headless_chromium(report, tmp_path):
+    """Every figure loads with a non-zero size, no script error and no console error; a
+    screenshot of the first screen is kept in build/test-artifacts for inspection."""
+    exe = _chromium()
+    base = [exe, *CHROME_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    env = dict(os.environ, HOME=str(tmp_path))
+    dom = subprocess.run([*base, "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000",
+                          "--dump-dom", report.as_uri()],
+                         capture_output=True, text=True, timeout=180, env=env)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    body = re.search(r"<body([^>]*)>", dom.stdout)
+    assert body, dom.stdout[:500]
+    attrs = dict(re.findall(r'data-([\w-]+)="([^"]*)"', body.group(1)))
+    total = sum(FIGURES.values())
+    assert attrs.get("figures") == str(total) and attrs.get("figures-ok") == str(total), attrs
+    assert "errors" not in attrs, attrs
+    console = [ln for ln in dom.stderr.splitlines() if "CONSOLE" in ln]
+    assert not console, console
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "report-first-screen.png"
+    shot.unlink(missing_ok=True)
+    r = subprocess.run([*base, "--window-size=1280,1000", "--hide-scrollbars",
+                        f"--screenshot={shot}", report.as_uri()],
+                       capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+@pytest.mark.parametrize("args", [
+    ["estimate", str(EX / "het-a100-v100.yaml"), "--plan", str(EX / "het-a100-v100.plan.json")],
+    ["plan", str(EX / "opt350m-two-zones.yaml"), "--budget", "5"],
+    ["bubbles", str(EX / "atlas-gpt-3dc.yaml"), "--plan", str(EX / "atlas-gpt-3dc.plan.json"),
+     "--rate", "10", "--duration", "5s"],
+    ["catalog", "gpus"],
+])
+def test_every_command_is_quiet_with_quiet(args):
+    loud = CliRunner().invoke(app, args)
+    assert loud.exit_code == 0 and loud.output.strip()
+    r = CliRunner().invoke(app, [*args, "--quiet"])
+    assert r.exit_code == 0 and r.output == "", r.output
+
+
+def test_quiet_still_reports_errors():
+    r = CliRunner().invoke(app, ["estimate", str(EX / "het-a100-v100.yaml"), "--plan",
+                                 "missing.json", "-q"])
+    assert r.exit_code == 2 and "missing.json: file not found" in r.output
