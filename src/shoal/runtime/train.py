@@ -161,7 +161,8 @@ def spawn(plan: TrainingPlan, spec: ModelSpec, steps: int, seq: int, *, seed: in
     from shoal.runtime.pipeline import layout
 
     world = layout(plan, spec).world
-    out = out_dir or tempfile.mkdtemp(prefix="shoal-run-")
-    launch(world, _run_from_json, plan.model_dump_json(by_alias=True), spec.model_dump_json(),
-           steps, seq, seed, str(dtype).split(".")[-1], out, checkpoint_dir, resume)
-    return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    with tempfile.TemporaryDirectory(prefix="shoal-run-") as tmp:
+        out = out_dir or tmp  # results are read back before the temporary folder goes
+        launch(world, _run_from_json, plan.model_dump_json(by_alias=True), spec.model_dump_json(),
+               steps, seq, seed, str(dtype).split(".")[-1], out, checkpoint_dir, resume)
+        return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]
