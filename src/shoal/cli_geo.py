@@ -90,9 +90,16 @@ def bubbles_cmd(
     tplan = load_plan(plan)
     job = job_from_plan(problem, tplan, file=str(plan))
     gpu = catalog.gpus().canonical(tplan.stages[0].replicas[0].gpu)
-    tl = simulate(job, schedule.value, cell=cell)
-    model = bt.prefill_model(inference_model, gpu)
-    res = bt.place(tl, reqs, model, depth=depth, guard_s=g, max_wait_s=w)
+    import contextlib
+
+    from shoal.cli_common import _progress
+
+    with (contextlib.nullcontext() if as_json else
+          _progress().status(f"simulating {len(tplan.stages)} stages and placing "
+                             f"{len(reqs)} prefills...")):
+        tl = simulate(job, schedule.value, cell=cell)
+        model = bt.prefill_model(inference_model, gpu)
+        res = bt.place(tl, reqs, model, depth=depth, guard_s=g, max_wait_s=w)
     doc = res.summary() | {"schedule": schedule.value, "requests_source": source,
                            "inference_model": inference_model, "training": tl.to_json(),
                            "fill": res.fill_json(tl.iteration_s)}
