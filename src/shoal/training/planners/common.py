@@ -216,9 +216,12 @@ def infeasible(ev: Evaluator) -> InfeasibleError:
     """The binding reason nothing was returned, and the nearest relaxation."""
     st, c = ev.stats, ev.constraints
     if not ev.fits and (st.oom or st.no_fit):
-        closest = (f", the closest needs {ev.best_oom_margin:.2f}x its GPU's memory"
-                   if st.oom else ": some stage fits on no GPU of the pool even at the largest TP "
-                                  "inside a node")
+        if st.oom and np.isfinite(ev.best_oom_margin):
+            closest = f", the closest needs {ev.best_oom_margin:.2f}x its GPU's memory"
+        elif st.oom:
+            closest = ", each with a GPU that cannot hold its layers"
+        else:
+            closest = ": some stage fits on no GPU of the pool even at the largest TP inside a node"
         return InfeasibleError(
             f"no plan fits in GPU memory ({st.oom} candidates costed{closest})",
             binding="GPU memory",

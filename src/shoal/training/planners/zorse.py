@@ -136,9 +136,10 @@ def _largest_remainder(weights: list[float], total: int, floor: int = 0) -> list
 
 
 def build(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: bool, zero: int,
-          schedule: str) -> PlanSpec | None:
+          schedule: str, inside_memo: dict | None = None) -> PlanSpec | None:
     """The plan of one partition (module docstring, Phase 2), or None if it has more groups
-    than layers or fewer microbatches than one per group."""
+    than layers or fewer microbatches than one per group. ``inside_memo`` keeps each group's
+    inside bandwidth across calls."""
     p = space.problem
     L = p.n_layers
     total = p.job.global_batch // mbs
@@ -150,11 +151,16 @@ def build(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: 
         rate[gpu] = 1.0 / (float(cum[-1]) * p.timing.compute_scale)
     speed = [sum(rate[vertices[v][0]] * vertices[v][2] for v in grp) for grp in groups]
 
+    memo = inside_memo if inside_memo is not None else {}
+
     def inside(grp: list[int]) -> float:
-        bws = [_intra(space, vertices[v]) for v in grp if vertices[v][2] > 1]
-        bws += [_bandwidth(space, vertices[a], vertices[b])
-                for i, a in enumerate(grp) for b in grp[i + 1:]]
-        return min(bws, default=math.inf)
+        key = tuple(grp)
+        if key not in memo:
+            bws = [_intra(space, vertices[v]) for v in grp if vertices[v][2] > 1]
+            bws += [_bandwidth(space, vertices[a], vertices[b])
+                    for i, a in enumerate(grp) for b in grp[i + 1:]]
+            memo[key] = min(bws, default=math.inf)
+        return memo[key]
 
     order = sorted(range(len(groups)), key=lambda i: (-inside(groups[i]), i))
     layers = _largest_remainder([speed[i] for i in order], L, floor=1)
@@ -166,6 +172,17 @@ def build(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: 
         stages.append((a, a + n, reps))
         a += n
     return (mbs, schedule, recompute, zero, tuple(stages))
+
+
+def _cannot_fit(space: Space, sp: PlanSpec) -> bool:
+    """True when some GPU of the plan cannot hold its stage even with one microbatch in flight
+    at TP 1 (a lower bound of its memory): the plan is out of memory without simulating it."""
+    mbs, _, recompute, zero, stages = sp
+    for a, b, reps in stages:
+        for gpu in {g for g, _, _, _ in reps}:
+            if space.min_tp(gpu, mbs, a, b, 1, recompute, zero, len(reps)) != 1:
+                return True
+    return False
 
 
 def _zero_stages(allowed) -> list[int]:
@@ -184,14 +201,20 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
         return
     parts = split(space, vertices, most=min(max_stages or problem.n_layers, problem.n_layers))
     specs: list[PlanSpec] = []
+    memo: dict = {}
     for k in sorted(parts):
         for recompute in sorted(set(job.recompute), reverse=True):
             for zero in _zero_stages(job.zero_stage):
                 for schedule in job.schedule:
                     for mbs in mbs_values:
-                        sp = build(space, vertices, parts[k], mbs, recompute, zero, schedule)
-                        if sp is not None:
-                            specs.append(sp)
+                        sp = build(space, vertices, parts[k], mbs, recompute, zero, schedule, memo)
+                        if sp is None:
+                            continue
+                        if _cannot_fit(space, sp):
+                            ev.stats.oom += 1
+                            ev.stats.candidates_costed += 1
+                            continue
+                        specs.append(sp)
     if not specs:
         return
     # A lower bound per plan: its busiest GPU's compute. Plans are simulated in bound order,
