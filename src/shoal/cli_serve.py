@@ -286,6 +286,96 @@ def simulate_cmd(
         out.print(f"result written to {output}")
 
 
+@serve_app.command("run")
+@_cli.handles_errors
+def run_cmd(
+    serving: Annotated[Path, typer.Argument(metavar="SERVING", help="serving file (YAML or JSON)")],
+    placement: Annotated[Path | None, typer.Option(
+        "--placement", help="placement JSON or Helix .ini (default: place with auto)")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="model to run (default: the serving file's; e.g. tiny on a CPU)")] = None,
+    requests: Annotated[int, typer.Option("--requests", min=1, help="requests to serve")] = 16,
+    rate: Annotated[float | None, typer.Option(
+        "--rate", min=0.001, help="Poisson arrivals per second (default: all at once)")] = None,
+    lengths: Annotated[Path | None, typer.Option(
+        "--lengths", help="CSV input_tokens,output_tokens (default: seeded synthetic lengths)")] = None,
+    max_new: Annotated[int | None, typer.Option(
+        "--max-new", min=1, help="at most this many generated tokens per request")] = None,
+    dtype: Annotated[str, typer.Option(help="float32 or float64")] = "float32",
+    timeout: Annotated[float, typer.Option("--timeout", min=1, help="seconds for the whole run")] = 600.0,
+    seed: Annotated[int, typer.Option(help="seed of weights, prompts and arrivals")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here")] = None,
+) -> None:
+    """Run a placement for real on this machine: one worker process per node holding its layers,
+    the coordinator routing each request along its chain; the simulator's metrics, measured."""
+    from shoal import catalog
+    from shoal.files import check_output, write_json
+    from shoal.serving import live
+    from shoal.serving import workload as wl
+
+    if output is not None:
+        check_output(output, "--output")
+    if dtype not in ("float32", "float64"):
+        raise SpecError("unknown dtype", field="--dtype", value=dtype, allowed="float32, float64")
+    cluster = _load(serving)
+    placed = _placement(cluster, placement)
+    from shoal.serving.spec import load_serving
+
+    name = model or load_serving(serving).model.name
+    spec = catalog.models().get(name)
+    reqs = live.workload(spec, requests, rate=rate, max_new=max_new, seed=seed,
+                         lengths=wl.load_lengths(lengths) if lengths is not None else None)
+    with _cli._progress().status(f"starting {sum(r is not None for r in placed.placement.ranges)} "
+                                 "workers") if not as_json else _null():
+        server = live.LiveServer(cluster, placed.placement, placed.flow, spec, seed=seed,
+                                 dtype=dtype)
+    try:
+        with _cli._progress().status(f"serving {len(reqs)} requests") if not as_json else _null():
+            server.run(reqs, timeout_s=timeout)
+    finally:
+        server.close()
+    doc = live.summary(reqs, server.wall_s) | {
+        "model": spec.name, "max_flow_tokens_per_s": placed.flow.value,
+        "generated": [{"request": r.rid, "tokens": r.tokens, "chain": r.chain[:-1],
+                       "runs": r.attempt + 1, "rejected": r.rejected} for r in reqs]}
+    if output is not None:
+        write_json(output, doc)
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+
+    def lat(d):
+        return "—" if d["mean"] is None else f"{d['mean']:.3f} / {d['p50']:.3f} / {d['p95']:.3f}"
+
+    t = _cli._table(f"Served {len(reqs)} requests of {spec.name} on "
+                    f"{len(server.procs)} workers in {server.wall_s:.2f} s",
+                    ["metric", "value"], left=("metric",))
+    t.add_row("decode throughput, tokens/s", f"{doc['decode_throughput_tokens_per_s']:,.1f}")
+    t.add_row("prompt + decode tokens/s", f"{doc['tokens_per_s']:,.1f}")
+    t.add_row("prompt latency s (mean / p50 / p95)", lat(doc["prompt_latency_s"]))
+    t.add_row("decode latency s/token (mean / p50 / p95)", lat(doc["decode_latency_s"]))
+    t.add_row("requests completed / rejected",
+              f"{doc['requests']['completed']} / {doc['requests']['rejected']}")
+    chains: dict[str, int] = {}
+    for r in reqs:
+        if r.chain:
+            key = " -> ".join(r.chain[:-1])
+            chains[key] = chains.get(key, 0) + 1
+    t.add_row("chains used", "; ".join(f"{k} ({n})" for k, n in sorted(chains.items())))
+    _cli._out().print(t)
+    for why, n in doc["requests"]["rejected_why"].items():
+        _cli._out().print(f"rejected ({n}): {why}")
+    if output is not None:
+        _cli._out().print(f"result written to {output}")
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 def import_helix_cmd(
     cluster: Annotated[Path, typer.Option("--cluster", help="Helix cluster INI file")],
     machines: Annotated[Path, typer.Option("--machines", help="Helix machine_profiles.ini")],

@@ -120,6 +120,28 @@ class Router:
             self.ema[node] = x if self.ema[node] == 0 else 0.8 * self.ema[node] + 0.2 * x
 
 
+def route_chain(R: Router, kv: KVCache, n: int, prompt: int,
+                exclude: set[int] | frozenset = frozenset()) -> list[int] | None:
+    """One request's chain of nodes from the coordinator (vertex ``n``) back to it (``n + 1``),
+    chosen hop by hop by ``R`` among nodes whose KV cache admits the prompt, the KV reserved on
+    every node of it; None (nothing reserved, choices taken back) when no chain exists. Shared by
+    the simulator and the live coordinator; ``exclude``: nodes not to use (workers that died)."""
+    snk = n + 1
+    u, chain, taken = n, [], []
+    while u != snk:
+        v = R.choose(u, lambda v: v == snk or (v not in chain and v not in exclude
+                                                and kv.fits(v, prompt)), prompt)
+        if v is None:
+            for a, b in reversed(taken):
+                R.undo(a, b, prompt)
+            return None
+        taken.append((u, v))
+        chain.append(v)
+        u = v
+    kv.reserve(chain[:-1], prompt)
+    return chain
+
+
 class KVCache:
     """Expected KV use per node in token-layers, reserved at admission, freed at completion."""
 

@@ -32,7 +32,7 @@ from shoal.errors import InfeasibleError, SpecError
 from shoal.serving.cluster import Cluster
 from shoal.serving.flow import Flow
 from shoal.serving.placement import Placement
-from shoal.serving.routing import ROUTERS, KVCache, Router
+from shoal.serving.routing import ROUTERS, KVCache, Router, route_chain
 from shoal.serving.workload import Workload
 
 # Helix's admission settings (code, §9 of the notes): (high water, expected-output ratio)
@@ -188,18 +188,9 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
     load = R.load
 
     def route(r: int) -> bool:
-        p = prompt[r]
-        u, chain, taken = SRC, [], []
-        while u != SNK:
-            v = R.choose(u, lambda v: v == SNK or (v not in chain and kv.fits(v, p)), p)
-            if v is None:
-                for a, b in reversed(taken):
-                    R.undo(a, b, p)
-                return False
-            taken.append((u, v))
-            chain.append(v)
-            u = v
-        kv.reserve(chain[:-1], p)
+        chain = route_chain(R, kv, n, prompt[r])
+        if chain is None:
+            return False
         chains[r] = chain
         chain_edges[r] = R.edges_of(chain)
         return True

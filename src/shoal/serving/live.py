@@ -1,0 +1,409 @@
+"""A serving placement run for real: one worker process per node, each holding its range of the
+model's transformer blocks and a KV cache per request, and a coordinator that routes every
+request along its own chain of workers (Helix §5).
+
+Transport is ZeroMQ (pyzmq): every worker binds a PULL socket and pushes its output to the next
+hop of the request's chain (another worker, or the coordinator); messages are Python objects
+with the hidden states as NumPy arrays. The coordinator holds the embedding and the output head,
+routes with the simulator's own router and KV admission (``routing.route_chain``: interleaved
+weighted round-robin over the max flow's edges, nodes whose KV cache would pass its high-water
+mark masked out), samples greedily, and sends each decode step along the same chain (KV
+locality). A worker takes every message that arrived while it ran its previous batch (dynamic
+batching) and runs each request's step with that request's cache; a request whose chain enters a
+worker past the start of its range (partial inference) runs only the blocks from there.
+
+Weights are those of ``shoal.runtime.model`` for the model spec and seed, so a placement's output
+equals a one-process run of the same model (tested with greedy decoding).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import socket
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+STOP, STEP, FREE = "stop", "step", "free"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def block_step(blk, x, past):
+    """One block on new positions ``x`` (1, S, h) with the cached keys and values ``past`` of
+    the earlier positions (or None): the output and the cache extended by these positions."""
+    import torch
+    import torch.nn.functional as F
+
+    B, S, h = x.shape
+    nh, dh = blk.nh_local, blk.dh
+    y = F.layer_norm(x, (h,), blk.ln1_w, blk.ln1_b)
+    qkv = F.linear(y, blk.qkv, blk.qkv_b).view(B, S, 3, nh, dh)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    if past is not None:
+        k = torch.cat([past[0], k], dim=2)
+        v = torch.cat([past[1], v], dim=2)
+    T = k.shape[2]
+    att = (q @ k.transpose(-1, -2)) / math.sqrt(dh)
+    mask = torch.ones(S, T, dtype=torch.bool).triu(T - S + 1)  # position T-S+i sees keys <= it
+    att = att.masked_fill(mask, float("-inf")).softmax(-1)
+    a = (att @ v).transpose(1, 2).reshape(B, S, nh * dh)
+    x = x + F.linear(a, blk.o) + blk.o_b
+    y = F.layer_norm(x, (h,), blk.ln2_w, blk.ln2_b)
+    m = F.gelu(F.linear(y, blk.fc1, blk.fc1_b))
+    return x + F.linear(m, blk.fc2) + blk.fc2_b, (k, v)
+
+
+class Shard:
+    """Blocks ``[a, b)`` of the model (block indices, not the layer list) with one KV cache per
+    request."""
+
+    def __init__(self, spec, a: int, b: int, seed: int = 0, dtype_name: str = "float32"):
+        import torch
+
+        from shoal.runtime.model import Stage
+
+        self.a, self.b = a, b
+        self.stage = Stage(spec, a + 1, b + 1, seed=seed, dtype=getattr(torch, dtype_name))
+        self.stage.requires_grad_(False)
+        self.cache: dict[int, list] = {}
+
+    def step(self, rid, x: np.ndarray, at: int) -> np.ndarray:
+        """Run the blocks from ``at`` (where the hidden state ``x`` stands) to the end of the
+        range, with and into the request's cache."""
+        import torch
+
+        cache = self.cache.setdefault(rid, [None] * (self.b - self.a))
+        h = torch.from_numpy(x)
+        with torch.no_grad():
+            for i in range(max(at, self.a), self.b):
+                h, cache[i - self.a] = block_step(self.stage.layers[i - self.a], h,
+                                                  cache[i - self.a])
+        return h.numpy()
+
+
+def worker_main(name: str, spec_json: str, a: int, b: int, seed: int, dtype_name: str,
+                addr: str, peers: dict[str, str]) -> None:
+    """A worker process: receive steps, run them in batches of whatever has arrived, forward."""
+    import torch
+    import zmq
+
+    from shoal.specs.model import ModelSpec
+
+    torch.set_num_threads(1)
+    shard = Shard(ModelSpec.model_validate_json(spec_json), a, b, seed, dtype_name)
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(addr)
+    push: dict[str, zmq.Socket] = {}
+
+    def out(to: str):
+        if to not in push:
+            push[to] = ctx.socket(zmq.PUSH)
+            push[to].connect(peers[to])
+        return push[to]
+
+    out("coord").send_pyobj({"kind": "ready", "worker": name})
+    while True:
+        batch = [pull.recv_pyobj()]
+        while True:  # dynamic batching: everything that arrived while the last batch ran
+            try:
+                batch.append(pull.recv_pyobj(flags=zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        for msg in batch:
+            if msg["kind"] == STOP:
+                ctx.destroy(linger=0)
+                return
+            if msg["kind"] == FREE:
+                shard.cache.pop(msg["key"], None)
+                continue
+            t0 = time.perf_counter()
+            y = shard.step(msg["key"], msg["x"], msg["at"])
+            hop = msg["hop"] + 1
+            out(msg["chain"][hop]).send_pyobj({**msg, "x": y, "at": b, "hop": hop,
+                                               "busy": msg.get("busy", 0.0)
+                                               + time.perf_counter() - t0})
+
+
+@dataclass
+class Request:
+    rid: int
+    prompt: list[int]
+    max_new: int
+    arrival: float = 0.0
+    tokens: list[int] = field(default_factory=list)
+    chain: list[str] = field(default_factory=list)
+    nodes: list[int] = field(default_factory=list)
+    start: float = math.nan
+    first: float = math.nan
+    finish: float = math.nan
+    rejected: str | None = None
+    attempt: int = 0  # runs from the prompt (a worker on its chain died: run again)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.rid, self.attempt)
+
+
+class LiveServer:
+    """Workers for every node that holds layers, on this machine, and the coordinator."""
+
+    def __init__(self, cluster, placement, flow, spec, *, seed: int = 0, dtype: str = "float32",
+                 router: str = "iwrr", mean_output: float = 16.0, mode: str = "online"):
+        import torch
+        import zmq
+
+        from shoal.runtime.model import Stage
+        from shoal.serving.routing import Router
+        from shoal.serving.simulator import KV_SETTINGS, kv_capacity
+
+        if cluster.layers != spec.num_layers:
+            from shoal.errors import SpecError
+
+            raise SpecError("the placement's layers are not the model's blocks",
+                            value=cluster.layers, allowed=f"{spec.num_layers} (the model run)")
+        self.cluster, self.pl, self.spec = cluster, placement, spec
+        self.n = cluster.n
+        self.names = cluster.names
+        self.router = Router(router, cluster, placement, flow, seed)
+        from shoal.serving.routing import KVCache
+
+        layers = np.array([(r[1] - r[0]) if r else 0 for r in placement.ranges], dtype=float)
+        hw, ratio = KV_SETTINGS[mode]
+        self.kv = KVCache(kv_capacity(cluster, placement), layers, hw, ratio, mean_output)
+        dt = getattr(torch, dtype)
+        L = spec.num_layers
+        self.embed = Stage(spec, 0, 1, seed=seed, dtype=dt).requires_grad_(False)
+        self.head = Stage(spec, L + 1, L + 2, seed=seed, dtype=dt).requires_grad_(False)
+        self.ctx = zmq.Context()
+        self.pull = self.ctx.socket(zmq.PULL)
+        port = self.pull.bind_to_random_port("tcp://127.0.0.1")
+        self.addr = {"coord": f"tcp://127.0.0.1:{port}"}
+        held = [i for i, r in enumerate(placement.ranges) if r is not None]
+        for i in held:
+            self.addr[self.names[i]] = f"tcp://127.0.0.1:{_free_port()}"
+        # spawn, not fork: a forked child of a process whose torch thread pool has run can hang
+        mctx = mp.get_context("spawn")
+        self.procs: dict[str, mp.Process] = {}
+        for i in held:
+            a, b = placement.ranges[i]
+            p = mctx.Process(target=worker_main, daemon=True, args=(
+                self.names[i], spec.model_dump_json(), a, b, seed, dtype, self.addr[self.names[i]],
+                self.addr))
+            p.start()
+            self.procs[self.names[i]] = p
+        self.push = {}
+        self.dead: set[int] = set()
+        self.wall_s = 0.0
+        ready = set()
+        deadline = time.perf_counter() + 120
+        while ready != set(self.procs):
+            if time.perf_counter() > deadline:
+                self.close()
+                raise RuntimeError(f"workers did not start: {sorted(set(self.procs) - ready)}")
+            if self.pull.poll(1000):
+                ready.add(self.pull.recv_pyobj()["worker"])
+
+    def _send(self, to: str, msg: dict) -> None:
+        import zmq
+
+        if to not in self.push:
+            self.push[to] = self.ctx.socket(zmq.PUSH)
+            self.push[to].connect(self.addr[to])
+        self.push[to].send_pyobj(msg)
+
+    def _step(self, req: Request, tokens: list[int], offset: int) -> None:
+        import torch
+
+        with torch.no_grad():
+            tok = torch.tensor([tokens], dtype=torch.long)
+            e = self.embed.layers[0]
+            x = (e.tok[tok] + e.pos[offset: offset + len(tokens)]).numpy()
+        self._send(req.chain[0], {"kind": STEP, "key": req.key, "chain": req.chain, "hop": 0,
+                                  "at": 0, "x": x})
+
+    def _next_token(self, x: np.ndarray) -> int:
+        import torch
+
+        with torch.no_grad():
+            logits = self.head.layers[0](torch.from_numpy(x[:, -1:]))
+        return int(logits[0, -1].argmax())
+
+    def run(self, requests: list[Request], *, timeout_s: float = 600.0) -> list[Request]:
+        """Serve ``requests`` (each entering at its ``arrival`` seconds after the start; greedy
+        decoding of ``max_new`` tokens); returns them with tokens and timings. A request no
+        chain can admit waits for KV room. A worker that dies is taken out of routing and the
+        requests on it run again from the prompt on other chains; a request that no chain of
+        live workers can serve, or that is not done within ``timeout_s``, is rejected with the
+        reason."""
+        from shoal.serving.routing import route_chain
+
+        t0 = time.perf_counter()
+        pending = sorted(requests, key=lambda r: r.arrival)
+        waiting: list[Request] = []
+        live: dict[tuple[int, int], Request] = {}
+        index = {n: i for i, n in enumerate(self.names)}
+        k = 0
+
+        def admit(now: float) -> None:
+            while waiting:
+                r = waiting[0]
+                chain = route_chain(self.router, self.kv, self.n, len(r.prompt), self.dead)
+                if chain is None:
+                    return
+                waiting.pop(0)
+                r.nodes = chain[:-1]
+                r.chain = [self.names[v] for v in r.nodes] + ["coord"]
+                if math.isnan(r.start):
+                    r.start = now
+                live[r.key] = r
+                self._step(r, r.prompt, 0)
+
+        def check_workers() -> None:
+            for name, p in self.procs.items():
+                if index[name] in self.dead or p.is_alive():
+                    continue
+                self.dead.add(index[name])
+                for r in [r for r in live.values() if index[name] in r.nodes]:
+                    del live[r.key]
+                    for other in r.chain[:-1]:
+                        if other != name:
+                            self._send(other, {"kind": FREE, "key": r.key})
+                    self.kv.release(r.nodes, len(r.prompt))
+                    r.attempt += 1
+                    r.tokens, r.first = [], math.nan
+                    waiting.insert(0, r)
+
+        while k < len(pending) or waiting or live:
+            now = time.perf_counter() - t0
+            if now > timeout_s:
+                for r in waiting + list(live.values()):
+                    r.rejected = f"not finished within {timeout_s:g} s"
+                break
+            check_workers()
+            while k < len(pending) and pending[k].arrival <= now:
+                waiting.append(pending[k])
+                k += 1
+            admit(now)
+            if not live and waiting and k >= len(pending):
+                for r in waiting:
+                    r.rejected = ("no chain of live workers holds the model" if self.dead else
+                                  "no chain of workers has KV room for the prompt")
+                break
+            wait_ms = 50 if k >= len(pending) else max(0, int((pending[k].arrival - now) * 1000))
+            if not self.pull.poll(min(wait_ms, 50)):
+                continue
+            msg = self.pull.recv_pyobj()
+            r = live.get(msg["key"])
+            if r is None:  # from a run that a dead worker cut short
+                continue
+            now = time.perf_counter() - t0
+            tok = self._next_token(msg["x"])
+            r.tokens.append(tok)
+            if len(r.tokens) == 1:
+                r.first = now
+            if len(r.tokens) >= r.max_new:
+                r.finish = now
+                del live[r.key]
+                for name in r.chain[:-1]:
+                    self._send(name, {"kind": FREE, "key": r.key})
+                self.kv.release(r.nodes, len(r.prompt))
+                admit(now)
+            else:
+                self.router.decode_step(np.array(self.router.edges_of(r.nodes + [self.n + 1]),
+                                                 dtype=int))
+                self._step(r, [tok], len(r.prompt) + len(r.tokens) - 1)
+        self.wall_s = time.perf_counter() - t0
+        return requests
+
+    def close(self) -> None:
+        for name in self.procs:
+            self._send(name, {"kind": STOP})  # queued, never blocks: a dead worker needs none
+        for p in self.procs.values():
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        self.ctx.destroy(linger=0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def workload(spec, n: int, *, rate: float | None = None, lengths: np.ndarray | None = None,
+             max_new: int | None = None, seed: int = 0) -> list[Request]:
+    """``n`` requests with random prompt tokens: lengths from ``lengths`` (rows of prompt and
+    output tokens, cycled) or like the Azure conversation trace with prompts scaled to at most
+    half the model's context; outputs cut to the context left (and ``max_new``); arrivals Poisson
+    at ``rate`` per second, or all at once."""
+    from shoal.serving.workload import synthetic_lengths
+
+    rng = np.random.default_rng(seed)
+    ctx = spec.max_seq_len
+    if lengths is None:
+        raw = synthetic_lengths(n, seed).astype(float)
+        scale = (ctx / 2) / 2048  # synthetic prompts reach 2048 tokens
+        lengths = np.maximum(1, np.round(raw * [scale, 1.0])).astype(int)
+    out = []
+    t = 0.0
+    for i in range(n):
+        p, o = (int(x) for x in lengths[i % len(lengths)])
+        p = max(1, min(p, ctx // 2))
+        o = max(1, min(o, ctx - p, max_new or ctx))
+        if rate:
+            t += float(rng.exponential(1.0 / rate))
+        out.append(Request(i, rng.integers(0, spec.vocab_size, p).tolist(), o, arrival=t))
+    return out
+
+
+def summary(requests: list[Request], wall_s: float) -> dict:
+    """The simulator's metrics (``serve simulate --json``) of a live run: decode throughput, prompt
+    latency (arrival to first token) and decode latency per token, completed and rejected."""
+    from shoal.serving.simulator import _histogram, _stats
+
+    done = [r for r in requests if r.rejected is None and not math.isnan(r.finish)]
+    first = np.array([r.first - r.arrival for r in requests if not math.isnan(r.first)])
+    dec = np.array([(r.finish - r.first) / (len(r.tokens) - 1) for r in done
+                    if len(r.tokens) > 1])
+    decode_tokens = sum(max(len(r.tokens) - 1, 0) for r in requests)
+    prompt_tokens = sum(len(r.prompt) for r in requests if not math.isnan(r.first))
+    reasons: dict[str, int] = {}
+    for r in requests:
+        if r.rejected:
+            reasons[r.rejected] = reasons.get(r.rejected, 0) + 1
+    return {"mode": "live", "window_s": wall_s,
+            "decode_throughput_tokens_per_s": decode_tokens / wall_s if wall_s > 0 else 0.0,
+            "tokens_per_s": (decode_tokens + prompt_tokens) / wall_s if wall_s > 0 else 0.0,
+            "prompt_latency_s": _stats(first), "decode_latency_s": _stats(dec),
+            "requests": {"completed": len(done), "rejected": len(requests) - len(done),
+                         "rejected_why": reasons},
+            "latency_histogram": {"prompt": _histogram(first), "decode": _histogram(dec)}}
+
+
+def reference_generate(spec, prompts: list[list[int]], max_new: int, seed: int = 0,
+                       dtype: str = "float32") -> list[list[int]]:
+    """Greedy decoding in one process, the whole sequence recomputed at every step."""
+    import torch
+
+    from shoal.runtime.model import Stage
+
+    model = Stage(spec, 0, spec.num_layers + 2, seed=seed, dtype=getattr(torch, dtype))
+    model.requires_grad_(False)
+    out = []
+    for p in prompts:
+        seq = list(p)
+        with torch.no_grad():
+            for _ in range(max_new):
+                logits = model(torch.tensor([seq], dtype=torch.long))
+                seq.append(int(logits[0, -1].argmax()))
+        out.append(seq[len(p):])
+    return out

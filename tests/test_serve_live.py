@@ -1,0 +1,151 @@
+"""`shoal serve run`: a placement run as worker processes (ZeroMQ), requests routed along their
+chains; generated tokens equal a one-process run; a worker killed mid-run is routed around."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("torch")
+pytest.importorskip("zmq")
+
+from shoal.catalog import TINY  # noqa: E402
+from shoal.serving.cluster import build_cluster  # noqa: E402
+from shoal.serving.flow import max_flow  # noqa: E402
+from shoal.serving.live import LiveServer, reference_generate, workload  # noqa: E402
+from shoal.serving.placement import load_placement  # noqa: E402
+from shoal.serving.spec import load_serving  # noqa: E402
+
+SERVING = """
+schema: shoal/serving@1
+name: tiny on four nodes
+model: {name: tiny}
+machines:
+  T4: {gpu: T4, nic_in: 10Gbps, nic_out: 10Gbps}
+  L4: {gpu: L4, nic_in: 10Gbps, nic_out: 10Gbps}
+nodes:
+  - {machine: L4, name: a, region: r1}
+  - {machine: T4, name: b, region: r1}
+  - {machine: T4, name: c, region: r1}
+  - {machine: L4, name: d, region: r1}
+links:
+  within: {bandwidth: 10Gbps, latency: 1ms}
+coordinator: {region: r1}
+"""
+# two parallel paths with uneven ranges: a [0,2) -> b [2,4), and c [0,1) -> d [1,4)
+PLACEMENT = {"schema": "shoal/serving-placement@1", "layers": 4, "nodes": [
+    {"name": "a", "layers": [0, 2]}, {"name": "b", "layers": [2, 4]},
+    {"name": "c", "layers": [0, 1]}, {"name": "d", "layers": [1, 4]}]}
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    (tmp_path / "s.yaml").write_text(SERVING)
+    (tmp_path / "p.json").write_text(json.dumps(PLACEMENT))
+    cl = build_cluster(load_serving(tmp_path / "s.yaml"))
+    pl = load_placement(tmp_path / "p.json", cl)
+    return tmp_path, cl, pl, max_flow(cl, pl)
+
+
+def test_tokens_equal_a_one_process_run(setup):
+    _, cl, pl, fl = setup
+    reqs = workload(TINY, 12, max_new=6, seed=3)
+    ref = reference_generate(TINY, [r.prompt for r in reqs], 6, dtype="float64")
+    with LiveServer(cl, pl, fl, TINY, dtype="float64") as srv:
+        srv.run(reqs, timeout_s=120)
+    for r, want in zip(reqs, ref, strict=True):
+        assert r.rejected is None
+        assert r.tokens == want[:r.max_new]
+    assert {tuple(r.chain) for r in reqs} == {("a", "b", "coord"), ("c", "d", "coord")}
+
+
+def _kill_later(srv, names, delay):
+    def go():
+        time.sleep(delay)
+        for n in names:
+            os.kill(srv.procs[n].pid, signal.SIGKILL)
+    th = threading.Thread(target=go)
+    th.start()
+    return th
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_routed_around(setup):
+    """SIGKILL one worker mid-run: its requests run again from the prompt on the other chain and
+    give the same tokens; none hangs."""
+    _, cl, pl, fl = setup
+    reqs = workload(TINY, 60, rate=40, max_new=8, seed=1)
+    ref = reference_generate(TINY, [r.prompt for r in reqs], 8, dtype="float64")
+    with LiveServer(cl, pl, fl, TINY, dtype="float64") as srv:
+        th = _kill_later(srv, ["a"], 0.5)
+        t0 = time.perf_counter()
+        srv.run(reqs, timeout_s=120)
+        th.join()
+        assert time.perf_counter() - t0 < 60
+    assert all(r.rejected is None for r in reqs)
+    for r, want in zip(reqs, ref, strict=True):
+        assert r.tokens == want[:r.max_new]
+    late = [r for r in reqs if r.arrival > 1.0]
+    assert late and all(r.chain[0] == "c" for r in late)
+
+
+@pytest.mark.slow
+def test_no_chain_left_rejects_with_a_reason(setup):
+    _, cl, pl, fl = setup
+    reqs = workload(TINY, 40, rate=20, max_new=8, seed=2)
+    with LiveServer(cl, pl, fl, TINY) as srv:
+        th = _kill_later(srv, ["a", "c"], 0.5)
+        srv.run(reqs, timeout_s=120)
+        th.join()
+    done = [r for r in reqs if r.rejected is None]
+    gone = [r for r in reqs if r.rejected is not None]
+    assert done and gone and len(done) + len(gone) == len(reqs)
+    assert {r.rejected for r in gone} == {"no chain of live workers holds the model"}
+
+
+def test_cli_serve_run_json(setup):
+    from shoal.cli import app
+
+    d, *_ = setup
+    r = CliRunner().invoke(app, ["serve", "run", str(d / "s.yaml"), "--placement",
+                                 str(d / "p.json"), "--model", "tiny", "--requests", "8",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["requests"] == {"completed": 8, "rejected": 0, "rejected_why": {}}
+    for k in ("prompt_latency_s", "decode_latency_s"):
+        assert set(doc[k]) >= {"mean", "p50", "p95"}
+    assert doc["decode_throughput_tokens_per_s"] > 0
+    assert len(doc["generated"]) == 8
+
+
+def test_cli_serve_run_model_must_match_the_placement(setup):
+    from shoal.cli import app
+
+    d, *_ = setup
+    r = CliRunner().invoke(app, ["serve", "run", str(d / "s.yaml"), "--placement",
+                                 str(d / "p.json"), "--model", "OPT-350M"])
+    assert r.exit_code == 2 and "blocks" in r.output
+
+
+def test_partial_inference_runs_only_the_blocks_past_the_entry(tmp_path):
+    """With partial inference a -> d enters d ([1, 4)) at block 2, after a's [0, 2): d runs
+    blocks 2 and 3 only, and the tokens still equal a one-process run."""
+    (tmp_path / "s.yaml").write_text(SERVING + "partial_inference: true\n")
+    (tmp_path / "p.json").write_text(json.dumps({"layers": 4, "nodes": [
+        {"name": "a", "layers": [0, 2]}, {"name": "d", "layers": [1, 4]}]}))
+    cl = build_cluster(load_serving(tmp_path / "s.yaml"))
+    pl = load_placement(tmp_path / "p.json", cl)
+    reqs = workload(TINY, 4, max_new=5, seed=4)
+    ref = reference_generate(TINY, [r.prompt for r in reqs], 5, dtype="float64")
+    with LiveServer(cl, pl, max_flow(cl, pl), TINY, dtype="float64") as srv:
+        srv.run(reqs, timeout_s=60)
+    assert all(r.chain == ["a", "d", "coord"] for r in reqs)
+    for r, want in zip(reqs, ref, strict=True):
+        assert r.tokens == want[:r.max_new]
