@@ -149,3 +149,47 @@ def test_partial_inference_runs_only_the_blocks_past_the_entry(tmp_path):
     assert all(r.chain == ["a", "d", "coord"] for r in reqs)
     for r, want in zip(reqs, ref, strict=True):
         assert r.tokens == want[:r.max_new]
+
+
+def test_http_endpoint_streams_concurrent_requests(setup):
+    """Concurrent OpenAI-style requests, streamed and not: each answer's tokens equal the
+    one-process run; a prompt too long for the context is a 400."""
+    import http.client
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shoal.serving.http import Endpoint
+
+    _, cl, pl, fl = setup
+    reqs = workload(TINY, 8, max_new=6, seed=5)
+    ref = reference_generate(TINY, [r.prompt for r in reqs], 6, dtype="float64")
+    with LiveServer(cl, pl, fl, TINY, dtype="float64") as srv:
+        ep = Endpoint(srv, port=0)
+        try:
+            def ask(i):
+                conn = http.client.HTTPConnection("127.0.0.1", ep.port, timeout=60)
+                body = {"prompt": reqs[i].prompt, "max_tokens": 6, "stream": i % 2 == 0}
+                conn.request("POST", "/v1/completions", json.dumps(body),
+                             {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                assert resp.status == 200
+                if i % 2:
+                    return json.loads(resp.read())["choices"][0]["tokens"], 1
+                events = [ln[6:] for ln in resp.read().decode().splitlines()
+                          if ln.startswith("data: ")]
+                assert events[-1] == "[DONE]"
+                toks = [t for e in events[:-1] for t in json.loads(e)["choices"][0]["tokens"]]
+                return toks, len(events) - 2  # token events, without the final and [DONE]
+
+            with ThreadPoolExecutor(8) as pool:
+                got = list(pool.map(ask, range(8)))
+            for i, (toks, events) in enumerate(got):
+                assert toks == ref[i][:6]
+                if i % 2 == 0:
+                    assert events == 6  # one event per generated token
+            conn = http.client.HTTPConnection("127.0.0.1", ep.port, timeout=10)
+            conn.request("POST", "/v1/completions",
+                         json.dumps({"prompt": "x" * 40, "max_tokens": 4}))
+            bad = conn.getresponse()
+            assert bad.status == 400 and b"context" in bad.read()
+        finally:
+            ep.close()

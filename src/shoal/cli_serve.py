@@ -302,7 +302,12 @@ def run_cmd(
     max_new: Annotated[int | None, typer.Option(
         "--max-new", min=1, help="at most this many generated tokens per request")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or float64")] = "float32",
-    timeout: Annotated[float, typer.Option("--timeout", min=1, help="seconds for the whole run")] = 600.0,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=1, help="seconds a request may take from its arrival")] = 600.0,
+    http: Annotated[str | None, typer.Option(
+        "--http", metavar="[HOST:]PORT",
+        help="serve an OpenAI-style /v1/completions endpoint here until interrupted "
+             "(instead of the generated requests)")] = None,
     seed: Annotated[int, typer.Option(help="seed of weights, prompts and arrivals")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here")] = None,
@@ -326,10 +331,20 @@ def run_cmd(
     spec = catalog.models().get(name)
     reqs = live.workload(spec, requests, rate=rate, max_new=max_new, seed=seed,
                          lengths=wl.load_lengths(lengths) if lengths is not None else None)
+    host, port = "127.0.0.1", None
+    if http is not None:
+        h, _, p = http.rpartition(":")
+        try:
+            host, port = (h or host), int(p)
+        except ValueError:
+            raise SpecError("expected [HOST:]PORT", field="--http", value=http) from None
     with _cli._progress().status(f"starting {sum(r is not None for r in placed.placement.ranges)} "
                                  "workers") if not as_json else _null():
         server = live.LiveServer(cluster, placed.placement, placed.flow, spec, seed=seed,
                                  dtype=dtype)
+    if port is not None:
+        _serve_http(server, host, port, spec, timeout)
+        return
     try:
         with _cli._progress().status(f"serving {len(reqs)} requests") if not as_json else _null():
             server.run(reqs, timeout_s=timeout)
@@ -368,6 +383,36 @@ def run_cmd(
         _cli._out().print(f"rejected ({n}): {why}")
     if output is not None:
         _cli._out().print(f"result written to {output}")
+
+
+def _serve_http(server, host: str, port: int, spec, timeout: float) -> None:
+    import signal
+    import time
+
+    from shoal.serving.http import Endpoint
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)  # a terminated server stops its workers too
+
+    try:
+        try:
+            ep = Endpoint(server, host, port, timeout_s=timeout)
+        except OSError as exc:
+            raise SpecError(f"cannot listen on {host}:{port} ({exc.strerror})",
+                            field="--http") from None
+        # the address goes to stderr and is always printed: a caller needs it even with --quiet
+        _cli._err().print(f"serving {spec.name} on http://{host}:{ep.port}/v1/completions "
+                          f"({len(server.procs)} workers); Ctrl-C stops")
+        try:
+            while True:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+        ep.close()
+    finally:
+        server.close()
 
 
 def _null():

@@ -20,13 +20,23 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
+import queue
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 STOP, STEP, FREE = "stop", "step", "free"
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """Put in a request's sink when it is rejected."""
+
+    reason: str
 
 
 def _free_port() -> int:
@@ -110,7 +120,13 @@ def worker_main(name: str, spec_json: str, a: int, b: int, seed: int, dtype_name
         return push[to]
 
     out("coord").send_pyobj({"kind": "ready", "worker": name})
+    parent = os.getppid()
     while True:
+        if not pull.poll(1000):
+            if os.getppid() != parent:  # the coordinator is gone: so is this worker
+                ctx.destroy(linger=0)
+                return
+            continue
         batch = [pull.recv_pyobj()]
         while True:  # dynamic batching: everything that arrived while the last batch ran
             try:
@@ -146,6 +162,9 @@ class Request:
     finish: float = math.nan
     rejected: str | None = None
     attempt: int = 0  # runs from the prompt (a worker on its chain died: run again)
+    sink: queue.Queue | None = None  # new tokens as they come, then None (HTTP streaming)
+    sent: int = 0  # tokens put in the sink
+    entered: float = math.nan  # when the coordinator took it
 
     @property
     def key(self) -> tuple[int, int]:
@@ -236,21 +255,31 @@ class LiveServer:
             logits = self.head.layers[0](torch.from_numpy(x[:, -1:]))
         return int(logits[0, -1].argmax())
 
-    def run(self, requests: list[Request], *, timeout_s: float = 600.0) -> list[Request]:
+    def run(self, requests: list[Request] | None = None, *, timeout_s: float = 600.0,
+            inbox: queue.Queue | None = None, stop: threading.Event | None = None
+            ) -> list[Request]:
         """Serve ``requests`` (each entering at its ``arrival`` seconds after the start; greedy
-        decoding of ``max_new`` tokens); returns them with tokens and timings. A request no
+        decoding of ``max_new`` tokens) and, with ``inbox``, requests put there (entering when
+        taken) until ``stop`` is set; returns ``requests`` with tokens and timings. A request no
         chain can admit waits for KV room. A worker that dies is taken out of routing and the
         requests on it run again from the prompt on other chains; a request that no chain of
-        live workers can serve, or that is not done within ``timeout_s``, is rejected with the
-        reason."""
+        live workers can serve, or that is not done within ``timeout_s`` of its arrival, is
+        rejected with the reason. A request with a ``sink`` queue
+        gets each new token as it comes, then None, or a ``Rejected``."""
         from shoal.serving.routing import route_chain
 
+        requests = requests or []
         t0 = time.perf_counter()
         pending = sorted(requests, key=lambda r: r.arrival)
         waiting: list[Request] = []
         live: dict[tuple[int, int], Request] = {}
         index = {n: i for i, n in enumerate(self.names)}
         k = 0
+
+        def reject(r: Request, why: str) -> None:
+            r.rejected = why
+            if r.sink is not None:
+                r.sink.put(Rejected(why))
 
         def admit(now: float) -> None:
             while waiting:
@@ -281,24 +310,42 @@ class LiveServer:
                     r.tokens, r.first = [], math.nan
                     waiting.insert(0, r)
 
-        while k < len(pending) or waiting or live:
+        def more() -> bool:
+            return k < len(pending) or (inbox is not None and not (stop and stop.is_set()))
+
+        while more() or waiting or live:
             now = time.perf_counter() - t0
-            if now > timeout_s:
-                for r in waiting + list(live.values()):
-                    r.rejected = f"not finished within {timeout_s:g} s"
-                break
+            for r in [r for r in waiting + list(live.values())
+                      if now - (r.arrival if inbox is None else r.entered) > timeout_s]:
+                live.pop(r.key, None)
+                if r in waiting:
+                    waiting.remove(r)
+                else:
+                    self.kv.release(r.nodes, len(r.prompt))
+                reject(r, f"not finished within {timeout_s:g} s")
             check_workers()
             while k < len(pending) and pending[k].arrival <= now:
+                pending[k].entered = now
                 waiting.append(pending[k])
                 k += 1
+            while inbox is not None:
+                try:
+                    r = inbox.get_nowait()
+                except queue.Empty:
+                    break
+                r.arrival = r.entered = now
+                requests.append(r)
+                waiting.append(r)
             admit(now)
             if not live and waiting and k >= len(pending):
                 for r in waiting:
-                    r.rejected = ("no chain of live workers holds the model" if self.dead else
-                                  "no chain of workers has KV room for the prompt")
-                break
+                    reject(r, "no chain of live workers holds the model" if self.dead else
+                           "no chain of workers has KV room for the prompt")
+                waiting.clear()
+                if inbox is None:
+                    break
             wait_ms = 50 if k >= len(pending) else max(0, int((pending[k].arrival - now) * 1000))
-            if not self.pull.poll(min(wait_ms, 50)):
+            if not self.pull.poll(min(wait_ms, 50 if inbox is None else 10)):
                 continue
             msg = self.pull.recv_pyobj()
             r = live.get(msg["key"])
@@ -307,6 +354,9 @@ class LiveServer:
             now = time.perf_counter() - t0
             tok = self._next_token(msg["x"])
             r.tokens.append(tok)
+            if r.sink is not None and len(r.tokens) > r.sent:  # a re-run repeats its tokens
+                r.sink.put(tok)
+                r.sent += 1
             if len(r.tokens) == 1:
                 r.first = now
             if len(r.tokens) >= r.max_new:
@@ -315,6 +365,8 @@ class LiveServer:
                 for name in r.chain[:-1]:
                     self._send(name, {"kind": FREE, "key": r.key})
                 self.kv.release(r.nodes, len(r.prompt))
+                if r.sink is not None:
+                    r.sink.put(None)
                 admit(now)
             else:
                 self.router.decode_step(np.array(self.router.edges_of(r.nodes + [self.n + 1]),
