@@ -18,7 +18,12 @@ pytest.importorskip("zmq")
 from shoal.catalog import TINY  # noqa: E402
 from shoal.serving.cluster import build_cluster  # noqa: E402
 from shoal.serving.flow import max_flow  # noqa: E402
-from shoal.serving.live import LiveServer, reference_generate, workload  # noqa: E402
+from shoal.serving.live import (  # noqa: E402
+    LiveServer,
+    reference_generate,
+    requests_from,
+    workload,
+)
 from shoal.serving.placement import load_placement  # noqa: E402
 from shoal.serving.spec import load_serving  # noqa: E402
 
@@ -55,7 +60,7 @@ def setup(tmp_path):
 
 def test_tokens_equal_a_one_process_run(setup):
     _, cl, pl, fl = setup
-    reqs = workload(TINY, 12, max_new=6, seed=3)
+    reqs = requests_from(workload(TINY, 12, max_new=6, seed=3), TINY)
     ref = reference_generate(TINY, [r.prompt for r in reqs], 6, dtype="float64")
     with LiveServer(cl, pl, fl, TINY, dtype="float64") as srv:
         srv.run(reqs, timeout_s=120)
@@ -80,7 +85,7 @@ def test_a_killed_worker_is_routed_around(setup):
     """SIGKILL one worker mid-run: its requests run again from the prompt on the other chain and
     give the same tokens; none hangs."""
     _, cl, pl, fl = setup
-    reqs = workload(TINY, 60, rate=40, max_new=8, seed=1)
+    reqs = requests_from(workload(TINY, 60, rate=40, max_new=8, seed=1), TINY)
     ref = reference_generate(TINY, [r.prompt for r in reqs], 8, dtype="float64")
     with LiveServer(cl, pl, fl, TINY, dtype="float64") as srv:
         th = _kill_later(srv, ["a"], 0.5)
@@ -98,7 +103,7 @@ def test_a_killed_worker_is_routed_around(setup):
 @pytest.mark.slow
 def test_no_chain_left_rejects_with_a_reason(setup):
     _, cl, pl, fl = setup
-    reqs = workload(TINY, 40, rate=20, max_new=8, seed=2)
+    reqs = requests_from(workload(TINY, 40, rate=20, max_new=8, seed=2), TINY)
     with LiveServer(cl, pl, fl, TINY) as srv:
         th = _kill_later(srv, ["a", "c"], 0.5)
         srv.run(reqs, timeout_s=120)
@@ -142,7 +147,7 @@ def test_partial_inference_runs_only_the_blocks_past_the_entry(tmp_path):
         {"name": "a", "layers": [0, 2]}, {"name": "d", "layers": [1, 4]}]}))
     cl = build_cluster(load_serving(tmp_path / "s.yaml"))
     pl = load_placement(tmp_path / "p.json", cl)
-    reqs = workload(TINY, 4, max_new=5, seed=4)
+    reqs = requests_from(workload(TINY, 4, max_new=5, seed=4), TINY)
     ref = reference_generate(TINY, [r.prompt for r in reqs], 5, dtype="float64")
     with LiveServer(cl, pl, max_flow(cl, pl), TINY, dtype="float64") as srv:
         srv.run(reqs, timeout_s=60)
@@ -160,7 +165,7 @@ def test_http_endpoint_streams_concurrent_requests(setup):
     from shoal.serving.http import Endpoint
 
     _, cl, pl, fl = setup
-    reqs = workload(TINY, 8, max_new=6, seed=5)
+    reqs = requests_from(workload(TINY, 8, max_new=6, seed=5), TINY)
     ref = reference_generate(TINY, [r.prompt for r in reqs], 6, dtype="float64")
     with LiveServer(cl, pl, fl, TINY, dtype="float64") as srv:
         ep = Endpoint(srv, port=0)
@@ -193,3 +198,40 @@ def test_http_endpoint_streams_concurrent_requests(setup):
             assert bad.status == 400 and b"context" in bad.read()
         finally:
             ep.close()
+
+
+def test_profile_then_the_same_trace_simulated_and_run(setup, tmp_path):
+    """`serve profile` writes a profile a serving file reads (machine with profile and memory,
+    no GPU); one trace file drives both `serve simulate --batching live` and `serve run`."""
+    from shoal.cli import app
+
+    d, *_ = setup
+    run = CliRunner().invoke
+    r = run(app, ["serve", "profile", "--model", "tiny", "-o", str(tmp_path / "prof"),
+                  "--reps", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    prof = json.loads(r.output)
+    assert all(t > 0 for t in prof["prompt_s_per_layer"] + prof["decode_s_per_layer"])
+    assert prof["link_latency_s"] >= 0 and prof["link_bandwidth_Bps"] > 0
+    assert (tmp_path / "prof" / "decode_bs2time.csv").read_text().startswith("batch,ms\n")
+    spec = SERVING.replace("  T4: {gpu: T4, nic_in: 10Gbps, nic_out: 10Gbps}\n"
+                           "  L4: {gpu: L4, nic_in: 10Gbps, nic_out: 10Gbps}",
+                           "  T4: {profile: prof, memory: 1GB}\n  L4: {profile: prof, memory: 1GB}")
+    spec = spec.replace("model: {name: tiny}", "model: {name: tiny, activation_bytes: 256}")
+    (tmp_path / "s.yaml").write_text(spec)
+    (tmp_path / "trace.csv").write_text("arrival_s,input_tokens,output_tokens\n"
+                                        + "".join(f"{i * 0.05:.2f},{4 + i},{3}\n"
+                                                  for i in range(6)))
+    common = [str(tmp_path / "s.yaml"), "--placement", str(d / "p.json"), "--trace",
+              str(tmp_path / "trace.csv"), "--json"]
+    sim = run(app, ["serve", "simulate", *common, "--batching", "live", "--warmup", "0"])
+    assert sim.exit_code == 0, sim.output
+    real = run(app, ["serve", "run", *common, "--model", "tiny"])
+    assert real.exit_code == 0, real.output
+    s, m = json.loads(sim.output), json.loads(real.output)
+    assert s["requests"]["completed"] == m["requests"]["completed"] == 6
+    assert [len(g["tokens"]) for g in m["generated"]] == [3] * 6
+    for doc in (s, m):  # every generated token counted the same way in both
+        assert doc["decode_throughput_tokens_per_s"] > 0
+    bad = run(app, ["serve", "run", *common, "--model", "tiny", "--rate", "2"])
+    assert bad.exit_code == 2 and "--trace" in bad.output

@@ -428,3 +428,44 @@ def test_fewer_stages_at_a_lower_flow_and_the_decode_objective():
     assert r.flow.value == pytest.approx(best["max_flow_tokens_per_s"])
     with pytest.raises(SpecError, match="auto placer"):
         place(c, "swarm", objective="decode")
+
+
+@pytest.mark.parametrize("body,why", [
+    ("arrival_s,input_tokens,output_tokens\n0.5,4,2\n0.1,4,2\n", "line 3: arrivals must be in order"),
+    ("arrival_s,input_tokens,output_tokens\n-1,4,2\n", "line 2: arrival must be >= 0"),
+    ("arrival_s,input_tokens,output_tokens\n0,0,2\n", "line 2: arrival must be >= 0 and both"),
+    ("arrival_s,input_tokens,output_tokens\n0,x,2\n", "line 2: expected seconds"),
+    ("t,in,out\n0,1,1\n", "expected a CSV with the header"),
+    ("arrival_s,input_tokens,output_tokens\n", "no rows"),
+])
+def test_bad_request_traces_name_the_line(tmp_path, body, why):
+    from shoal.serving.workload import load_trace
+
+    (tmp_path / "t.csv").write_text(body)
+    with pytest.raises(SpecError, match=why):
+        load_trace(tmp_path / "t.csv")
+
+
+def test_trace_round_trips_and_live_batching_times_prompts_one_by_one(tmp_path):
+    """A written trace reads back as the same workload. Two prompts that queue behind a third:
+    with ``vllm`` batching they run as one prefill of both, with ``live`` (serve run's workers)
+    one after the other, so each prompt pays the step's fixed cost (9 ms per layer here)."""
+    from shoal.serving.simulator import simulate
+    from shoal.serving.workload import Workload, load_trace, write_trace
+
+    w = Workload(np.array([100, 100, 100]), np.array([1, 1, 1]), np.array([0.0, 0.01, 0.01]), "t")
+    back = load_trace(write_trace(tmp_path / "t.csv", w))
+    assert back.prompt.tolist() == [100] * 3 and back.arrival_s.tolist() == [0.0, 0.01, 0.01]
+    (tmp_path / "prompt_bs2time.csv").write_text("1,10\n1001,1010\n")  # 9 ms + 1 ms/token
+    (tmp_path / "decode_bs2time.csv").write_text("1,10\n64,10\n")
+    c = build_cluster(parse_serving({
+        "model": {"layers": 4, "activation_bytes": 1000, "token_bytes": 2, "layer_bytes": 1e9,
+                  "kv_bytes": 1000},
+        "machines": {"m": {"profile": str(tmp_path), "memory": 10e9}},
+        "nodes": [{"machine": "m", "name": "a"}],
+        "links": {"within": {"bandwidth": 1e12, "latency": 0.001}}}))
+    pl = Placement(((0, 4),))
+    lat = {b: simulate(c, pl, max_flow(c, pl), back, warmup_s=0.0, duration_s=None,
+                       batching=b).prompt_latency_s["mean"] for b in ("vllm", "live")}
+    # the two queued prompts each start 4 x 9 ms later: the mean over three rises by 2/3 of it
+    assert lat["live"] - lat["vllm"] == pytest.approx(2 / 3 * 4 * 0.009, rel=1e-3)

@@ -480,12 +480,20 @@ class SchemaKind(StrEnum):
 @handles_errors
 def schema(
     kind: Annotated[SchemaKind, typer.Argument(help="which file format")] = SchemaKind.scenario,
+    markdown: Annotated[bool, typer.Option(
+        "--markdown", help="print a markdown reference of every field instead")] = False,
 ) -> None:
-    """Print the JSON Schema of the scenario, training-plan or serving format."""
+    """Print the JSON Schema (or a markdown reference) of the scenario, training-plan or serving
+    format."""
     from shoal.serving.spec import ServingSpec
     from shoal.specs.plan import TrainingPlan
+    from shoal.specs.reference import markdown_reference
     from shoal.specs.scenario import Scenario
 
+    if markdown:
+        # nl=False: the text ends with its own newline, so the file equals markdown_reference()
+        typer.echo(markdown_reference(kind.value), nl=False)
+        return
     model = {SchemaKind.scenario: Scenario, SchemaKind.plan: TrainingPlan,
              SchemaKind.serving: ServingSpec}[kind]
     typer.echo(json.dumps(model.model_json_schema(by_alias=True), indent=2))

@@ -207,6 +207,12 @@ def simulate_cmd(
         "--lengths", help="CSV input_tokens,output_tokens (default: seeded synthetic lengths)")] = None,
     arrivals: Annotated[Path | None, typer.Option(
         "--arrivals", help="online: CSV interval,requests per 3 s (default: Poisson)")] = None,
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="online: CSV arrival_s,input_tokens,output_tokens, one row per request "
+                        "(instead of --lengths, --arrivals and --load)")] = None,
+    batching: Annotated[str, typer.Option(
+        "--batching", help="vllm: as vLLM 0.4 (Helix's engine); live: as serve run's workers "
+                           "(everything queued, each request on its own)")] = "vllm",
     load: Annotated[float, typer.Option(
         "--load", min=0.01, help="online: mean arrival rate as a fraction of the max flow")] = 0.75,
     requests: Annotated[int | None, typer.Option(
@@ -229,7 +235,16 @@ def simulate_cmd(
     placed = _placement(cluster, placement)
     L = wl.load_lengths(lengths) if lengths is not None else wl.synthetic_lengths(20000, seed)
     src = lengths.name if lengths is not None else "synthetic lengths"
-    if mode is Mode.offline:
+    if trace is not None:
+        if lengths is not None or arrivals is not None:
+            raise SpecError("a trace gives the arrivals and lengths itself", field="--trace",
+                            allowed="--trace alone, or --lengths / --arrivals")
+        work = wl.load_trace(trace)
+        if requests is not None:
+            work = wl.Workload(work.prompt[:requests], work.output[:requests],
+                               work.arrival_s[:requests], work.source)
+        dur = duration
+    elif mode is Mode.offline:
         work = wl.offline(L, seed, src)
         dur = duration if duration is not None else 600.0
     else:
@@ -242,7 +257,7 @@ def simulate_cmd(
         dur = duration
     if as_json:
         res = simulate(cluster, placed.placement, placed.flow, work, router=router.value,
-                       warmup_s=warmup, duration_s=dur, seed=seed)
+                       warmup_s=warmup, duration_s=dur, seed=seed, batching=batching)
     else:
         from rich.progress import Progress
 
@@ -254,7 +269,8 @@ def simulate_cmd(
                            description=f"simulating: {t:,.0f} s, {completed} requests done")
 
             res = simulate(cluster, placed.placement, placed.flow, work, router=router.value,
-                           warmup_s=warmup, duration_s=dur, seed=seed, progress=tick)
+                           warmup_s=warmup, duration_s=dur, seed=seed, progress=tick,
+                           batching=batching)
     doc = res.to_json(cluster.names)
     doc["max_flow_tokens_per_s"] = placed.flow.value
     doc["workload"] = work.source
@@ -299,6 +315,9 @@ def run_cmd(
         "--rate", min=0.001, help="Poisson arrivals per second (default: all at once)")] = None,
     lengths: Annotated[Path | None, typer.Option(
         "--lengths", help="CSV input_tokens,output_tokens (default: seeded synthetic lengths)")] = None,
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="CSV arrival_s,input_tokens,output_tokens: replay these requests "
+                        "(the same file serve simulate --trace reads)")] = None,
     max_new: Annotated[int | None, typer.Option(
         "--max-new", min=1, help="at most this many generated tokens per request")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or float64")] = "float32",
@@ -329,8 +348,15 @@ def run_cmd(
 
     name = model or load_serving(serving).model.name
     spec = catalog.models().get(name)
-    reqs = live.workload(spec, requests, rate=rate, max_new=max_new, seed=seed,
-                         lengths=wl.load_lengths(lengths) if lengths is not None else None)
+    if trace is not None:
+        if lengths is not None or rate is not None:
+            raise SpecError("a trace gives the arrivals and lengths itself", field="--trace",
+                            allowed="--trace alone, or --lengths / --rate")
+        work = wl.load_trace(trace)
+    else:
+        work = live.workload(spec, requests, rate=rate, max_new=max_new, seed=seed,
+                             lengths=wl.load_lengths(lengths) if lengths is not None else None)
+    reqs = live.requests_from(work, spec, seed)
     host, port = "127.0.0.1", None
     if http is not None:
         h, _, p = http.rpartition(":")
@@ -383,6 +409,54 @@ def run_cmd(
         _cli._out().print(f"rejected ({n}): {why}")
     if output is not None:
         _cli._out().print(f"result written to {output}")
+
+
+@serve_app.command("profile")
+@_cli.handles_errors
+def profile_cmd(
+    model: Annotated[str, typer.Option("--model", help="model to measure (e.g. tiny)")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="folder to write the profile into")],
+    context: Annotated[int | None, typer.Option(
+        "--context", min=1, help="cached tokens per request while decode steps are timed "
+                                 "(default: a quarter of the model's context)")] = None,
+    reps: Annotated[int, typer.Option("--reps", min=1, help="repeats per measurement")] = 5,
+    dtype: Annotated[str, typer.Option(help="float32 or float64")] = "float32",
+    seed: Annotated[int, typer.Option(help="seed of the weights")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
+) -> None:
+    """Measure per-layer prompt and decode times and the hop between processes with serve run's
+    own workers: Helix's prompt_bs2time.csv and decode_bs2time.csv (a machine's 'profile:') and
+    links.json (latency and bandwidth for the serving file's links)."""
+    from dataclasses import asdict
+
+    from shoal import catalog
+    from shoal.serving.profile import measure
+
+    if dtype not in ("float32", "float64"):
+        raise SpecError("unknown dtype", field="--dtype", value=dtype, allowed="float32, float64")
+    spec = catalog.models().get(model, field="--model")
+    if not out_dir.parent.is_dir():
+        raise SpecError("the folder to write into does not exist", field="--out",
+                        value=str(out_dir), allowed="a path in an existing folder")
+    with _cli._progress().status(f"measuring {spec.name}") if not as_json else _null():
+        prof = measure(spec, reps=reps, seed=seed, dtype=dtype, context=context)
+    paths = prof.write(out_dir)
+    if as_json:
+        typer.echo(json.dumps({"model": spec.name, "files": [str(p) for p in paths]}
+                              | asdict(prof)))
+        return
+    t = _cli._table(f"{spec.name}: seconds per layer, measured ({dtype})",
+                    ["what", "x", "ms per layer"], left=("what",))
+    for n, v in zip(prof.prompt_tokens, prof.prompt_s_per_layer, strict=True):
+        t.add_row("prompt, tokens", str(n), f"{v * 1e3:.4f}")
+    for n, v in zip(prof.decode_batch, prof.decode_s_per_layer, strict=True):
+        t.add_row(f"decode at {prof.context} cached, batch", str(n), f"{v * 1e3:.4f}")
+    _cli._out().print(t)
+    _cli._out().print(
+        f"hop between processes: {prof.link_latency_s * 1e6:.0f} us + bytes / "
+        f"{prof.link_bandwidth_Bps / 1e9:.2f} GB/s ({prof.activation_bytes} B per token); "
+        f"coordinator {prof.coordinator_s * 1e6:.0f} us per token")
+    _cli._out().print(f"written to {out_dir}/: " + ", ".join(p.name for p in paths))
 
 
 def _serve_http(server, host: str, port: int, spec, timeout: float) -> None:

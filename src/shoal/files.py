@@ -61,13 +61,18 @@ def check_output(path: str | Path, option: str) -> Path:
     return p
 
 
-def write_json(path: str | Path, doc) -> Path:
-    """Write a JSON document through a temporary file (never a half-written result)."""
+def write_text(path: str | Path, text: str) -> Path:
+    """Write a text file through a temporary file (never a half-written result)."""
     out = Path(path)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.write_text(text)
     tmp.replace(out)
     return out
+
+
+def write_json(path: str | Path, doc) -> Path:
+    """Write a JSON document through a temporary file (never a half-written result)."""
+    return write_text(path, json.dumps(doc, indent=1))
 
 
 def save_png(fig, path: str | Path) -> Path:

@@ -392,12 +392,12 @@ class LiveServer:
 
 
 def workload(spec, n: int, *, rate: float | None = None, lengths: np.ndarray | None = None,
-             max_new: int | None = None, seed: int = 0) -> list[Request]:
-    """``n`` requests with random prompt tokens: lengths from ``lengths`` (rows of prompt and
-    output tokens, cycled) or like the Azure conversation trace with prompts scaled to at most
-    half the model's context; outputs cut to the context left (and ``max_new``); arrivals Poisson
-    at ``rate`` per second, or all at once."""
-    from shoal.serving.workload import synthetic_lengths
+             max_new: int | None = None, seed: int = 0):
+    """A ``Workload`` of ``n`` requests for ``spec``: lengths from ``lengths`` (rows of prompt
+    and output tokens, cycled) or like the Azure conversation trace with prompts scaled to at
+    most half the model's context; outputs cut to the context left (and ``max_new``); arrivals
+    Poisson at ``rate`` per second, or all at once."""
+    from shoal.serving.workload import Workload, synthetic_lengths
 
     rng = np.random.default_rng(seed)
     ctx = spec.max_seq_len
@@ -405,15 +405,32 @@ def workload(spec, n: int, *, rate: float | None = None, lengths: np.ndarray | N
         raw = synthetic_lengths(n, seed).astype(float)
         scale = (ctx / 2) / 2048  # synthetic prompts reach 2048 tokens
         lengths = np.maximum(1, np.round(raw * [scale, 1.0])).astype(int)
+    rows = np.resize(np.asarray(lengths, dtype=np.int64), (n, 2))
+    prompt = rows[:, 0].clip(1, ctx // 2)
+    output = np.minimum(rows[:, 1].clip(1), ctx - prompt)
+    if max_new:
+        output = output.clip(max=max_new)
+    arrival = np.cumsum(rng.exponential(1.0 / rate, n)) if rate else np.zeros(n)
+    return Workload(prompt, output, arrival,
+                    f"{n} requests" + (f", Poisson {rate:g}/s" if rate else ", all at once"))
+
+
+def requests_from(work, spec, seed: int = 0) -> list[Request]:
+    """One live request per request of ``work`` (an online workload, or all arriving at once):
+    random prompt tokens of its prompt length, its output length as ``max_new``. A request
+    longer than the model's context is a SpecError."""
+    from shoal.errors import SpecError
+
+    rng = np.random.default_rng(seed)
+    arrival = work.arrival_s if work.arrival_s is not None else np.zeros(work.n)
     out = []
-    t = 0.0
-    for i in range(n):
-        p, o = (int(x) for x in lengths[i % len(lengths)])
-        p = max(1, min(p, ctx // 2))
-        o = max(1, min(o, ctx - p, max_new or ctx))
-        if rate:
-            t += float(rng.exponential(1.0 / rate))
-        out.append(Request(i, rng.integers(0, spec.vocab_size, p).tolist(), o, arrival=t))
+    for i, (p, o, t) in enumerate(zip(work.prompt, work.output, arrival, strict=True)):
+        if p + o > spec.max_seq_len:
+            raise SpecError(f"request {i}: {p} prompt + {o} output tokens pass the model's "
+                            "context", field=work.source, value=int(p + o),
+                            allowed=f"at most {spec.max_seq_len} tokens ({spec.name})")
+        out.append(Request(i, rng.integers(0, spec.vocab_size, int(p)).tolist(), int(o),
+                           arrival=float(t)))
     return out
 
 
@@ -426,7 +443,7 @@ def summary(requests: list[Request], wall_s: float) -> dict:
     first = np.array([r.first - r.arrival for r in requests if not math.isnan(r.first)])
     dec = np.array([(r.finish - r.first) / (len(r.tokens) - 1) for r in done
                     if len(r.tokens) > 1])
-    decode_tokens = sum(max(len(r.tokens) - 1, 0) for r in requests)
+    decode_tokens = sum(len(r.tokens) for r in requests)  # every generated token, as simulated
     prompt_tokens = sum(len(r.prompt) for r in requests if not math.isnan(r.first))
     reasons: dict[str, int] = {}
     for r in requests:

@@ -135,13 +135,23 @@ class _Clock:
                 + (self._at(D, self.dx, self.dt) if D > 0 else 0.0))
 
 
+BATCHING = ("vllm", "live")
+
+
 def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload, *,
              router: str = "iwrr", warmup_s: float = 60.0, duration_s: float | None = 600.0,
-             seed: int = 0, progress=None) -> SimResult:
+             seed: int = 0, progress=None, batching: str = "vllm") -> SimResult:
     """Simulate ``work`` on the placement; offline runs last ``warmup_s + duration_s`` of
-    simulated time, online runs until every request is done (``duration_s``: stop earlier)."""
+    simulated time, online runs until every request is done (``duration_s``: stop earlier).
+    ``batching``: ``vllm`` schedules as vLLM 0.4 (Helix's engine: prefill-only steps while
+    prompts wait, capped batches, one prefill over all their tokens), ``live`` as the workers
+    of ``shoal serve run``: everything queued, each request's step run on its own."""
     if router not in ROUTERS:
         raise SpecError("unknown router", field="--router", value=router, allowed=", ".join(ROUTERS))
+    if batching not in BATCHING:
+        raise SpecError("unknown batching", field="--batching", value=batching,
+                        allowed=", ".join(BATCHING))
+    capped = batching == "vllm"
     missing = [cluster.names[i] for i, r in enumerate(pl.ranges)
                if r is not None and cluster.times[i] is None]
     if missing:
@@ -211,33 +221,37 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         """What is queued, as vLLM 0.4 (Helix's engine) schedules it: when prompts wait, a
         prefill step of whole prompts in arrival order while their tokens stay under a cap (at
         least one), the decode steps waiting; otherwise one decode step of up to a request
-        cap."""
+        cap. ``batching="live"``: everything queued, each prompt timed on its own."""
         nonlocal seq
         items = queue[v]
         take, rest = [], []
         P = 0
         D = 0
         ctx = 0
-        prefill_only = any(done[it[0]] == 0 for it in items)
+        solo = 0.0  # live batching: the prompts' times, each on its own
+        prefill_only = capped and any(done[it[0]] == 0 for it in items)
         for it in items:
             r = it[0]
             if prefill_only and done[r] != 0:
                 rest.append(it)
                 continue
             if done[r] == 0:
-                if P + prompt[r] <= MAX_BATCH_TOKENS or not take:
+                if P + prompt[r] <= MAX_BATCH_TOKENS or not take or not capped:
                     P += prompt[r]
+                    if not capped:
+                        solo += clocks[v].layer_s(float(prompt[r]), 0, 0.0)
                     take.append(it)
                 else:
                     rest.append(it)
-            elif D < MAX_BATCH_REQUESTS:
+            elif D < MAX_BATCH_REQUESTS or not capped:
                 D += 1
                 ctx += prompt[r] + done[r]
                 take.append(it)
             else:
                 rest.append(it)
         queue[v] = rest
-        dur = layers[v] * clocks[v].layer_s(float(P), D, ctx / D if D else 0.0)
+        dur = layers[v] * (clocks[v].layer_s(float(P), D, ctx / D if D else 0.0) if capped
+                           else solo + clocks[v].layer_s(0.0, D, ctx / D if D else 0.0))
         busy[v] = True
         lo, hi = max(t, warmup_s), min(t + dur, end)
         if hi > lo:

@@ -20,7 +20,8 @@ class ServingModel(BaseModel):
     between nodes per token. ``name`` may be a catalog model, which fills the rest."""
 
     model_config = STRICT
-    name: str = "custom"
+    name: str = Field(default="custom", description="a catalog model (it fills the fields left "
+                                                    "out) or a label")
     layers: PositiveInt | None = Field(
         default=None, description="transformer layers (the layers placement splits)")
     hidden: PositiveInt | None = Field(default=None, description="hidden size")
@@ -78,9 +79,9 @@ class Machine(BaseModel):
     @model_validator(mode="after")
     def _check(self):
         if self.tokens_per_s is None:
-            if self.gpu is None:
-                raise ValueError("give 'tokens_per_s' (with 'max_layers') or a 'gpu' to compute "
-                                 "them from")
+            if self.gpu is None and (self.profile is None or self.memory is None):
+                raise ValueError("give 'tokens_per_s' (with 'max_layers'), a 'gpu', or a "
+                                 "'profile' with 'memory' to compute them from")
             return self
         if self.max_layers is None:
             raise ValueError("'tokens_per_s' needs 'max_layers'")
@@ -97,23 +98,25 @@ class NodeGroup(BaseModel):
     machine type)."""
 
     model_config = STRICT
-    machine: str
-    name: str | None = None
-    count: PositiveInt = 1
-    region: str = "default"
+    machine: str = Field(description="machine type: a key of `machines`")
+    name: str | None = Field(default=None, description="node name, or the prefix of `<name>-<i>` "
+                                                       "with count; default: the machine type")
+    count: PositiveInt = Field(default=1, description="number of nodes of this machine type")
+    region: str = Field(default="default",
+                        description="region of the nodes: picks the within or between link")
 
 
 class LinkClass(BaseModel):
     model_config = STRICT
-    bandwidth: BytesPerSecond
-    latency: Seconds = 0.0
+    bandwidth: BytesPerSecond = Field(description="link bandwidth")
+    latency: Seconds = Field(default=0.0, description="link latency")
 
 
 class PairLink(LinkClass):
     """A link between two nodes (or a node and ``coordinator``), used in both directions."""
 
-    a: str
-    b: str
+    a: str = Field(description="one end: a node name or `coordinator`")
+    b: str = Field(description="the other end: a node name or `coordinator`")
 
 
 class LinksSpec(BaseModel):
@@ -122,18 +125,26 @@ class LinksSpec(BaseModel):
     ``pairs`` add or override single links; ``mesh: false`` keeps only ``pairs``."""
 
     model_config = STRICT
-    within: LinkClass | None = None
-    between: LinkClass | None = None
-    coordinator: LinkClass | None = None
-    mesh: bool = True
-    pairs: list[PairLink] = Field(default_factory=list)
+    within: LinkClass | None = Field(
+        default=None, description="link between every pair of nodes of one region")
+    between: LinkClass | None = Field(
+        default=None, description="link between every pair of nodes of two regions; none when left out")
+    coordinator: LinkClass | None = Field(
+        default=None, description="link from the coordinator to every node; default: within, or "
+                                  "between for nodes outside the coordinator's region")
+    mesh: bool = Field(default=True, description="false: only the pairs exist")
+    pairs: list[PairLink] = Field(default_factory=list,
+                                  description="single links that add to or override the mesh")
 
 
 class CoordinatorSpec(BaseModel):
     model_config = STRICT
-    region: str = "default"
-    nic_in: BytesPerSecond | None = None
-    nic_out: BytesPerSecond | None = None
+    region: str = Field(default="default", description="region of the coordinator: picks the "
+                                                       "within or between link to each node")
+    nic_in: BytesPerSecond | None = Field(default=None,
+                                          description="inbound NIC bandwidth of the coordinator")
+    nic_out: BytesPerSecond | None = Field(default=None,
+                                           description="outbound NIC bandwidth of the coordinator")
 
 
 class CapacitySpec(BaseModel):
@@ -155,14 +166,17 @@ class CapacitySpec(BaseModel):
 
 class ServingSpec(BaseModel):
     model_config = STRICT
-    schema_: str = Field(default=SERVING_SCHEMA, alias="schema")
-    name: str | None = None
-    model: ServingModel
-    machines: dict[str, Machine]
-    nodes: list[NodeGroup] = Field(min_length=1)
-    links: LinksSpec = Field(default_factory=LinksSpec)
-    coordinator: CoordinatorSpec = Field(default_factory=CoordinatorSpec)
-    capacity: CapacitySpec = Field(default_factory=CapacitySpec)
+    schema_: str = Field(default=SERVING_SCHEMA, alias="schema", description="format version")
+    name: str | None = Field(default=None, description="a label for reports")
+    model: ServingModel = Field(description="the served model")
+    machines: dict[str, Machine] = Field(description="node type name -> the node type")
+    nodes: list[NodeGroup] = Field(min_length=1, description="the nodes, by machine type")
+    links: LinksSpec = Field(default_factory=LinksSpec, description="the links between nodes and "
+                             "to the coordinator")
+    coordinator: CoordinatorSpec = Field(default_factory=CoordinatorSpec,
+                                         description="where requests enter and leave")
+    capacity: CapacitySpec = Field(default_factory=CapacitySpec,
+                                   description="how T(k) is computed for machines without a table")
     partial_inference: bool = Field(
         default=False, description="a node may start inside the previous node's layer range "
                                    "(computing only the layers it still lacks)")

@@ -69,6 +69,50 @@ def load_arrivals(path: Path) -> np.ndarray:
     return _rows(path, ("interval", "requests"))[:, 1]
 
 
+def load_trace(path: Path) -> Workload:
+    """Requests one per row (``arrival_s,input_tokens,output_tokens``), arrivals in seconds from
+    the start and in order: the same trace for ``serve run`` and ``serve simulate``."""
+    try:
+        rows = list(csv.reader(Path(path).read_text().splitlines()))
+    except (FileNotFoundError, IsADirectoryError):
+        raise SpecError("file not found", file=str(path)) from None
+    cols = ["arrival_s", "input_tokens", "output_tokens"]
+    if not rows or [c.strip() for c in rows[0]][:3] != cols:
+        raise SpecError("expected a CSV with the header " + ",".join(cols), file=str(path),
+                        value=",".join(rows[0]) if rows else "")
+    out = []
+    for n, r in enumerate(rows[1:], 2):
+        if not r:
+            continue
+        try:
+            t, a, b = float(r[0]), int(r[1]), int(r[2])
+        except (ValueError, IndexError):
+            raise SpecError(f"line {n}: expected seconds and two integers", file=str(path),
+                            value=",".join(r)) from None
+        if not np.isfinite(t) or t < 0 or a < 1 or b < 1:
+            raise SpecError(f"line {n}: arrival must be >= 0 and both lengths >= 1",
+                            file=str(path), value=",".join(r))
+        if out and t < out[-1][0]:
+            raise SpecError(f"line {n}: arrivals must be in order", file=str(path),
+                            value=",".join(r))
+        out.append((t, a, b))
+    if not out:
+        raise SpecError("no rows", file=str(path))
+    x = np.array(out)
+    return Workload(x[:, 1].astype(np.int64), x[:, 2].astype(np.int64), x[:, 0],
+                    f"{Path(path).name} (trace)")
+
+
+def write_trace(path: Path, work: Workload) -> Path:
+    """The workload as a ``load_trace`` file (online workloads only)."""
+    from shoal.files import write_text
+
+    assert work.arrival_s is not None
+    rows = "".join(f"{t:.6f},{a},{b}\n" for t, a, b in zip(work.arrival_s, work.prompt,
+                                                           work.output, strict=True))
+    return write_text(path, "arrival_s,input_tokens,output_tokens\n" + rows)
+
+
 def offline(lengths: np.ndarray, seed: int = 0, source: str = "lengths") -> Workload:
     idx = np.random.default_rng(seed).permutation(len(lengths))
     return Workload(lengths[idx, 0], lengths[idx, 1], None, f"{source} (offline)")

@@ -11,23 +11,29 @@ from shoal.specs._types import STRICT, NonNegInt, PositiveInt
 
 class ZoneSpec(BaseModel):
     model_config = STRICT
-    gpus: dict[str, NonNegInt] = Field(default_factory=dict, description="GPU type -> count")
+    gpus: dict[str, NonNegInt] = Field(default_factory=dict,
+                                       description="GPU type -> number available in this zone")
 
 
 class RegionSpec(BaseModel):
     model_config = STRICT
-    geo: str | None = Field(default=None, description="continent tag (us, eu, asia) for egress")
-    zones: dict[str, ZoneSpec] = Field(min_length=1, description="at least one zone")
+    geo: str | None = Field(
+        default=None, description="continent tag (us, eu, asia, ...) for egress prices; default: the "
+                                  "catalog's tag for a known cloud region name, else unknown")
+    zones: dict[str, ZoneSpec] = Field(
+        min_length=1, description="zone name -> its GPUs; a zone name may appear in only one region")
 
 
 class PoolSpec(BaseModel):
     model_config = STRICT
-    regions: dict[str, RegionSpec] = Field(min_length=1, description="at least one region")
+    regions: dict[str, RegionSpec] = Field(min_length=1, description="region name -> its zones")
     gpus_per_node: dict[str, PositiveInt] = Field(
-        default_factory=dict, description="GPU type -> GPUs per node (default: catalog)"
+        default_factory=dict, description="GPU type -> GPUs per node, which bounds tensor parallelism "
+                                     "(default: catalog)"
     )
     quotas: dict[str, NonNegInt] = Field(
-        default_factory=dict, description="GPU type -> most GPUs of that type usable in total"
+        default_factory=dict, description="GPU type -> most GPUs of that type usable in total, on top of "
+                                     "per-zone availability"
     )
 
 

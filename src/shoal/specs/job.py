@@ -13,17 +13,23 @@ class JobSpec(BaseModel):
     model_config = STRICT
 
     global_batch: PositiveInt = Field(description="sequences per iteration, over all replicas")
-    seq_len: PositiveInt = 2048
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
-    precision: Literal["mixed-fp16", "mixed-bf16", "fp32"] = "mixed-fp16"
+    seq_len: PositiveInt = Field(default=2048, description="tokens per sequence")
+    optimizer: Literal["adam", "adamw", "sgd"] = Field(
+        default="adam", description="sets optimizer-state memory and update time")
+    precision: Literal["mixed-fp16", "mixed-bf16", "fp32"] = Field(
+        default="mixed-fp16", description="mixed precision keeps fp32 master weights; mixed-bf16 "
+                                          "needs GPUs with bf16 tensor cores")
     recompute: list[bool] = Field(
-        default=[False], description="activation-recompute settings the planner may choose"
+        default=[False], description="activation-recompute settings the planner may choose (one value or "
+                                   "a list)"
     )
     zero_stage: list[Literal[0, 1, 2, 3]] = Field(
-        default=[0], description="ZeRO stages the planner may choose (0 = none; 3 also shards weights)"
+        default=[0], description="ZeRO stages the planner may choose (0 = none; 3 also shards weights; "
+                                "one value or a list)"
     )
     schedule: list[Literal["1f1b", "gpipe"]] = Field(
-        default=["1f1b", "gpipe"], description="pipeline schedules the planner may choose"
+        default=["1f1b", "gpipe"],
+        description="pipeline schedules the planner may choose (one value or a list)"
     )
     microbatch_sizes: list[PositiveInt] | None = Field(
         default=None, description="microbatch sizes the planner may use; default powers of two"
@@ -43,17 +49,21 @@ class JobSpec(BaseModel):
 
 class Deadline(BaseModel):
     model_config = STRICT
-    iterations: PositiveInt
-    within: Seconds
+    iterations: PositiveInt = Field(description="iterations that must finish within `within`")
+    within: Seconds = Field(description="wall-clock time the iterations must finish in")
 
 
 class Constraints(BaseModel):
     model_config = STRICT
 
-    max_cost_per_iteration_usd: float | None = Field(default=None, gt=0)
-    min_iters_per_s: float | None = Field(default=None, gt=0)
-    max_gpus: PositiveInt | None = None
-    deadline: Deadline | None = None
+    max_cost_per_iteration_usd: float | None = Field(
+        default=None, gt=0, description="upper bound on USD per iteration (compute + egress)")
+    min_iters_per_s: float | None = Field(
+        default=None, gt=0, description="lower bound on iterations per second")
+    max_gpus: PositiveInt | None = Field(default=None, description="most GPUs a plan may use")
+    deadline: Deadline | None = Field(
+        default=None, description="{iterations: N, within: 12h}: N iterations must finish within "
+                                  "that time")
 
 
 Objective = Literal["max-throughput", "min-cost", "max-throughput-per-dollar"]
@@ -61,7 +71,10 @@ Objective = Literal["max-throughput", "min-cost", "max-throughput-per-dollar"]
 
 class ObjectiveSpec(BaseModel):
     model_config = STRICT
-    goal: Objective = "max-throughput"
+    goal: Objective = Field(
+        default="max-throughput",
+        description="what planners optimize: the shortest iteration, the cheapest iteration, or "
+                    "the smallest iteration time x cost")
 
     @model_validator(mode="before")
     @classmethod

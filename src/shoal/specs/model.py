@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from shoal.specs._types import STRICT, PositiveInt
 
@@ -18,21 +18,28 @@ class ModelSpec(BaseModel):
 
     model_config = STRICT
 
-    name: str = "custom"
-    num_layers: PositiveInt
-    hidden_size: PositiveInt
-    num_heads: PositiveInt
-    num_kv_heads: PositiveInt | None = None
-    ffn_hidden_size: PositiveInt | None = None
-    vocab_size: PositiveInt
-    max_seq_len: PositiveInt = 2048
-    mlp: Literal["gelu", "relu", "swiglu"] = "gelu"
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    position: Literal["learned", "rotary", "alibi"] = "learned"
-    tied_embeddings: bool = False
-    head_dim: PositiveInt | None = None
-    family: str | None = None
-    source: str | None = None
+    name: str = Field(default="custom", description="label")
+    num_layers: PositiveInt = Field(description="transformer blocks")
+    hidden_size: PositiveInt = Field(description="model width")
+    num_heads: PositiveInt = Field(description="attention heads")
+    num_kv_heads: PositiveInt | None = Field(
+        default=None, description="KV heads (grouped-query attention); must divide num_heads; "
+                                  "default num_heads")
+    ffn_hidden_size: PositiveInt | None = Field(
+        default=None, description="MLP width; default 4 x hidden_size")
+    vocab_size: PositiveInt = Field(description="vocabulary size")
+    max_seq_len: PositiveInt = Field(
+        default=2048, description="positions (learned position embeddings are sized by it)")
+    mlp: Literal["gelu", "relu", "swiglu"] = Field(
+        default="gelu", description="MLP kind (swiglu has three matrices)")
+    norm: Literal["layernorm", "rmsnorm"] = Field(default="layernorm", description="norm kind")
+    position: Literal["learned", "rotary", "alibi"] = Field(
+        default="learned", description="position encoding")
+    tied_embeddings: bool = Field(default=False, description="input and output embeddings shared")
+    head_dim: PositiveInt | None = Field(
+        default=None, description="per-head width; default hidden_size / num_heads")
+    family: str | None = Field(default=None, description="label: the model family (e.g. opt)")
+    source: str | None = Field(default=None, description="label: where the architecture comes from")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

@@ -18,11 +18,18 @@ class CurveSpec(BaseModel):
     """
 
     model_config = STRICT
-    kind: Literal["constant", "poly-log2"] = "constant"
-    bandwidth: BytesPerSecond | None = None
-    coeffs: tuple[float, float, float] | None = None
-    max: BytesPerSecond | None = None
-    floor: BytesPerSecond | None = None
+    kind: Literal["constant", "poly-log2"] = Field(
+        default="constant", description="constant: one bandwidth for every message size; "
+                                        "poly-log2: Sailor's fitted quadratic in log2(size)")
+    bandwidth: BytesPerSecond | None = Field(
+        default=None, description="the bandwidth of a constant curve (needed by it)")
+    coeffs: tuple[float, float, float] | None = Field(
+        default=None, description="[a, b, c] of a poly-log2 curve (needed by it): `a*x^2 + b*x + c` "
+                                  "GB/s with `x = log2(bytes / 1e6)`")
+    max: BytesPerSecond | None = Field(
+        default=None, description="cap of a poly-log2 curve; default: its value at the vertex")
+    floor: BytesPerSecond | None = Field(
+        default=None, description="floor of a poly-log2 curve; default: 2% of max")
 
     @model_validator(mode="after")
     def _check(self):
@@ -103,11 +110,18 @@ class LinkSpec(BaseModel):
     """
 
     model_config = STRICT
-    bandwidth: BytesPerSecond | None = None
-    curve: CurveSpec | None = None
-    parallel: dict[PositiveInt, CurveSpec] = Field(default_factory=dict)
-    latency: Seconds = 0.0
-    wan: WanSpec | None = None
+    bandwidth: BytesPerSecond | None = Field(
+        default=None, description="constant bandwidth of one GPU-to-GPU flow (a shorthand for a "
+                                  "constant curve); give one of bandwidth, curve and wan")
+    curve: CurveSpec | None = Field(
+        default=None, description="bandwidth of one flow as a function of the message size")
+    parallel: dict[PositiveInt, CurveSpec] = Field(
+        default_factory=dict, description="k -> aggregate curve when k GPUs of one node send at "
+                                          "once; without k, k flows get k times one flow's")
+    latency: Seconds = Field(default=0.0, description="per-message latency")
+    wan: WanSpec | None = Field(
+        default=None, description="a wide-area link between datacenters, instead of bandwidth or "
+                                  "curve; its latency is the link's")
 
     @model_validator(mode="after")
     def _check(self):
@@ -130,18 +144,24 @@ class LinkSpec(BaseModel):
 
 
 class PairLink(LinkSpec):
-    zones: tuple[str, str]
-    gpus: tuple[str, str] | None = Field(default=None, description="only for these GPU types")
+    zones: tuple[str, str] = Field(description="the two zones it joins (either order; twice the "
+                                               "same zone for links inside a zone)")
+    gpus: tuple[str, str] | None = Field(default=None,
+                                         description="only for these GPU types (either order)")
 
 
 class EgressSpec(BaseModel):
     model_config = STRICT
-    same_zone: float = Field(default=0.0, ge=0)
-    same_region: float = Field(default=0.01, ge=0)
-    cross_region: float = Field(default=0.02, ge=0)
-    intercontinental: float = Field(default=0.05, ge=0)
+    same_zone: float = Field(default=0.0, ge=0, description="USD per GB sent inside one zone")
+    same_region: float = Field(default=0.01, ge=0,
+                               description="USD per GB between two zones of one region")
+    cross_region: float = Field(default=0.02, ge=0, description="USD per GB between two regions "
+                                "with the same geo (or either unknown)")
+    intercontinental: float = Field(default=0.05, ge=0, description="USD per GB between two "
+                                    "regions whose geo tags differ")
     pairs: list[tuple[str, str, Annotated[float, Field(ge=0)]]] = Field(
-        default_factory=list, description="[zone_a, zone_b, USD/GB] overrides"
+        default_factory=list, description="[zone_a, zone_b, USD per GB] for one zone pair (either order), "
+                                         "over the class prices"
     )
 
 
@@ -153,9 +173,12 @@ class NetworkSpec(BaseModel):
     defaults: dict[LinkClass, LinkSpec] = Field(
         default_factory=dict, description="link per class: same_zone, same_region, cross_region"
     )
-    links: list[PairLink] = Field(default_factory=list, description="per zone-pair overrides")
+    links: list[PairLink] = Field(
+        default_factory=list,
+        description="links per zone pair, optionally per GPU-type pair; they win over defaults")
     intra_node: dict[str, LinkSpec] = Field(
         default_factory=dict,
         description="GPU type -> link inside a node (TP traffic); default: catalog",
     )
-    egress_usd_per_gb: EgressSpec = Field(default_factory=EgressSpec)
+    egress_usd_per_gb: EgressSpec = Field(
+        default_factory=EgressSpec, description="USD per GB a plan sends from one zone to another")

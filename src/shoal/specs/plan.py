@@ -15,16 +15,19 @@ PLAN_SCHEMA = "shoal/training-plan@1"
 
 class Replica(BaseModel):
     model_config = STRICT
-    gpu: str
-    tp: PositiveInt = 1
-    zone: str
+    gpu: str = Field(description="GPU type (catalog name or alias)")
+    tp: PositiveInt = Field(default=1, description="tensor-parallel degree: GPUs of one node the "
+                                                   "replica uses (a power of two)")
+    zone: str = Field(description="a zone of the pool")
     microbatches: NonNegInt = Field(description="microbatches this replica processes per iteration")
 
 
 class Stage(BaseModel):
     model_config = STRICT
-    layers: tuple[NonNegInt, NonNegInt] = Field(description="half-open range over the layer list")
-    replicas: list[Replica] = Field(min_length=1, description="at least one replica")
+    layers: tuple[NonNegInt, NonNegInt] = Field(
+        description="half-open range [start, end) over the layer list")
+    replicas: list[Replica] = Field(min_length=1,
+                                    description="the data-parallel replicas of the stage")
 
 
 def owners(shares: list[int] | tuple[int, ...]) -> list[int]:
@@ -100,12 +103,17 @@ def stage_orders(schedule: str, shares: list[list[int]]) -> list[list[tuple[int,
 
 class TrainingPlan(BaseModel):
     model_config = STRICT | {"frozen": True}
-    schema_: Literal["shoal/training-plan@1"] = Field(default=PLAN_SCHEMA, alias="schema")
-    microbatch_size: PositiveInt
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"
-    recompute: bool = False
-    zero_stage: Literal[0, 1, 2, 3] = 0
-    stages: list[Stage] = Field(min_length=1, description="at least one stage")
+    schema_: Literal["shoal/training-plan@1"] = Field(default=PLAN_SCHEMA, alias="schema",
+                                                      description="format version")
+    microbatch_size: PositiveInt = Field(
+        description="sequences per microbatch; must divide job.global_batch")
+    schedule: Literal["1f1b", "gpipe"] = Field(
+        default="1f1b", description="pipeline schedule; must be allowed by job.schedule")
+    recompute: bool = Field(default=False, description="activation recompute for this plan; must "
+                                                       "be allowed by job.recompute")
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        default=0, description="ZeRO stage for this plan; must be allowed by job.zero_stage")
+    stages: list[Stage] = Field(min_length=1, description="the pipeline stages, in layer order")
 
     def to_json(self) -> dict:
         return self.model_dump(mode="json", by_alias=True)

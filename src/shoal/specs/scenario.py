@@ -39,18 +39,24 @@ class ProfilesSpec(BaseModel):
 
 class Scenario(BaseModel):
     model_config = STRICT
-    schema_: str = Field(default=SCENARIO_SCHEMA, alias="schema")
-    name: str | None = None
+    schema_: str = Field(default=SCENARIO_SCHEMA, alias="schema", description="format version")
+    name: str | None = Field(default=None, description="a label for reports")
     model: str | HFModelRef | ModelSpec = Field(
         description="catalog name, {hf_config: path}, or the architecture fields"
     )
-    job: JobSpec
-    pool: PoolSpec
-    network: NetworkSpec = Field(default_factory=NetworkSpec)
-    prices: PriceSpec = Field(default_factory=PriceSpec)
-    profiles: ProfilesSpec = Field(default_factory=ProfilesSpec)
-    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
-    constraints: Constraints = Field(default_factory=Constraints)
+    job: JobSpec = Field(description="batch, sequence, optimizer, precision and what plans may use")
+    pool: PoolSpec = Field(description="the GPUs available: regions -> zones -> GPU counts")
+    network: NetworkSpec = Field(default_factory=NetworkSpec,
+                                 description="links between and inside nodes, egress prices")
+    prices: PriceSpec = Field(default_factory=PriceSpec,
+                              description="USD per GPU-hour; default: the catalog's prices")
+    profiles: ProfilesSpec = Field(default_factory=ProfilesSpec,
+                                   description="where per-layer compute times come from")
+    objective: ObjectiveSpec = Field(
+        default_factory=ObjectiveSpec,
+        description="what planners optimize: a goal name, or {goal: name}")
+    constraints: Constraints = Field(default_factory=Constraints,
+                                     description="bounds a plan must meet (planners only)")
     switching: SwitchingSpec = Field(default_factory=SwitchingSpec,
                                      description="what a change of plan costs (`shoal replay`)")
 
