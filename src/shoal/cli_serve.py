@@ -47,7 +47,7 @@ def _placement_json(cluster, placed) -> dict:
 
 
 def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path | None,
-            figure: Path | None) -> None:
+            figure: Path | None, links: bool = False) -> None:
     from shoal.files import write_json
 
     doc = {"placer": placed.placer, "solve_time_s": placed.solve_time_s,
@@ -72,7 +72,8 @@ def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path
         typer.echo(json.dumps(doc))
         return
     out = _cli._out()
-    t = _cli._table(f"Placement by {placed.placer}: {placed.flow.value:,.2f} tokens/s "
+    by = "Given placement" if placed.placer == "given" else f"Placement by {placed.placer}"
+    t = _cli._table(f"{by}: {placed.flow.value:,.2f} tokens/s "
                     f"(upper bound {placed.upper_bound:,.2f}, {placed.solve_time_s:.2f} s)",
                     ["node", "type", "region", "layers", "tokens/s through", "capacity"],
                     left=("node", "type", "region"), whole=("node", "type"))
@@ -91,9 +92,16 @@ def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path
                       str(r["nodes"]), f"{r['decode_tokens_per_s']:,.1f}",
                       f"{r['decode_latency_s']:.3f}" if r["decode_latency_s"] else "—")
         out.print(c)
-    idle = cluster.n - len(rows)
+    if links:
+        lt = _cli._table("Flow on every link, tokens/s (routing weights)",
+                         ["from", "to", "tokens/s"], left=("from", "to"), whole=("from", "to"))
+        for f in doc["placement"]["flows"]:
+            if f["tokens_per_s"] > 0:
+                lt.add_row(f["from"], f["to"], f"{f['tokens_per_s']:,.1f}")
+        out.print(lt)
+    idle = [cluster.names[i] for i, r in enumerate(placed.placement.ranges) if r is None]
     if idle:
-        out.print(f"{idle} node(s) hold no layers")
+        out.print(f"{len(idle)} node(s) hold no layers: {', '.join(idle)}")
     for path, what in ((output, "placement"), (helix_out, "placement (Helix format)"),
                        (figure, "figure")):
         if path is not None:
@@ -162,7 +170,7 @@ def flow_cmd(
     if figure is not None:
         check_output(figure, "--figure")
     cluster = _load(serving)
-    _report(cluster, _placement(cluster, placement), as_json, None, None, figure)
+    _report(cluster, _placement(cluster, placement), as_json, None, None, figure, links=True)
 
 
 class Mode(StrEnum):
@@ -291,7 +299,7 @@ def simulate_cmd(
     t.add_row("max flow of the placement, tokens/s", f"{placed.flow.value:,.1f}")
     t.add_row("prompt latency s (mean / p50 / p95)", lat(res.prompt_latency_s))
     t.add_row("decode latency s/token (mean / p50 / p95)", lat(res.decode_latency_s))
-    t.add_row("requests completed / had to wait", f"{res.completed} / {res.rejected}")
+    t.add_row("requests completed / had to wait for KV room", f"{res.completed} / {res.waited}")
     used = [u for u in res.node_utilization if u > 0]
     if used:
         t.add_row("node utilisation (min / mean / max)",

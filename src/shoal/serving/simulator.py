@@ -52,7 +52,7 @@ class SimResult:
     prompt_latency_s: dict
     decode_latency_s: dict
     completed: int
-    rejected: int
+    waited: int  # requests that waited for KV room before entering (none is turned away)
     in_flight_peak: int
     node_utilization: list[float]
     kv_peak_fraction: list[float]
@@ -66,7 +66,7 @@ class SimResult:
                 "tokens_per_s": self.tokens_per_s,
                 "prompt_latency_s": self.prompt_latency_s,
                 "decode_latency_s": self.decode_latency_s,
-                "requests": {"completed": self.completed, "rejected": self.rejected,
+                "requests": {"completed": self.completed, "rejected": 0, "waited": self.waited,
                              "in_flight_peak": self.in_flight_peak},
                 "nodes": [{"name": names[i], "utilization": u, "kv_peak_fraction": k}
                           for i, (u, k) in enumerate(zip(self.node_utilization,
@@ -190,7 +190,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
     heap: list = []
     seq = 0
     decode_tokens = prompt_tokens = events = 0
-    in_flight = peak_in_flight = rejected = completed = 0
+    in_flight = peak_in_flight = waited = completed = 0
     waiting: deque[int] = deque()
     next_req = 0
     iwrr = router == "iwrr"
@@ -270,11 +270,11 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
 
     def admit(t: float) -> None:
         """Offline: fill the cluster; online: admit waiting requests in order."""
-        nonlocal next_req, rejected
+        nonlocal next_req, waited
         if mode == "offline":
             while next_req < N:
                 if not route(next_req):
-                    rejected += 1
+                    waited += 1
                     break
                 enter(t, next_req)
                 next_req += 1
@@ -354,7 +354,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         else:  # kind == 3: an arrival (online)
             if waiting or not route(v):
                 waiting.append(v)
-                rejected += 1
+                waited += 1
             else:
                 enter(t, v)
     fin = np.array(finish_t)
@@ -375,7 +375,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         tokens_per_s=(decode_tokens + prompt_tokens) / window,
         prompt_latency_s=_stats(pl_lat), decode_latency_s=_stats(dl),
         latency_histogram={"prompt": _histogram(pl_lat), "decode": _histogram(dl)},
-        completed=completed, rejected=rejected, in_flight_peak=peak_in_flight,
+        completed=completed, waited=waited, in_flight_peak=peak_in_flight,
         node_utilization=[b / window for b in busy_s],
         kv_peak_fraction=[float(p / t) if t > 0 else 0.0 for p, t in zip(kv.peak, kv.total,
                                                                           strict=True)],
