@@ -186,8 +186,10 @@ class LiveServer:
         if cluster.layers != spec.num_layers:
             from shoal.errors import SpecError
 
-            raise SpecError("the placement's layers are not the model's blocks",
-                            value=cluster.layers, allowed=f"{spec.num_layers} (the model run)")
+            raise SpecError(f"the placement splits {cluster.layers} layers but {spec.name} has "
+                            f"{spec.num_layers} blocks", field="--model", value=spec.name,
+                            allowed=f"a model of {cluster.layers} blocks, or a serving file and "
+                                    f"placement over {spec.num_layers} layers")
         self.cluster, self.pl, self.spec = cluster, placement, spec
         self.n = cluster.n
         self.names = cluster.names

@@ -15,7 +15,6 @@ coordinator's own work on every token (embedding, output head, greedy choice) is
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import statistics
 import time
@@ -197,7 +196,3 @@ def measure(spec, *, reps: int = 5, seed: int = 0, dtype: str = "float32",
     lat, bw, per_token = link_times(spec.hidden_size, dtype=dtype)
     return ServingProfile(px, pt, dx, dt, ctx, lat, bw, coordinator_time(spec, seed=seed,
                                                                           dtype=dtype), per_token)
-
-
-def read_links(path: Path) -> dict:
-    return json.loads(Path(path).read_text())

@@ -236,11 +236,14 @@ def infeasible(ev: Evaluator) -> InfeasibleError:
         parts.append(("min iterations/s", f"min_iters_per_s <= {best_thr.throughput_iters_per_s:.4g}"))
     if c.max_cost_per_iteration_usd is not None and cheapest.cost_usd > c.max_cost_per_iteration_usd:
         parts.append(("max $/iteration", f"max_cost_per_iteration_usd >= {cheapest.cost_usd:.4g}"))
-    if c.max_gpus is not None:
-        parts.append(("max GPUs", f"max_gpus > {c.max_gpus}"))
+    if c.max_gpus is not None and c.max_gpus < sum(ev.problem.avail.values()):
+        parts.append(("max GPUs", f"max_gpus > {c.max_gpus}"))  # a cap below the pool may bind
     if c.deadline is not None:
-        parts.append(("deadline", f"at most {best_thr.throughput_iters_per_s:.4g} iterations/s "
-                                  "are reachable"))
+        thr = best_thr.throughput_iters_per_s
+        need_s = c.deadline.iterations / thr if thr > 0 else float("inf")
+        parts.append(("deadline", f"--within {need_s / 3600:.3g}h (the fastest plan runs "
+                                  f"{thr:.4g} iterations/s), or at most "
+                                  f"{int(thr * c.deadline.within)} iterations"))
     if not parts:
         parts.append(("constraints together", "relax one of the constraints"))
     binding, relax = parts[0]
