@@ -132,6 +132,19 @@ def test_budget_below_cheapest_is_infeasible():
     assert "max_cost_per_iteration_usd >=" in e.value.relaxation
 
 
+def test_gpu_cap_above_the_pool_is_not_named_binding():
+    """A missed deadline with a GPU cap larger than the pool names the deadline, and the
+    relaxation is a --within (and an iteration count) that would work."""
+    from shoal.specs.job import Deadline
+
+    pb = problem()
+    with pytest.raises(InfeasibleError) as e:
+        search(pb, constraints=Constraints(max_gpus=10_000, deadline=Deadline(iterations=10**9,
+                                                                              within=3600)))
+    assert e.value.binding == "deadline"
+    assert "--within" in e.value.relaxation and "iterations" in e.value.relaxation
+
+
 def test_constraints_are_met():
     pb = problem()
     free = search(pb, objective="max-throughput").ranked[0]
