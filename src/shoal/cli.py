@@ -485,17 +485,13 @@ def schema(
 ) -> None:
     """Print the JSON Schema (or a markdown reference) of the scenario, training-plan or serving
     format."""
-    from shoal.serving.spec import ServingSpec
-    from shoal.specs.plan import TrainingPlan
-    from shoal.specs.reference import markdown_reference
-    from shoal.specs.scenario import Scenario
+    from shoal.specs.reference import markdown_reference, roots
 
     if markdown:
         # nl=False: the text ends with its own newline, so the file equals markdown_reference()
         typer.echo(markdown_reference(kind.value), nl=False)
         return
-    model = {SchemaKind.scenario: Scenario, SchemaKind.plan: TrainingPlan,
-             SchemaKind.serving: ServingSpec}[kind]
+    model = roots()[kind.value]
     typer.echo(json.dumps(model.model_json_schema(by_alias=True), indent=2))
 
 

@@ -173,6 +173,18 @@ def flow_cmd(
     _report(cluster, _placement(cluster, placement), as_json, None, None, figure, links=True)
 
 
+def _trace(trace: Path, **others):
+    """The requests of a ``--trace`` file; the options it replaces must not be given too."""
+    from shoal.serving import workload as wl
+
+    given = [f"--{k}" for k, v in others.items() if v is not None]
+    if given:
+        raise SpecError("a trace gives the arrivals and lengths itself", field="--trace",
+                        value=" ".join(given), allowed="--trace alone, or "
+                        + " / ".join(f"--{k}" for k in others))
+    return wl.load_trace(trace)
+
+
 class Mode(StrEnum):
     offline = "offline"
     online = "online"
@@ -241,28 +253,26 @@ def simulate_cmd(
         check_output(output, "--output")
     cluster = _load(serving)
     placed = _placement(cluster, placement)
-    L = wl.load_lengths(lengths) if lengths is not None else wl.synthetic_lengths(20000, seed)
-    src = lengths.name if lengths is not None else "synthetic lengths"
     if trace is not None:
-        if lengths is not None or arrivals is not None:
-            raise SpecError("a trace gives the arrivals and lengths itself", field="--trace",
-                            allowed="--trace alone, or --lengths / --arrivals")
-        work = wl.load_trace(trace)
+        work = _trace(trace, lengths=lengths, arrivals=arrivals)
         if requests is not None:
             work = wl.Workload(work.prompt[:requests], work.output[:requests],
                                work.arrival_s[:requests], work.source)
         dur = duration
-    elif mode is Mode.offline:
-        work = wl.offline(L, seed, src)
-        dur = duration if duration is not None else 600.0
     else:
-        rate = load * placed.flow.value / float(L.sum(axis=1).mean())
-        n = requests or 2000
-        if arrivals is not None:
-            work = wl.online(L, wl.load_arrivals(arrivals), rate, seed, arrivals.name, limit=requests)
+        L = wl.load_lengths(lengths) if lengths is not None else wl.synthetic_lengths(20000, seed)
+        src = lengths.name if lengths is not None else "synthetic lengths"
+        if mode is Mode.offline:
+            work = wl.offline(L, seed, src)
+            dur = duration if duration is not None else 600.0
         else:
-            work = wl.poisson(L, rate, n, seed)
-        dur = duration
+            rate = load * placed.flow.value / float(L.sum(axis=1).mean())
+            if arrivals is not None:
+                work = wl.online(L, wl.load_arrivals(arrivals), rate, seed, arrivals.name,
+                                 limit=requests)
+            else:
+                work = wl.poisson(L, rate, requests or 2000, seed)
+            dur = duration
     if as_json:
         res = simulate(cluster, placed.placement, placed.flow, work, router=router.value,
                        warmup_s=warmup, duration_s=dur, seed=seed, batching=batching)
@@ -357,10 +367,7 @@ def run_cmd(
     name = model or load_serving(serving).model.name
     spec = catalog.models().get(name)
     if trace is not None:
-        if lengths is not None or rate is not None:
-            raise SpecError("a trace gives the arrivals and lengths itself", field="--trace",
-                            allowed="--trace alone, or --lengths / --rate")
-        work = wl.load_trace(trace)
+        work = _trace(trace, lengths=lengths, rate=rate)
     else:
         work = live.workload(spec, requests, rate=rate, max_new=max_new, seed=seed,
                              lengths=wl.load_lengths(lengths) if lengths is not None else None)
@@ -442,10 +449,10 @@ def profile_cmd(
 
     if dtype not in ("float32", "float64"):
         raise SpecError("unknown dtype", field="--dtype", value=dtype, allowed="float32, float64")
+    from shoal.files import check_output
+
     spec = catalog.models().get(model, field="--model")
-    if not out_dir.parent.is_dir():
-        raise SpecError("the folder to write into does not exist", field="--out",
-                        value=str(out_dir), allowed="a path in an existing folder")
+    check_output(out_dir, "--out")
     with _cli._progress().status(f"measuring {spec.name}") if not as_json else _null():
         prof = measure(spec, reps=reps, seed=seed, dtype=dtype, context=context)
     paths = prof.write(out_dir)
