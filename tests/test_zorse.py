@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import copy
 
+import networkx as nx
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from shoal.estimate import estimate
 from shoal.estimate.validate import validate_plan
@@ -14,7 +18,7 @@ from shoal.specs.scenario import parse_scenario
 from shoal.training.planners import search
 from shoal.training.planners.common import Evaluator, SearchStats
 from shoal.training.planners.space import Space, mbs_options
-from shoal.training.planners.zorse import build, nodes, split
+from shoal.training.planners.zorse import build, min_cut, nodes, split
 
 BASE = {
     "model": {"name": "m", "num_layers": 8, "hidden_size": 1024, "num_heads": 16,
@@ -84,3 +88,21 @@ def test_zorse_and_auto_return_fitting_plans(setup):
         assert e.iteration_time_s == pytest.approx(c.iteration_time_s, rel=1e-9)
     # auto costs zorse's plans too, so it is never slower
     assert a.ranked[0].iteration_time_s <= z.ranked[0].iteration_time_s * (1 + 1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=hst.integers(2, 12), seed=hst.integers(0, 2 ** 31 - 1))
+def test_min_cut_is_the_minimum_cut(n, seed):
+    """The dense Stoer-Wagner gives networkx's cut weight, and its side has that weight."""
+    rng = np.random.default_rng(seed)
+    W = np.triu(rng.choice([0.0, 1.0, 2.0, 3.5, 10.0], size=(n, n)), 1)
+    W = W + W.T
+    g = nx.Graph()
+    g.add_nodes_from(range(n))
+    g.add_weighted_edges_from((i, j, W[i, j]) for i in range(n) for j in range(i + 1, n))
+    value, _ = nx.stoer_wagner(g)
+    got, side = min_cut(W)
+    other = [i for i in range(n) if i not in side]
+    assert got == pytest.approx(value, abs=1e-9)
+    assert 0 < len(side) < n
+    assert W[np.ix_(side, other)].sum() == pytest.approx(got, abs=1e-9)

@@ -44,6 +44,8 @@ from shoal.training.planners.space import Space, balanced_split
 ALL_SPLITS_UP_TO = 3  # pipeline depths whose every contiguous split is tried ...
 MAX_SPLITS = 120  # ... when there are at most this many
 PACKINGS = ("stage", "chain", "pipeline")  # zone placements tried for each allocation
+DUAL_VALUES = (0.0, 1.0, 2.0, 4.0, 8.0)  # per-kind weights of the replica-count bound ...
+DUAL_FULL_UP_TO = 4  # ... in every combination up to this many kinds (Bounds._dual_weights)
 BATCH = 12  # (shape, degree) pairs allocated and costed per estimator call
 
 
@@ -101,9 +103,12 @@ class Bounds:
 
     - tail_s(D): a stage's gradient all-reduce over the fastest link of the problem plus its
       fastest update; every worker's compute ends at least min_s tail_s before the iteration does;
-    - the slowest replica per stage, tau(D), is at least the smallest stage time for which the
-      pool holds enough GPUs (total, and per stage from the kinds fast enough); pipeline 0 pairs
-      the slowest replicas and runs floor(n / D) microbatches: T >= floor(n/D) tau + min tail;
+    - the slowest replica, tau(D), is at least the smallest stage time for which the pool holds
+      enough GPUs: per stage from the kinds fast enough, per region, and for all stages at once
+      (the GPUs their replicas take from each kind: an LP relaxation, bounded through its dual);
+      pipeline 0 pairs the slowest replicas and runs floor(n / D) microbatches:
+      T >= floor(n/D) tau + min tail, with tau over per-microbatch times that include the
+      replica's sends (over its own TP's flows) and blocking receives;
     - the busiest pipeline runs ceil(n / D) microbatches, each at least the stage's fastest
       option: T >= ceil(n/D) t_min,s + tail_s for every stage;
     - work: GPU-seconds of compute (fastest option per stage, plus the sends every stage makes),
@@ -124,7 +129,11 @@ class Bounds:
         self.price_s = price_h / 3600.0
         self.gi = np.array([tb.gi(k.gpu) for k in space.kinds])
         self.lat_min = float(tb.flat_lat.min())
-        self.p2p_min = tb.p2p_time.min(axis=1) * self.tc.p2p_scale + self.tc.p2p_overhead_s  # per mbs
+        # fastest send per microbatch size and sender's TP degree (its flows), and over all
+        M, T = len(tb.mbs), len(tb.tps)
+        self.p2p_tp = (tb.p2p_time.reshape(M, -1, T).min(axis=1) * self.tc.p2p_scale
+                       + self.tc.p2p_overhead_s)  # (M, T)
+        self.p2p_min = self.p2p_tp.min(axis=1)
         # link classes by where the two ends are: 0 same zone, 1 same region, 2 across regions
         G, Z, _, _, T = tb.link_div.shape
         _, za, _, zb, _ = np.indices((G, Z, G, Z, T)).reshape(5, -1)
@@ -140,6 +149,7 @@ class Bounds:
         self.zone_most = max(per_zone.values(), default=0)
         self.region_most = max(per_region.values(), default=0)
         self._sync: dict[tuple[int, int], np.ndarray] = {}
+        self._weights_cache: np.ndarray | None = None
 
     def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
         """(3, TPs): seconds per 2(D-1)/D of a stage's gradients over the fastest link of each
@@ -168,7 +178,7 @@ class Bounds:
         tb, tc = self.space.tb, self.tc
         P = len(sh.split)
         mi = tb.mi(sh.mbs)
-        p2p = self.p2p_min[mi]
+        p2p = self.p2p_min[mi]  # a send by a neighbour of unknown TP
         rf = tc.recv_fraction
         D = Ds.astype(float)
         n_hi, n_lo = np.ceil(total / D), np.floor(total / D)
@@ -179,14 +189,17 @@ class Bounds:
         rate = np.empty(P)  # USD/s per replica
         ring_s = np.empty((P, 3))
         y = self._weights(sh)
-        times, extras, tps, kinds, stage_of = [], [], [], [], []
+        times, fulls, tps, kinds, stage_of = [], [], [], [], []
         for s, ((a, b), opts) in enumerate(zip(sh.split, sh.opts, strict=True)):
-            # sends and blocking receives as the kernel adds them to forward and backward
-            f_extra = p2p * ((s < P - 1) + rf * (s > 0))
-            b_extra = p2p * ((s > 0) + rf * (s < P - 1))
             k = np.array([o.kind for o in opts])
             tp = np.array([o.tp for o in opts], dtype=float)
             ti = np.array([tb.ti(o.tp) for o in opts])
+            # sends and blocking receives as the kernel adds them to forward and backward: the
+            # activations this replica sends (and its wait for the gradients back) go over
+            # its own TP's flows, those from the stage before over the neighbour's
+            own = self.p2p_tp[mi, ti]
+            f_extra = own * (s < P - 1) + p2p * rf * (s > 0)
+            b_extra = p2p * (s > 0) + own * rf * (s < P - 1)
             g = self.gi[k]
             f = (tb.cum_f[g, ti, mi, b] - tb.cum_f[g, ti, mi, a]) * tc.compute_scale
             t_c = np.array([o.time_s for o in opts])
@@ -200,7 +213,7 @@ class Bounds:
             rate[s] = (self.price_s[k] * tp).min()
             ring_s[s] = self._ring_bytes_time(a, b)[:, np.unique(ti)].min(axis=1)
             times.append(t_c)
-            extras.append(f_extra + b_extra)
+            fulls.append(t)
             tps.append(tp)
             kinds.append(k)
             stage_of.append(np.full(len(opts), s))
@@ -218,8 +231,9 @@ class Bounds:
         tail = sync + upd[:, None]  # (P, nD)
         tail_min = tail.min(axis=0)
         work = (total * busy_w.sum() + D * (pre * idle_w).sum()) / max(float(y @ self.avail), 1e-300)
-        tau = self._tau(np.concatenate(times), np.concatenate(tps), np.concatenate(kinds),
-                        np.concatenate(stage_of), P, Ds)
+        tps_, kinds_, stage_ = np.concatenate(tps), np.concatenate(kinds), np.concatenate(stage_of)
+        tau = self._tau(np.concatenate(times), tps_, kinds_, stage_, P, Ds)
+        tau_full = self._tau(np.concatenate(fulls), tps_, kinds_, stage_, P, Ds)  # with sends
         # the busiest pipeline's replica of stage s: it starts after the forwards before it,
         # runs n microbatches (its last forward is followed by the later stages' forward and
         # backward and its own backward), then the earlier stages' backwards and stage 0's tail
@@ -228,7 +242,7 @@ class Bounds:
         chain = np.maximum(nh * tmin[:, None], nh * fmin[:, None] + (bmin + post)[:, None])
         T = np.maximum.reduce([
             tail_min + work,
-            n_lo * (tau + min(extras)) + tail_min,
+            n_lo * tau_full + tail_min,
             (pre[:, None] + chain).max(axis=0) + tail[0],
             (fpre[:, None] + chain + tail).max(axis=0),
         ])
@@ -255,34 +269,66 @@ class Bounds:
 
     def _tau(self, t, tp, k, st, P: int, Ds: np.ndarray) -> np.ndarray:
         """Per degree, the smallest slowest-replica time the pool's GPU counts allow: in all,
-        per stage (its D replicas in one region, H5), and stages per region."""
+        per stage (its D replicas in one region, H5), stages per region, and the GPUs all
+        stages' replicas take from each kind together (an LP dual bound, ``_dual_weights``)."""
         taus = np.unique(t)
         ok = t[None, :] <= taus[:, None]  # (nT, O)
+        K = len(self.avail)
         R = int(self.region_of.max()) + 1
         nT = len(taus)
-        # per region: fewest GPUs per replica of each stage, and replicas its kinds can give it
-        g = np.full((R, nT, P), np.inf)
-        cap = np.zeros((R, nT, P))
+        # per kind: fewest GPUs per replica of each stage meeting the time
+        c = np.full((nT, P, K), np.inf)
         for s in range(P):
-            for kk in range(len(self.avail)):
+            for kk in range(K):
                 sel = (st == s) & (k == kk)
-                if not sel.any():
-                    continue
-                r = self.region_of[kk]
-                m = np.where(ok[:, sel], tp[None, sel], np.inf).min(axis=1)
-                g[r, :, s] = np.minimum(g[r, :, s], m)
-                cap[r, :, s] += np.where(np.isfinite(m), np.floor(self.avail[kk] / np.where(
-                    np.isfinite(m), m, 1.0)), 0.0)
-        G = g.min(axis=0).sum(axis=1)  # (nT,)
+                if sel.any():
+                    c[:, s, kk] = np.where(ok[:, sel], tp[None, sel], np.inf).min(axis=1)
+        g = np.full((R, nT, P), np.inf)  # per region
+        cap = np.zeros((R, nT, P))  # replicas a region's kinds can give a stage
+        for kk in range(K):
+            r = self.region_of[kk]
+            m = c[:, :, kk]
+            fin = np.isfinite(m)
+            g[r] = np.minimum(g[r], m)
+            cap[r] += np.where(fin, np.floor(self.avail[kk] / np.where(fin, m, 1.0)), 0.0)
         Dcap = cap.max(axis=0).min(axis=1)  # (nT,)
         Dv = Ds[None, :].astype(float)
-        feas = (Dv * G[:, None] <= self.N) & (Dv <= Dcap[:, None])  # (nT, nD)
+        feas = Dv <= Dcap[:, None]  # (nT, nD)
+        # replicas per stage the pool's counts allow (a fractional assignment: D replicas per
+        # stage, each taking c GPUs of a kind meeting the time): the LP dual bound
+        # min over weights w >= 0 of (w . avail) / sum_s min_k w_k c[s, k]
+        cols, cnt = np.unique(c.transpose(1, 0, 2).reshape(P, -1), axis=0, return_counts=True)
+        cu = cols.reshape(len(cols), nT, K)  # distinct stages (U, nT, K)
+        Wt = self._dual_weights()  # (M, K)
+        fin = np.isfinite(cu)
+        prod = np.where(fin[None], Wt[:, None, None, :] * np.where(fin, cu, 0.0)[None], np.inf)
+        den = (prod.min(axis=3) * cnt[None, :, None]).sum(axis=1)  # (M, nT)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(den > 0, (Wt @ self.avail)[:, None] / den, np.inf)
+        feas &= Dv <= ratio.min(axis=0)[:, None]
         gmin = g.min(axis=2)  # (R, nT)
         with np.errstate(divide="ignore", invalid="ignore"):
             fit = np.floor(self.region_N[:, None, None] / (gmin[:, :, None] * Dv[None, :, :]))
         feas &= np.where(np.isfinite(fit), fit, 0.0).sum(axis=0) >= P
         first = np.where(feas.any(axis=0), feas.argmax(axis=0), -1)
         return np.where(first >= 0, taus[np.maximum(first, 0)], np.inf)
+
+    def _dual_weights(self) -> np.ndarray:
+        """Kind weights at which ``_tau`` evaluates the LP dual bound: every vector of
+        DUAL_VALUES per kind when kinds are few (TP degrees are powers of two, so for two kinds
+        these hold the dual's optimum and the bound is the LP's), else every 0/1 vector, or
+        each kind alone, all but one, and all. Any weights give a valid bound."""
+        if self._weights_cache is None:
+            K = len(self.avail)
+            if K <= DUAL_FULL_UP_TO:
+                grid = np.array(list(itertools.product(DUAL_VALUES, repeat=K)), dtype=float)
+            elif K <= 8:
+                grid = np.array(list(itertools.product((0.0, 1.0), repeat=K)))
+            else:
+                eye = np.eye(K)
+                grid = np.vstack([eye, 1 - eye, np.ones((1, K))])
+            self._weights_cache = grid[grid.sum(axis=1) > 0]
+        return self._weights_cache
 
 
 def _shapes(space: Space, mbs_values: list[int], max_stages: int | None):

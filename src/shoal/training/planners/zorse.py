@@ -39,7 +39,6 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-import networkx as nx
 import numpy as np
 
 from shoal.estimate import general
@@ -85,21 +84,57 @@ def _intra(space: Space, node: tuple[str, str, int]) -> float:
     return p.gpus[node[0]].intra_node_bw_Bps
 
 
+def min_cut(W: np.ndarray) -> tuple[float, list[int]]:
+    """Stoer-Wagner global minimum cut of the graph with symmetric weight matrix ``W`` (zero
+    diagonal, at least two vertices): (cut weight, one side's vertex indices, sorted). Each
+    phase grows a set by the most tightly connected vertex (ties: the lowest index); the last
+    vertex's connection is a cut, and the last two are merged. O(n^3), dense."""
+    n = len(W)
+    W = np.array(W, dtype=float)
+    members = [[i] for i in range(n)]
+    alive = list(range(n))
+    best, best_side = math.inf, [0]
+    while len(alive) > 1:
+        sub = W[np.ix_(alive, alive)]
+        m = len(alive)
+        conn = sub[0].copy()
+        added = np.zeros(m, dtype=bool)
+        added[0] = True
+        prev = last = 0
+        for _ in range(1, m):
+            nxt = int(np.argmax(np.where(added, -np.inf, conn)))
+            prev, last = last, nxt
+            added[nxt] = True
+            if added.all():
+                break
+            conn += sub[nxt]
+        cut = float(conn[last])
+        s, t = alive[prev], alive[last]
+        if cut < best:
+            best, best_side = cut, sorted(members[t])
+        W[s] += W[t]
+        W[:, s] += W[:, t]
+        W[s, s] = 0.0
+        members[s] += members[t]
+        alive.remove(t)
+    return best, best_side
+
+
 def split(space: Space, vertices: list[tuple[str, str, int]],
           most: int | None = None) -> dict[int, list[list[int]]]:
     """SPLIT: k -> groups (vertex indices) for k = 1 .. min(most, vertices)."""
-    g = nx.Graph()
-    g.add_nodes_from(range(len(vertices)))
-    for i in range(len(vertices)):
-        for j in range(i + 1, len(vertices)):
+    n = len(vertices)
+    W = np.zeros((n, n))
+    for i in range(n):
+        for j in range(i + 1, n):
             w = _bandwidth(space, vertices[i], vertices[j])
             if vertices[i][0] == vertices[j][0]:
                 w *= SAME_TYPE_BONUS
-            g.add_edge(i, j, weight=w / 1e9)
-    parts = [sorted(g.nodes)]
+            W[i, j] = W[j, i] = w / 1e9
+    parts = [list(range(n))]
     out = {1: [list(p) for p in parts]}
     cuts: dict[tuple[int, ...], tuple[float, list[int], list[int]]] = {}
-    limit = min(most or len(vertices), len(vertices))
+    limit = min(most or n, n)
     for k in range(2, limit + 1):
         best = None
         for c in parts:
@@ -107,8 +142,9 @@ def split(space: Space, vertices: list[tuple[str, str, int]],
                 continue
             key = tuple(c)
             if key not in cuts:
-                value, (a, b) = nx.stoer_wagner(g.subgraph(c), weight="weight")
-                cuts[key] = (value, sorted(a), sorted(b))
+                value, side = min_cut(W[np.ix_(c, c)])
+                a = sorted(c[i] for i in side)
+                cuts[key] = (value, a, sorted(set(c) - set(a)))
             value, a, b = cuts[key]
             if best is None or (value, min(c)) < (best[0], min(best[1])):
                 best = (value, c, a, b)
