@@ -22,7 +22,7 @@ from shoal.elastic.traces import State, Trace
 from shoal.errors import InfeasibleError, SpecError
 from shoal.problem import build_problem
 from shoal.specs.scenario import parse_scenario
-from shoal.training.planners import search
+from shoal.training.planners import Reuse, search
 
 A, B = "us-central1-a", "us-central1-b"
 A100, V100 = "A100-40GB", "V100-16GB"
@@ -121,6 +121,31 @@ def test_replanner_matches_cold_search_on_every_pool(problem):
         assert warm.iteration_time_s <= cold.iteration_time_s * (1 + 1e-9)
     assert rp.calls[-1].remembered and not rp.calls[1].remembered
     assert any(c.from_larger for c in rp.calls)  # the bounded check search ran, and held
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(walk=st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0, 2, 4, 6, 8])),
+                     min_size=4, max_size=8),
+       objective=st.sampled_from(["max-throughput", "min-cost"]))
+def test_shared_reuse_gives_the_cold_search_result(problem, walk, objective):
+    """What one search leaves for the next (estimates, allocations and placements remembered
+    on larger pools) changes no result: along a walk of pools, a search sharing ``Reuse``
+    returns the cold search's best plan."""
+    pb = replace(problem, avail={k: 8 for k in KEYS})
+    reuse = Reuse()
+    cur = dict(pb.avail)
+    for i, n in walk:
+        cur = {**cur, KEYS[i]: n}
+        p = replace(pb, avail=dict(cur))
+        try:
+            cold = search(p, objective=objective).ranked[0]
+        except InfeasibleError:
+            with pytest.raises(InfeasibleError):
+                search(p, objective=objective, reuse=reuse)
+            continue
+        warm = search(p, objective=objective, reuse=reuse).ranked[0]
+        assert warm.spec == cold.spec
+        assert warm.iteration_time_s == cold.iteration_time_s
 
 
 def test_replanner_raises_when_nothing_fits(problem):

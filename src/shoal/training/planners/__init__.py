@@ -26,11 +26,14 @@ from shoal.training.planners.space import Space, mbs_options
 @dataclass
 class Reuse:
     """What one search leaves for the next search of the same problem under other GPU counts:
-    cost tables and smallest fitting TPs depend on GPU types, zones and the model, not on how
-    many GPUs are free."""
+    cost tables, smallest fitting TPs and plan estimates depend on GPU types, zones and the
+    model, not on how many GPUs are free; Zorse's partitions depend only on the node list."""
 
     tables: CostTables | None = None
     min_tp: dict = field(default_factory=dict)
+    estimates: dict = field(default_factory=dict)  # plan -> its estimate (Evaluator.memo)
+    splits: dict = field(default_factory=dict)  # Zorse's partitions of a node list
+    memos: dict = field(default_factory=dict)  # allocations and placements (Space.alloc_memo)
 
 
 STRATEGIES = {"auto": auto.search, "sailor": sailor.search, "espresso": espresso.search,
@@ -66,10 +69,11 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     stats = SearchStats(strategy=strategy)
     reuse = reuse if reuse is not None else Reuse()
     if reuse.tables is None or reuse.tables.mbs != mbs:
-        reuse.tables, reuse.min_tp = None, {}
-    ev = Evaluator(problem, mbs, constraints, stats, objective, tables=reuse.tables)
+        reuse.tables, reuse.min_tp, reuse.estimates, reuse.memos = None, {}, {}, {}
+    ev = Evaluator(problem, mbs, constraints, stats, objective, tables=reuse.tables,
+                   memo=reuse.estimates)
     reuse.tables = ev.tb
-    space = Space(problem, ev.tb, reuse.min_tp)
+    space = Space(problem, ev.tb, reuse.min_tp, splits=reuse.splits, memos=reuse.memos)
     if budget_s is not None:
         ev.deadline = stats.started + budget_s
     ev.max_pairs = max_pairs

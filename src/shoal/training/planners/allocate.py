@@ -18,6 +18,7 @@ import numpy as np
 
 _BIG = np.iinfo(np.int64).max
 MAX_FRONT = 4000  # usage vectors kept per stage (the cheapest first) when kinds are many
+MEMO_POOLS = 6  # pools remembered per PoolMemo key
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ def _prune(U: np.ndarray, price: np.ndarray) -> np.ndarray:
         kept += new.tolist()
         kept_rows = U[kept]
         if len(kept) >= MAX_FRONT:
+            _truncated[0] = True
             break
     return np.array(kept)
 
@@ -160,13 +162,68 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
     return Allocation(tuple(per_stage), tuple(int(x) for x in U[best]), tau)
 
 
+class PoolMemo:
+    """Allocations found on one pool, reused on smaller pools. A smaller pool allows a subset of
+    the allocations, and the dynamic program visits and orders the ones both allow alike, so an
+    allocation found on a pool (the fastest, or the cheapest under a bound) that fits a smaller
+    pool is the one the smaller pool gives; none stays none. A result is also reused only when
+    its bottleneck is at or above the caller's ``at_least``. ``key`` names the stage options
+    (the caller's: plan shape, degree, ...); prices, regions and the kinds they index are fixed
+    per memo (``Space.memo``). Only exact programs are remembered (MAX_FRONT never cut)."""
+
+    def __init__(self) -> None:
+        self._d: dict[tuple, list[tuple[np.ndarray, list[Allocation]]]] = {}
+
+    def get(self, key: tuple, avail: np.ndarray, at_least: float = 0.0) -> list[Allocation] | None:
+        for pool, res in self._d.get(key, ()):
+            if not (avail <= pool).all():
+                continue
+            if not res:
+                return res
+            if res[0].bottleneck_s >= at_least and all(
+                    (np.asarray(a.usage) <= avail).all() for a in res):
+                return res
+        return None
+
+    def put(self, key: tuple, avail: np.ndarray, res: list[Allocation]) -> None:
+        entries = self._d.setdefault(key, [])
+        entries.append((avail.copy(), res))
+        del entries[:-MEMO_POOLS]
+
+
+_truncated = [False]  # set when a program cut its front at MAX_FRONT (its result is not memoised)
+
+
+def _memoised(memo: PoolMemo | None, key: tuple | None, avail: np.ndarray, at_least: float,
+              compute) -> list[Allocation]:
+    if memo is None or key is None:
+        return compute()
+    got = memo.get(key, avail, at_least)
+    if got is not None:
+        return got
+    _truncated[0] = False
+    res = compute()
+    if not _truncated[0]:
+        memo.put(key, avail, res)
+    return res
+
+
 def fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
             region_of: list[int], at_least: float = 0.0,
-            total: int | None = None) -> Allocation | None:
+            total: int | None = None, memo: PoolMemo | None = None,
+            key: tuple | None = None) -> Allocation | None:
     """The allocation with the smallest slowest-replica time (then the cheapest).
 
     ``at_least``: a known lower bound on that time (a caller's relaxation); the bisection over
-    the stage times starts there."""
+    the stage times starts there. ``memo``, ``key``: see PoolMemo."""
+    got = _memoised(memo, None if key is None else ("fastest", D, total, *key), avail, at_least,
+                    lambda: [a] if (a := _fastest(stage_opts, D, avail, price, region_of,
+                                                  at_least, total)) else [])
+    return got[0] if got else None
+
+
+def _fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
+             region_of: list[int], at_least: float, total: int | None) -> Allocation | None:
     relax, _ = slots(D, total)
     taus = sorted({t for opts in stage_opts for o in opts for t in (o.time_s, o.time_s / relax)})
     if not taus:
@@ -192,10 +249,19 @@ def fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np
 
 def tradeoffs(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
               region_of: list[int], levels: int = 6, at_least: float = 0.0,
-              total: int | None = None) -> list[Allocation]:
+              total: int | None = None, memo: PoolMemo | None = None,
+              key: tuple | None = None) -> list[Allocation]:
     """Cheapest allocations under several bottleneck bounds, from the fastest feasible up:
-    the time-cost trade-offs of one plan shape."""
-    best = fastest(stage_opts, D, avail, price, region_of, at_least, total)
+    the time-cost trade-offs of one plan shape. ``memo``, ``key``: see PoolMemo."""
+    return _memoised(memo, None if key is None else ("tradeoffs", D, total, levels, *key), avail,
+                     at_least, lambda: _tradeoffs(stage_opts, D, avail, price, region_of, levels,
+                                                  at_least, total))
+
+
+def _tradeoffs(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
+               region_of: list[int], levels: int, at_least: float,
+               total: int | None) -> list[Allocation]:
+    best = _fastest(stage_opts, D, avail, price, region_of, at_least, total)
     if best is None:
         return []
     relax, _ = slots(D, total)

@@ -465,8 +465,9 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
            L: int) -> list:
     opts = [list(o) for o in sh.opts]
     total = space.problem.job.global_batch // sh.mbs
+    memo, key = space.alloc_memo, (sh.split, sh.mbs, sh.recompute)
     allocs = tradeoffs(opts, D, avail, price, region_of, levels=levels,
-                       at_least=tau / slots(D, total)[0], total=total)
+                       at_least=tau / slots(D, total)[0], total=total, memo=memo, key=key)
     if allocs:
         up = upgraded(allocs[0], opts, avail)
         if up.per_stage != allocs[0].per_stage:
@@ -477,7 +478,8 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
         new = rebalanced(space, allocs[0], opts, L, sh.mbs, sh.recompute)
         if new != sh.split and min(b - a for a, b in new) > 0:
             o2 = sailor.stage_options(space, new, sh.mbs, sh.recompute, 0, 1, all_tp=True)
-            a2 = fastest(o2, D, avail, price, region_of, total=total) if o2 else None
+            a2 = fastest(o2, D, avail, price, region_of, total=total, memo=memo,
+                         key=(new, sh.mbs, sh.recompute)) if o2 else None
             if a2 is not None:
                 out.append(build_spec(space, a2, o2, new, sh.mbs, D, recompute=sh.recompute))
     # the allocation pools the zones of a region (H6) and ranks replicas by compute alone, so
@@ -486,7 +488,7 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
     need = D * sum(min(o.tp for o in st) for st in opts)
     for z, zavail in space.zone_pools():
         if zavail.sum() >= need:
-            a3 = fastest(opts, D, zavail, price, region_of, total=total)
+            a3 = fastest(opts, D, zavail, price, region_of, total=total, memo=memo, key=key)
             if a3 is not None:
                 out.append(build_spec(space, upgraded(a3, opts, zavail), opts, sh.split, sh.mbs,
                                       D, recompute=sh.recompute, packing="chain", home=z))

@@ -6,6 +6,8 @@ from shoal.training.planners.allocate import Allocation, Option
 from shoal.training.planners.common import PlanSpec
 from shoal.training.planners.space import Space
 
+SPEC_MEMO_MAX = 200_000  # placements a Space's memo keeps before it starts again
+
 
 def shares(total: int, D: int) -> list[int]:
     """Microbatches per pipeline: as even as possible, the extra ones to the last pipelines
@@ -31,6 +33,22 @@ def build_spec(space: Space, alloc: Allocation, stage_opts: list[list[Option]],
     total = space.problem.job.global_batch // mbs
     if total < D:
         return None
+    # the result depends on the pool only through the zones of the kinds it uses
+    used_kinds = sorted({k for st in alloc.per_stage for k, _, _ in st})
+    key = (alloc.per_stage, split, mbs, D, recompute, zero, schedule, packing, home,
+           tuple(tuple(space.zones_of[space.kinds[k]]) for k in used_kinds))
+    if key in space.spec_memo:
+        return space.spec_memo[key]
+    if len(space.spec_memo) >= SPEC_MEMO_MAX:
+        space.spec_memo.clear()
+    space.spec_memo[key] = spec = _build(space, alloc, stage_opts, split, mbs, D, total,
+                                         recompute, zero, schedule, packing, home)
+    return spec
+
+
+def _build(space: Space, alloc: Allocation, stage_opts: list[list[Option]],
+           split: tuple[tuple[int, int], ...], mbs: int, D: int, total: int, recompute: bool,
+           zero: int, schedule: str, packing: str, home: str | None) -> PlanSpec | None:
     m = shares(total, D)
     used: dict[tuple[str, str], int] = {}
     stages = []

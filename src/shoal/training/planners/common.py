@@ -3,6 +3,7 @@ the Pareto front, and the search statistics."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ from shoal.specs.job import Constraints
 from shoal.specs.plan import TrainingPlan
 
 OBJECTIVES = ("max-throughput", "min-cost", "max-throughput-per-dollar")
+MEMO_MAX = 50_000  # plan estimates an Evaluator's memo keeps
 
 
 def to_plan(spec: PlanSpec) -> TrainingPlan:
@@ -87,8 +89,11 @@ class Evaluator:
 
     def __init__(self, problem: Problem, mbs_values: list[int], constraints: Constraints,
                  stats: SearchStats, objective: str = "max-throughput",
-                 tables: CostTables | None = None):
+                 tables: CostTables | None = None, memo: dict | None = None):
         self.problem = problem
+        # estimates by plan, which do not depend on GPU counts: a caller may share them
+        self.memo: dict[PlanSpec, tuple[bool, float, float, float, float]] = (
+            memo if memo is not None else {})
         self.tb = tables if tables is not None else tables_for(problem, mbs_values)
         self.constraints = constraints
         self.stats = stats
@@ -120,14 +125,24 @@ class Evaluator:
         """Candidates for ``specs`` (None where OOM or against a constraint), batch-costed."""
         if not specs:
             return []
-        out = run_specs(self.problem, self.tb, specs)
+        new = [sp for sp in dict.fromkeys(specs) if sp not in self.memo]
+        if new:
+            out = run_specs(self.problem, self.tb, new)
+            ratio = (out["peak_bytes"] / np.maximum(out["capacity_bytes"], 1)).max(axis=(1, 2))
+            for i, sp in enumerate(new):
+                self.memo[sp] = (bool(out["oom"][i]), float(ratio[i]),
+                                 float(out["iteration_time_s"][i]),
+                                 float(out["cost_compute_usd"][i]), float(out["cost_egress_usd"][i]))
+        vals = [self.memo[sp] for sp in specs]
+        if len(self.memo) > MEMO_MAX:  # the oldest half goes
+            for sp in list(itertools.islice(self.memo, len(self.memo) - MEMO_MAX // 2)):
+                del self.memo[sp]
         self.stats.candidates_costed += len(specs)
         res: list[Candidate | None] = []
-        ratio = (out["peak_bytes"] / np.maximum(out["capacity_bytes"], 1)).max(axis=(1, 2))
-        for i, sp in enumerate(specs):
-            if out["oom"][i]:
+        for sp, (oom, ratio_, t, usd, egress) in zip(specs, vals, strict=True):
+            if oom:
                 self.stats.oom += 1
-                self.best_oom_margin = min(self.best_oom_margin, float(ratio[i]))
+                self.best_oom_margin = min(self.best_oom_margin, ratio_)
                 res.append(None)
                 continue
             n_gpus = sum(tp for _, _, reps in sp[4] for _, tp, _, _ in reps)
@@ -135,8 +150,7 @@ class Evaluator:
                 self.stats.infeasible += 1
                 res.append(None)
                 continue
-            cand = Candidate(sp, float(out["iteration_time_s"][i]), float(out["cost_compute_usd"][i]),
-                             float(out["cost_egress_usd"][i]), n_gpus)
+            cand = Candidate(sp, t, usd, egress, n_gpus)
             if not self.adopt(cand):
                 res.append(None)
                 continue

@@ -11,6 +11,7 @@ from shoal.estimate.api import _state_bytes
 from shoal.estimate.kernel import worker_memory
 from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
+from shoal.training.planners.allocate import PoolMemo
 
 
 def tp_options(problem: Problem, gpu: str, tps: list[int]) -> list[int]:
@@ -48,7 +49,8 @@ class Space:
     """Per-problem tables the planners reuse across pipeline depths, microbatch sizes and DP
     degrees: which TP fits each stage, and how long each replica takes per microbatch."""
 
-    def __init__(self, problem: Problem, tb: CostTables, min_tp: dict | None = None):
+    def __init__(self, problem: Problem, tb: CostTables, min_tp: dict | None = None,
+                 splits: dict | None = None, memos: dict | None = None):
         self.problem = problem
         self.tb = tb
         self.grad_b, self.state_b = _state_bytes(problem)
@@ -75,6 +77,14 @@ class Space:
         # smallest fitting TPs do not depend on GPU counts: a caller may share them
         self._min_tp: dict[tuple, int | None] = min_tp if min_tp is not None else {}
         self._zone_pools: list[tuple[str, np.ndarray]] | None = None
+        self.splits: dict = splits if splits is not None else {}  # zorse.split's, by node list
+        # allocations and zone placements reused on smaller pools of the same kinds and prices
+        # (PoolMemo, build_spec); a caller may share them across pools
+        prices = tuple(min(problem.prices[(k.gpu, z)] for z, _ in self.zones_of[k])
+                       for k in self.kinds)
+        memos = memos if memos is not None else {}
+        self.alloc_memo, self.spec_memo = memos.setdefault(
+            (tuple(self.kinds), prices), (PoolMemo(), {}))
 
     def zone_pools(self) -> list[tuple[str, np.ndarray]]:
         """When the GPUs are in more than one zone: per zone, its GPUs per kind (0 for kinds

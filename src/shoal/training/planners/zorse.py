@@ -235,7 +235,11 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
     vertices = nodes(space)
     if not vertices:
         return
-    parts = split(space, vertices, most=min(max_stages or problem.n_layers, problem.n_layers))
+    most = min(max_stages or problem.n_layers, problem.n_layers)
+    key = (tuple(vertices), most)
+    if key not in space.splits:
+        space.splits[key] = split(space, vertices, most=most)
+    parts = space.splits[key]
     specs: list[PlanSpec] = []
     memo: dict = {}
     for k in sorted(parts):
