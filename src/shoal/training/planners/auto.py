@@ -174,7 +174,11 @@ class Bounds:
 
     def __call__(self, sh: Shape, Ds: np.ndarray, total: int):
         """(time, cost, slowest replica's compute time) lower bounds for each degree in ``Ds``;
-        inf where the pool cannot hold D replicas of every stage."""
+        inf where the pool cannot hold D replicas of every stage. A shape whose layers the
+        search re-splits (``rebalance``) also yields plans of other splits, which only the
+        looser terms bound: its time bound leaves out the joint GPU count and each option's
+        own sends."""
+        loose = sh.rebalance
         tb, tc = self.space.tb, self.tc
         P = len(sh.split)
         mi = tb.mi(sh.mbs)
@@ -197,7 +201,7 @@ class Bounds:
             # sends and blocking receives as the kernel adds them to forward and backward: the
             # activations this replica sends (and its wait for the gradients back) go over
             # its own TP's flows, those from the stage before over the neighbour's
-            own = self.p2p_tp[mi, ti]
+            own = p2p if loose else self.p2p_tp[mi, ti]
             f_extra = own * (s < P - 1) + p2p * rf * (s > 0)
             b_extra = p2p * (s > 0) + own * rf * (s < P - 1)
             g = self.gi[k]
@@ -233,7 +237,11 @@ class Bounds:
         work = (total * busy_w.sum() + D * (pre * idle_w).sum()) / max(float(y @ self.avail), 1e-300)
         tps_, kinds_, stage_ = np.concatenate(tps), np.concatenate(kinds), np.concatenate(stage_of)
         tau = self._tau(np.concatenate(times), tps_, kinds_, stage_, P, Ds)
-        tau_full = self._tau(np.concatenate(fulls), tps_, kinds_, stage_, P, Ds)  # with sends
+        if loose:
+            extra = min(float((f - t).min()) for f, t in zip(fulls, times, strict=True))
+            slow = self._tau(np.concatenate(times), tps_, kinds_, stage_, P, Ds, joint=False) + extra
+        else:
+            slow = self._tau(np.concatenate(fulls), tps_, kinds_, stage_, P, Ds)  # with sends
         # the busiest pipeline's replica of stage s: it starts after the forwards before it,
         # runs n microbatches (its last forward is followed by the later stages' forward and
         # backward and its own backward), then the earlier stages' backwards and stage 0's tail
@@ -242,7 +250,7 @@ class Bounds:
         chain = np.maximum(nh * tmin[:, None], nh * fmin[:, None] + (bmin + post)[:, None])
         T = np.maximum.reduce([
             tail_min + work,
-            n_lo * tau_full + tail_min,
+            n_lo * slow + tail_min,
             (pre[:, None] + chain).max(axis=0) + tail[0],
             (fpre[:, None] + chain + tail).max(axis=0),
         ])
@@ -267,7 +275,7 @@ class Bounds:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(acc > 0, cnt / acc, 0.0)
 
-    def _tau(self, t, tp, k, st, P: int, Ds: np.ndarray) -> np.ndarray:
+    def _tau(self, t, tp, k, st, P: int, Ds: np.ndarray, joint: bool = True) -> np.ndarray:
         """Per degree, the smallest slowest-replica time the pool's GPU counts allow: in all,
         per stage (its D replicas in one region, H5), stages per region, and the GPUs all
         stages' replicas take from each kind together (an LP dual bound, ``_dual_weights``)."""
@@ -294,18 +302,22 @@ class Bounds:
         Dcap = cap.max(axis=0).min(axis=1)  # (nT,)
         Dv = Ds[None, :].astype(float)
         feas = Dv <= Dcap[:, None]  # (nT, nD)
-        # replicas per stage the pool's counts allow (a fractional assignment: D replicas per
-        # stage, each taking c GPUs of a kind meeting the time): the LP dual bound
-        # min over weights w >= 0 of (w . avail) / sum_s min_k w_k c[s, k]
-        cols, cnt = np.unique(c.transpose(1, 0, 2).reshape(P, -1), axis=0, return_counts=True)
-        cu = cols.reshape(len(cols), nT, K)  # distinct stages (U, nT, K)
-        Wt = self._dual_weights()  # (M, K)
-        fin = np.isfinite(cu)
-        prod = np.where(fin[None], Wt[:, None, None, :] * np.where(fin, cu, 0.0)[None], np.inf)
-        den = (prod.min(axis=3) * cnt[None, :, None]).sum(axis=1)  # (M, nT)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(den > 0, (Wt @ self.avail)[:, None] / den, np.inf)
-        feas &= Dv <= ratio.min(axis=0)[:, None]
+        if joint:
+            # replicas per stage the pool's counts allow (a fractional assignment: D replicas
+            # per stage, each taking c GPUs of a kind meeting the time): the LP dual bound
+            # min over weights w >= 0 of (w . avail) / sum_s min_k w_k c[s, k]
+            cols, cnt = np.unique(c.transpose(1, 0, 2).reshape(P, -1), axis=0,
+                                  return_counts=True)
+            cu = cols.reshape(len(cols), nT, K)  # distinct stages (U, nT, K)
+            Wt = self._dual_weights()  # (M, K)
+            fin = np.isfinite(cu)
+            prod = np.where(fin[None], Wt[:, None, None, :] * np.where(fin, cu, 0.0)[None], np.inf)
+            den = (prod.min(axis=3) * cnt[None, :, None]).sum(axis=1)  # (M, nT)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.where(den > 0, (Wt @ self.avail)[:, None] / den, np.inf)
+            feas &= Dv <= ratio.min(axis=0)[:, None]
+        else:  # only the GPUs of all kinds together
+            feas &= Dv * g.min(axis=0).sum(axis=1)[:, None] <= self.N
         gmin = g.min(axis=2)  # (R, nT)
         with np.errstate(divide="ignore", invalid="ignore"):
             fit = np.floor(self.region_N[:, None, None] / (gmin[:, :, None] * Dv[None, :, :]))
