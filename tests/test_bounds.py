@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests.test_planners import SMALL_PROBLEMS, problem
+from tests.test_planners import SMALL_PROBLEMS, small_problem
 
 from shoal.estimate.api import tables_for
 from shoal.training.planners import sailor, search
@@ -22,15 +22,7 @@ CASES = [*SMALL_PROBLEMS[1:],
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_no_plan_beats_its_bound(case):
-    zones, blocks, hidden, batch, gpn = CASES[case]
-    pb = problem(
-        model={"name": "rand", "num_layers": blocks, "hidden_size": hidden,
-               "num_heads": hidden // 64, "vocab_size": 32000, "max_seq_len": 2048},
-        job={"global_batch": batch, "seq_len": 2048, "schedule": ["1f1b"], "zero_stage": [0]},
-        pool__regions={"us-central1": {"zones": {
-            z: {"gpus": {g: n for g, n in zip(("A100-40GB", "V100-16GB"), counts, strict=True) if n}}
-            for z, counts in zones.items()}}},
-        pool__gpus_per_node={"A100-40GB": gpn, "V100-16GB": gpn})
+    pb = small_problem(*CASES[case])
     res = search(pb, strategy="exhaustive", top_k=10 ** 7)
     assert len(res.ranked) > 10
     space = Space(pb, tables_for(pb, mbs_options(pb)))

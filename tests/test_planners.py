@@ -93,11 +93,9 @@ SMALL_PROBLEMS = [
 ]
 
 
-@pytest.mark.parametrize("case", range(len(SMALL_PROBLEMS)))
-@pytest.mark.parametrize("objective", ["max-throughput", "min-cost"])
-def test_auto_within_one_percent_of_exhaustive(objective, case):
-    zones, blocks, hidden, batch, gpn = SMALL_PROBLEMS[case]
-    pb = problem(
+def small_problem(zones: dict, blocks: int, hidden: int, batch: int, gpn: int):
+    """A random-size model on (A100-40GB, V100-16GB) counts per zone (one SMALL_PROBLEMS row)."""
+    return problem(
         model={"name": "rand", "num_layers": blocks, "hidden_size": hidden,
                "num_heads": hidden // 64, "vocab_size": 32000, "max_seq_len": 2048},
         job={"global_batch": batch, "seq_len": 2048, "schedule": ["1f1b"], "zero_stage": [0]},
@@ -105,6 +103,12 @@ def test_auto_within_one_percent_of_exhaustive(objective, case):
             z: {"gpus": {g: n for g, n in zip(("A100-40GB", "V100-16GB"), counts, strict=True) if n}}
             for z, counts in zones.items()}}},
         pool__gpus_per_node={"A100-40GB": gpn, "V100-16GB": gpn})
+
+
+@pytest.mark.parametrize("case", range(len(SMALL_PROBLEMS)))
+@pytest.mark.parametrize("objective", ["max-throughput", "min-cost"])
+def test_auto_within_one_percent_of_exhaustive(objective, case):
+    pb = small_problem(*SMALL_PROBLEMS[case])
     ex = search(pb, strategy="exhaustive", objective=objective).ranked[0]
     au = search(pb, strategy="auto", objective=objective).ranked[0]
     key = "iteration_time_s" if objective == "max-throughput" else "cost_usd"

@@ -169,7 +169,7 @@ class PoolMemo:
     pool is the one the smaller pool gives; none stays none. A result is also reused only when
     its bottleneck is at or above the caller's ``at_least``. ``key`` names the stage options
     (the caller's: plan shape, degree, ...); prices, regions and the kinds they index are fixed
-    per memo (``Space.memo``). Only exact programs are remembered (MAX_FRONT never cut)."""
+    per memo (``Space.alloc_memo``). Only exact programs are remembered (MAX_FRONT never cut)."""
 
     def __init__(self) -> None:
         self._d: dict[tuple, list[tuple[np.ndarray, list[Allocation]]]] = {}
@@ -232,8 +232,7 @@ def _fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: n
     floor = max(max(min(o.time_s for o in opts) for opts in stage_opts) / relax, at_least)
     lo = int(np.searchsorted(taus, floor - 1e-15 * max(floor, 1.0)))
     hi = len(taus) - 1
-    if lo > hi:
-        return None
+    lo = min(lo, hi)  # a bound above every stage time: the answer does not depend on it
     best = _solve(stage_opts, D, avail, price, region_of, taus[hi], total)
     if best is None:
         return None

@@ -236,12 +236,13 @@ class Bounds:
         tail_min = tail.min(axis=0)
         work = (total * busy_w.sum() + D * (pre * idle_w).sum()) / max(float(y @ self.avail), 1e-300)
         tps_, kinds_, stage_ = np.concatenate(tps), np.concatenate(kinds), np.concatenate(stage_of)
-        tau = self._tau(np.concatenate(times), tps_, kinds_, stage_, P, Ds)
+        t_all, full_all = np.concatenate(times), np.concatenate(fulls)
+        tau = self._tau(t_all, tps_, kinds_, stage_, P, Ds)
         if loose:
-            extra = min(float((f - t).min()) for f, t in zip(fulls, times, strict=True))
-            slow = self._tau(np.concatenate(times), tps_, kinds_, stage_, P, Ds, joint=False) + extra
+            slow = (self._tau(t_all, tps_, kinds_, stage_, P, Ds, joint=False)
+                    + float((full_all - t_all).min()))
         else:
-            slow = self._tau(np.concatenate(fulls), tps_, kinds_, stage_, P, Ds)  # with sends
+            slow = self._tau(full_all, tps_, kinds_, stage_, P, Ds)  # with sends
         # the busiest pipeline's replica of stage s: it starts after the forwards before it,
         # runs n microbatches (its last forward is followed by the later stages' forward and
         # backward and its own backward), then the earlier stages' backwards and stage 0's tail

@@ -48,8 +48,7 @@ def max_dp(space: Space, stage_opts: list[list[Option]], total_mb: int) -> int:
 
 def arrays(space: Space):
     avail = np.array([space.avail[k] for k in space.kinds], dtype=np.int64)
-    price = np.array([min(space.problem.prices[(k.gpu, z)] for z, _ in space.zones_of[k])
-                      for k in space.kinds])
+    price = np.array(space.prices)
     regions = sorted({k.region for k in space.kinds})
     region_of = [regions.index(k.region) for k in space.kinds]
     return avail, price, region_of

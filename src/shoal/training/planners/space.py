@@ -80,11 +80,12 @@ class Space:
         self.splits: dict = splits if splits is not None else {}  # zorse.split's, by node list
         # allocations and zone placements reused on smaller pools of the same kinds and prices
         # (PoolMemo, build_spec); a caller may share them across pools
-        prices = tuple(min(problem.prices[(k.gpu, z)] for z, _ in self.zones_of[k])
-                       for k in self.kinds)
+        # per kind, its cheapest zone's USD per GPU-hour
+        self.prices = tuple(min(problem.prices[(k.gpu, z)] for z, _ in self.zones_of[k])
+                            for k in self.kinds)
         memos = memos if memos is not None else {}
         self.alloc_memo, self.spec_memo = memos.setdefault(
-            (tuple(self.kinds), prices), (PoolMemo(), {}))
+            (tuple(self.kinds), self.prices), (PoolMemo(), {}))
 
     def zone_pools(self) -> list[tuple[str, np.ndarray]]:
         """When the GPUs are in more than one zone: per zone, its GPUs per kind (0 for kinds
