@@ -129,6 +129,14 @@ class Head(nn.Module):
         return F.linear(F.layer_norm(x, (x.shape[-1],), self.ln_w, self.ln_b), self.out)
 
 
+def token_loss(logits: torch.Tensor, targets: torch.Tensor, n_tokens: float) -> torch.Tensor:
+    """The microbatch's share of the iteration's mean next-token loss: summed over its tokens
+    (in float64) and divided by the iteration's token count, so the shares of all microbatches,
+    whoever computes them, add up to the global batch's mean loss."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), targets.reshape(-1),
+                           reduction="sum") / n_tokens
+
+
 class Stage(nn.Module):
     """Layers ``[a, b)`` of the layer list, on this rank's TP share."""
 

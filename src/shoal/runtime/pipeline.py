@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from shoal.errors import SpecError
-from shoal.runtime.model import Stage, TPGroup
+from shoal.runtime.model import Stage, TPGroup, token_loss
 from shoal.specs.model import ModelSpec
 from shoal.specs.plan import TrainingPlan, orders, owners
 
@@ -188,8 +188,7 @@ class Worker:
                 y = self.model(x)
                 inputs[m] = x
                 if self.is_last:
-                    loss = F.cross_entropy(y.reshape(-1, y.shape[-1]).double(),
-                                           x_tok[:, 1:].reshape(-1), reduction="sum") / n_tok
+                    loss = token_loss(y, x_tok[:, 1:], n_tok)
                     outputs[m] = loss
                     loss_sum += loss.detach()
                 else:

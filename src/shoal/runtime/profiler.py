@@ -17,10 +17,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from shoal.profiles.compute import PROFILE_SCHEMA
-from shoal.runtime.model import Stage, TPGroup
+from shoal.runtime.model import Stage, TPGroup, token_loss
 from shoal.specs.model import ModelSpec
 
 SIZES = (2**10, 2**14, 2**17, 2**20, 2**22)  # bytes per message
@@ -49,22 +48,23 @@ def layer_times(spec: ModelSpec, tp: TPGroup, mbs: int, seq: int, reps: int,
         else:
             x = torch.randn(mbs, seq, spec.hidden_size, generator=gen, dtype=dtype)
         opt = torch.optim.AdamW(st.parameters(), lr=1e-3)
+        targets = torch.zeros(mbs, seq, dtype=torch.long)
 
-        def fwd(st=st, x=x):
-            with torch.no_grad():
-                st(x)
-
-        def forward_graph(st=st, x=x, i=i):
-            """The forward with autograd, untimed: what a backward starts from."""
+        def forward_graph(st=st, x=x, i=i, targets=targets):
+            """The forward as the runtime runs it: with autograd recording (the graph a
+            backward starts from), and the loss on the last layer."""
             xi = x if i == 0 else x.detach().requires_grad_(True)
             y = st(xi)
-            if i == n - 1:
-                return F.cross_entropy(y.reshape(-1, y.shape[-1]),
-                                       torch.zeros(y.shape[0] * y.shape[1], dtype=torch.long)), None
-            return y, torch.ones_like(y)
+            return token_loss(y, targets, float(mbs * seq)) if i == n - 1 else y
 
-        def bwd_time() -> float:
-            y, g = forward_graph()
+        def fwd_time() -> float:
+            t0 = time.perf_counter()
+            forward_graph()
+            return time.perf_counter() - t0
+
+        def bwd_time(i=i) -> float:
+            y = forward_graph()
+            g = None if i == n - 1 else torch.ones_like(y)
             t0 = time.perf_counter()
             y.backward(g)
             return time.perf_counter() - t0
@@ -75,7 +75,8 @@ def layer_times(spec: ModelSpec, tp: TPGroup, mbs: int, seq: int, reps: int,
                     p.grad = torch.zeros_like(p)
             opt.step()
 
-        f = _median_time(fwd, reps)
+        fwd_time()  # warm-up
+        f = statistics.median(fwd_time() for _ in range(reps))
         bwd_time()  # warm-up
         b = statistics.median(bwd_time() for _ in range(reps))
         u = _median_time(update, reps)

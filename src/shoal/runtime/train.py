@@ -11,9 +11,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from shoal.runtime.model import Stage
+from shoal.runtime.model import Stage, token_loss
 from shoal.specs.model import ModelSpec
 from shoal.specs.plan import TrainingPlan
 
@@ -44,8 +43,7 @@ def reference(spec: ModelSpec, plan: TrainingPlan, steps: int, seq: int, *, seed
         for m in range(gb // mbs):
             t = tokens[m * mbs:(m + 1) * mbs]
             y = model(t[:, :-1])
-            loss = F.cross_entropy(y.reshape(-1, y.shape[-1]).double(), t[:, 1:].reshape(-1),
-                                   reduction="sum") / float(gb * seq)
+            loss = token_loss(y, t[:, 1:], float(gb * seq))
             loss.backward()
             total += float(loss.detach())
         opt.step()
