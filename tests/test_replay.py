@@ -192,6 +192,24 @@ def test_lasting_improvement_is_taken(problem, replanner):
     assert oracle.tokens >= shoal.tokens * (1 - 1e-12)
 
 
+def test_forced_move_may_take_a_plan_ranked_earlier(problem, replanner):
+    """When its plan's GPUs go, ``shoal`` chooses among the new state's ranking and every plan
+    ranked before that fits: here the earlier state ranked a faster plan for the GPUs left than
+    the new state's (shortened) ranking offers."""
+    half = pool(4, 4, 0, 0)
+    tr = trace([(0.0, pool()), (600.0, half)], 8 * 3600.0)
+    full_best = plan_trace(problem, trace([(0.0, pool())], 1.0), replanner)[0][0]
+    half_ranked = plan_trace(problem, trace([(0.0, half)], 1.0), replanner)[0]
+    best, worst = half_ranked[0], half_ranked[-1]
+    assert not full_best.fits(half) and best.tokens_per_s > worst.tokens_per_s
+    opts = [[full_best, best], [worst]]
+    shoal = simulate(problem, tr, opts, "shoal")
+    always = simulate(problem, tr, opts, "always")
+    assert [s.decision for s in shoal.steps] == ["start", "forced"]
+    assert shoal.steps[1].plan is best and always.steps[1].plan is worst
+    assert shoal.tokens > always.tokens
+
+
 def test_oracle_program_only_uses_plans_that_fit(problem, replanner):
     tr = trace([(0.0, pool()), (100.0, pool(0, 0, 4, 4)), (200.0, pool(0, 0, 0, 0)),
                 (300.0, pool(4, 4, 0, 0))], 400.0)

@@ -3,7 +3,8 @@
 * ``always``: move to the best plan of every new availability state when it is better than the
   plan running (Sailor re-plans and moves at every change).
 * ``never``: keep the plan running while its GPUs are there; move only when forced.
-* ``shoal``: moves when forced to the state's ranked plan worth most until the next change;
+* ``shoal``: moves when forced to the plan worth most until the next change, of the state's
+  ranking and every plan ranked in an earlier state that fits (the replay passes them);
   chooses to move only when the new plan, over the time it and the running plan are expected
   to last, gains more than its switch (see ``choose``).
 * ``oracle``: knows the whole trace; a dynamic program over (state, plan) chooses the plans

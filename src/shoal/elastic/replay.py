@@ -98,14 +98,24 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
     lost = 0.0  # iterations lost when the job stopped without saving, redone at the next start
     steps: list[Step] = []
     used: dict = {}
+    known: dict = {}  # every plan ranked in the states so far (the `shoal` policy's choices)
     durations = trace.durations()
     for i, st in enumerate(trace.states):
         d = durations[i]
         forced = cur is not None and not cur.fits(st.avail)
+        for r in options[i]:
+            known.setdefault(r.cand.spec, r)
         if fixed is not None:
             new = fixed[i]
         else:
-            new = choose(policy, problem, objective, cur, options[i], forced=forced,
+            here = options[i]
+            if policy == "shoal" and (forced or cur is None):
+                # a move it must make may also go to a plan ranked earlier that fits now: one
+                # that leaves GPUs free, say, where every plan of this state's ranking takes all
+                ranked = {r.cand.spec for r in here}
+                here = here + [r for sp, r in known.items()
+                               if sp not in ranked and r.fits(st.avail)]
+            new = choose(policy, problem, objective, cur, here, forced=forced,
                          notice_s=st.notice_s, since_checkpoint_s=since_ckpt, pending_s=busy,
                          seen=list(trace.states[:i + 1]))
         cost = None
