@@ -135,17 +135,13 @@ def _slow_writer(port, directory):
 
 def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path):
     import multiprocessing as mp
-    from datetime import timedelta
 
-    import torch.distributed as dist
-
-    from shoal.runtime.train import _free_port
+    from shoal.runtime.train import store as make_store
 
     ck = tmp_path / "ck"
     spawn(dp(2), TINY, 2, SEQ, checkpoint_dir=str(ck))  # a whole checkpoint at step 2
-    port = _free_port()
-    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=30))
+    store = make_store(host=True, timeout_s=30.0)
+    port = store.port
     p = mp.get_context("fork").Process(target=_slow_writer, args=(port, ck))
     p.start()
     deadline = time.time() + 30

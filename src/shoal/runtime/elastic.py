@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from shoal.runtime.train import _free_port, batch, latest_checkpoint
+from shoal.runtime.train import batch, latest_checkpoint
+from shoal.runtime.train import store as make_store
 from shoal.specs.model import ModelSpec
 from shoal.specs.plan import TrainingPlan
 
@@ -62,7 +63,7 @@ class Reconfiguration:
 
 def _client(port: int):
     """A store client of its own (a client is not shared between threads)."""
-    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+    return make_store(port)
 
 
 def _write_async(port: int, gen: int, rank: int, world: int, writer: bool, doc: dict, step: int,
@@ -212,9 +213,8 @@ class ElasticJob:
     reconfigurations: list[Reconfiguration] = field(default_factory=list)
 
     def __post_init__(self):
-        self.port = _free_port()
-        self.store = dist.TCPStore("127.0.0.1", self.port, is_master=True,
-                                   wait_for_workers=False, timeout=timedelta(seconds=120))
+        self.store = make_store(host=True)  # on a port the system picks
+        self.port = self.store.port
         self.ctx = mp.get_context("fork")
         self.procs: dict[int, mp.Process] = {}
         self.next_wid = 0

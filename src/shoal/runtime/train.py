@@ -4,9 +4,9 @@ plan's ranks (spawned on this machine with gloo, or under torchrun)."""
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -120,17 +120,18 @@ def run_rank(plan: TrainingPlan, spec: ModelSpec, steps: int, seq: int, *, seed:
     return res
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def store(port: int = 0, *, host: bool = False, timeout_s: float = 120.0) -> dist.TCPStore:
+    """The key-value store processes of this machine meet in. ``host=True`` serves it (port 0:
+    on a port the system picks, held from then on, so two launches never race for one); else
+    a client of the one served on ``port``."""
+    return dist.TCPStore("127.0.0.1", port, is_master=host, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout_s))
 
 
 def _launched(rank: int, world: int, port: int, fn, args: tuple) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo", store=store(port), rank=rank, world_size=world)
     try:
         fn(*args)
     finally:
@@ -141,7 +142,8 @@ def launch(world: int, fn, *args) -> None:
     """Run ``fn(*args)`` in ``world`` processes on this machine, joined by gloo."""
     # fork where the platform has it: the children start at once, with torch already imported
     method = "fork" if "fork" in torch.multiprocessing.get_all_start_methods() else "spawn"
-    torch.multiprocessing.start_processes(_launched, args=(world, _free_port(), fn, args),
+    served = store(host=True)  # held by this process until every child is done
+    torch.multiprocessing.start_processes(_launched, args=(world, served.port, fn, args),
                                           nprocs=world, join=True, start_method=method)
 
 
