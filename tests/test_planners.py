@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shoal.errors import InfeasibleError
 from shoal.estimate import estimate
+from shoal.estimate.api import tables_for
 from shoal.estimate.validate import validate_plan
 from shoal.problem import build_problem
 from shoal.specs.job import Constraints
 from shoal.specs.scenario import parse_scenario
-from shoal.training.planners import search
+from shoal.training.planners import sailor, search
+from shoal.training.planners.allocate import Allocation, upgraded
+from shoal.training.planners.space import Space, balanced_split, mbs_options
 
 SMALL = {
     "model": {"name": "small", "num_layers": 4, "hidden_size": 1024, "num_heads": 16,
@@ -90,6 +94,8 @@ SMALL_PROBLEMS = [
     ({"us-central1-a": (4, 2)}, 4, 1024, 8, 2),
     ({"us-central1-a": (6, 0), "us-central1-b": (0, 2)}, 3, 1024, 8, 2),
     ({"us-central1-a": (4, 1)}, 7, 512, 32, 4),
+    # a spare A100 in a second zone; the optimum is five stages, A100s on the 3rd and 5th
+    ({"us-central1-a": (1, 5), "us-central1-b": (1, 0)}, 7, 2048, 8, 2),
 ]
 
 
@@ -114,9 +120,40 @@ def test_auto_within_one_percent_of_exhaustive(objective, case):
     key = "iteration_time_s" if objective == "max-throughput" else "cost_usd"
     gap = getattr(au, key) / getattr(ex, key) - 1
     assert gap >= -1e-9  # exhaustive is the optimum of the space
-    # the goal is 1%; the first case sits at 1.09% (the bottleneck allocation puts the A100s
-    # on the longer first stage, exhaustive the V100s); benchmarks/planner_quality.py reports all
-    assert gap <= 0.015
+    assert gap <= 0.01  # benchmarks/planner_quality.py reports more problems
+
+
+def test_cost_is_finite_when_a_gpu_type_is_priced_in_one_zone_only():
+    # padding slots of a batch point at (GPU, zone) pairs the pool does not price; they must
+    # not turn the plan's cost into NaN (which would rank first under min-cost)
+    pb = small_problem({"us-central1-a": (0, 6), "us-central1-b": (1, 0)}, 2, 2048, 32, 2)
+    for strategy in ("exhaustive", "auto"):
+        ranked = search(pb, strategy=strategy, objective="min-cost").ranked
+        assert all(np.isfinite(c.cost_usd) and c.cost_usd > 0 for c in ranked)
+        assert ranked[0].cost_usd == min(c.cost_usd for c in ranked)
+
+
+def test_tp_groups_stay_in_one_zone_and_spare_faster_gpus_are_used():
+    # one A100 in each of two zones of a region: the allocator pools the zones (Sailor H6) but
+    # may not offer a TP-2 A100 replica, which would need two A100s in one node
+    pb = small_problem({"us-central1-a": (1, 5), "us-central1-b": (1, 0)}, 7, 2048, 8, 2)
+    space = Space(pb, tables_for(pb, mbs_options(pb)))
+    a100 = next(i for i, k in enumerate(space.kinds) if k.gpu == "A100-40GB")
+    v100 = next(i for i, k in enumerate(space.kinds) if k.gpu == "V100-16GB")
+    assert space.avail[space.kinds[a100]] == 2
+    opts = sailor.stage_options(space, balanced_split(pb.n_layers, 2), 2, False, 0, 1, all_tp=True)
+    assert {o.tp for st in opts for o in st if o.kind == a100} == {1}
+    assert {o.tp for st in opts for o in st if o.kind == v100} == {2}  # 5 in one zone
+    # a V100 stage moves to the spare, faster A100 only when asked to change kinds
+    avail = np.array([space.avail[k] for k in space.kinds])
+    alloc = Allocation(tuple(((v100, 2, 1),) for _ in opts),
+                       tuple(4 if i == v100 else 0 for i in range(len(avail))), 1.0)
+    same = upgraded(alloc, opts, avail)
+    assert {k for st in same.per_stage for k, _, _ in st} == {v100}
+    moved = upgraded(alloc, opts, avail, [0] * len(avail))
+    kinds = [k for st in moved.per_stage for k, _, _ in st]
+    assert kinds.count(a100) == 2 and moved.usage[a100] == 2
+    assert all(u <= n for u, n in zip(moved.usage, avail, strict=True))
 
 
 def test_model_too_large_is_infeasible():

@@ -238,7 +238,8 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
     oom = oom_w.any(axis=(1, 2))
 
     # ---- money -------------------------------------------------------------------------------
-    gpu_s = (tpv * tb.price_per_s[g, z] * rmf).sum(axis=(1, 2))  # USD per second of the plan
+    # (padding slots point at a (GPU, zone) pair the pool may not price: NaN, kept out)
+    gpu_s = np.where(rm, tpv * tb.price_per_s[g, z], 0.0).sum(axis=(1, 2))  # USD/s of the plan
     cost_compute = gpu_s * iter_T
     eg = np.zeros(B)
     if S > 1:

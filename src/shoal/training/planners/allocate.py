@@ -275,28 +275,47 @@ def _tradeoffs(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price:
     return out
 
 
-def upgraded(alloc: Allocation, stage_opts: list[list[Option]], avail: np.ndarray) -> Allocation:
-    """``alloc`` with its replicas moved to faster (larger-TP) options of the same GPU kind while
-    the pool has GPUs left, the slowest stage first: the bottleneck program picks the cheapest
-    replicas that meet the bound, but shorter non-bottleneck stages also shorten the pipeline's
-    fill and drain."""
+def upgraded(alloc: Allocation, stage_opts: list[list[Option]], avail: np.ndarray,
+             region_of: list[int] | None = None) -> Allocation:
+    """``alloc`` with its replicas moved to faster options while the pool has GPUs left, the
+    slowest stage first: to a larger TP of the same GPU kind, and, given ``region_of``, to a
+    faster kind of the same region. The bottleneck program picks the cheapest replicas that
+    meet the bound, but shorter non-bottleneck stages also shorten the pipeline's fill and
+    drain."""
     left = avail - np.asarray(alloc.usage)
     per_stage = [list(st) for st in alloc.per_stage]
     time_of = [{(o.kind, o.tp): o.time_s for o in opts} for opts in stage_opts]
+
+    def extra(k: int, tp: int, k2: int, tp2: int, n: int) -> int | None:
+        """GPUs of ``k2`` the move takes (None: not allowed)."""
+        if k2 == k:
+            return n * (tp2 - tp) if tp2 > tp else None
+        if region_of is None or region_of[k2] != region_of[k]:
+            return None
+        return n * tp2
+
     changed = True
     while changed:
         changed = False
         order = sorted(range(len(per_stage)), key=lambda i: -max(
             time_of[i][(k, tp)] for k, tp, _ in per_stage[i]))
         for i in order:
-            for j, (k, tp, n) in enumerate(per_stage[i]):
-                faster = sorted((t2, tp2) for (k2, tp2), t2 in time_of[i].items()
-                                if k2 == k and tp2 > tp and t2 < time_of[i][(k, tp)]
-                                and n * (tp2 - tp) <= left[k])
+            for k, tp, n in per_stage[i]:
+                faster = []
+                for (k2, tp2), t2 in time_of[i].items():
+                    take = extra(k, tp, k2, tp2, n)
+                    if take is not None and t2 < time_of[i][(k, tp)] and take <= left[k2]:
+                        faster.append((t2, k2, tp2, take))
                 if faster:
-                    tp2 = faster[0][1]
-                    left[k] -= n * (tp2 - tp)
-                    per_stage[i][j] = (k, tp2, n)
+                    _, k2, tp2, take = min(faster)
+                    left[k2] -= take
+                    if k2 != k:
+                        left[k] += n * tp
+                    merged = [e for e in per_stage[i] if (e[0], e[1]) != (k, tp)]
+                    same = [e for e in merged if (e[0], e[1]) == (k2, tp2)]
+                    merged = [e for e in merged if (e[0], e[1]) != (k2, tp2)]
+                    merged.append((k2, tp2, n + sum(e[2] for e in same)))
+                    per_stage[i] = merged
                     changed = True
                     break
             if changed:

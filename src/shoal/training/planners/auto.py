@@ -41,8 +41,9 @@ from shoal.training.planners.build import build_spec
 from shoal.training.planners.common import Evaluator, score
 from shoal.training.planners.space import Space, balanced_split
 
-ALL_SPLITS_UP_TO = 3  # pipeline depths whose every contiguous split is tried ...
+ALL_SPLITS_UP_TO = 5  # pipeline depths whose every contiguous split is tried ...
 MAX_SPLITS = 120  # ... when there are at most this many
+PERMUTE_UP_TO = 5  # pipeline depths whose stage orders are permuted (when every split is tried)
 PACKINGS = ("stage", "chain", "pipeline")  # zone placements tried for each allocation
 DUAL_VALUES = (0.0, 1.0, 2.0, 4.0, 8.0)  # per-kind weights of the replica-count bound ...
 DUAL_FULL_UP_TO = 4  # ... in every combination up to this many kinds (Bounds._dual_weights)
@@ -482,11 +483,23 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
     allocs = tradeoffs(opts, D, avail, price, region_of, levels=levels,
                        at_least=tau / slots(D, total)[0], total=total, memo=memo, key=key)
     if allocs:
-        up = upgraded(allocs[0], opts, avail)
-        if up.per_stage != allocs[0].per_stage:
-            allocs = [*allocs, up]
+        # the same kinds at larger TPs, and faster kinds where GPUs are left
+        for up in (upgraded(allocs[0], opts, avail), upgraded(allocs[0], opts, avail, region_of)):
+            if all(up.per_stage != a.per_stage for a in allocs):
+                allocs = [*allocs, up]
     out = [build_spec(space, a, opts, sh.split, sh.mbs, D, recompute=sh.recompute, packing=pk)
            for a in allocs for pk in PACKINGS]
+    if allocs and len(sh.split) <= PERMUTE_UP_TO and len(splits_for(L, len(sh.split))) > 1:
+        # shallow pipelines of a short model: the same GPUs with the stages' replica mixes in
+        # every other order (the bottleneck program ranks by compute; the sends, the fill and
+        # drain and the optimizer steps may prefer another order)
+        for a in dict.fromkeys((allocs[0], allocs[-1])):
+            for perm in dict.fromkeys(itertools.permutations(a.per_stage)):
+                if perm != a.per_stage and all(
+                        {(k, tp) for k, tp, _ in mix} <= {(o.kind, o.tp) for o in oo}
+                        for mix, oo in zip(perm, opts, strict=True)):
+                    out.append(build_spec(space, Allocation(perm, a.usage, a.bottleneck_s),
+                                          opts, sh.split, sh.mbs, D, recompute=sh.recompute))
     if sh.rebalance and allocs:
         new = rebalanced(space, allocs[0], opts, L, sh.mbs, sh.recompute)
         if new != sh.split and min(b - a for a, b in new) > 0:

@@ -30,9 +30,9 @@ def stage_options(space: Space, split, mbs: int, recompute: bool, zero: int, dp:
         opts = []
         for k, kind in enumerate(space.kinds):
             tp = space.min_tp(kind.gpu, mbs, a, b, P - i, recompute, zero, dp)
-            if tp is None:
+            if tp is None or tp not in space.kind_tps[kind]:
                 continue
-            tps = [t for t in space.tps[kind.gpu] if t >= tp] if all_tp else [tp]
+            tps = [t for t in space.kind_tps[kind] if t >= tp] if all_tp else [tp]
             opts += [Option(k, t, space.stage_time(kind.gpu, t, mbs, a, b, recompute)) for t in tps]
         if not opts:
             return None

@@ -74,6 +74,9 @@ class Space:
                     self.avail[k] = cap
                     self.zones_of[k] = sorted(zs, key=lambda x: (-x[1], x[0]))
         self.tps = {g: tp_options(problem, g, tb.tps) for g in problem.gpus}
+        # a TP group is one node, so one zone: no larger than the kind's largest zone holds
+        self.kind_tps = {k: [t for t in self.tps[k.gpu] if t <= self.zones_of[k][0][1]]
+                         for k in self.kinds}
         # smallest fitting TPs do not depend on GPU counts: a caller may share them
         self._min_tp: dict[tuple, int | None] = min_tp if min_tp is not None else {}
         self._zone_pools: list[tuple[str, np.ndarray]] | None = None
@@ -85,7 +88,8 @@ class Space:
                             for k in self.kinds)
         memos = memos if memos is not None else {}
         self.alloc_memo, self.spec_memo = memos.setdefault(
-            (tuple(self.kinds), self.prices), (PoolMemo(), {}))
+            (tuple(self.kinds), self.prices, tuple(max(self.kind_tps[k], default=0)
+                                                   for k in self.kinds)), (PoolMemo(), {}))
 
     def zone_pools(self) -> list[tuple[str, np.ndarray]]:
         """When the GPUs are in more than one zone: per zone, its GPUs per kind (0 for kinds
