@@ -457,7 +457,8 @@ class _BranchAndBound:
                 return
             specs = []
             j = i
-            while j < len(idx) and j < i + BATCH and key[idx[j]] < bar:
+            while (j < len(idx) and j < i + BATCH and key[idx[j]] < bar
+                   and (j == i or not ev.out_of_time())):
                 e = idx[j]
                 specs += _specs(self.space, self.shapes[self.sid[e]], int(self.Ds[e]),
                                 float(self.tau[e]), self.avail, self.price, self.region_of,
