@@ -311,11 +311,11 @@ def upgraded(alloc: Allocation, stage_opts: list[list[Option]], avail: np.ndarra
                     left[k2] -= take
                     if k2 != k:
                         left[k] += n * tp
-                    merged = [e for e in per_stage[i] if (e[0], e[1]) != (k, tp)]
-                    same = [e for e in merged if (e[0], e[1]) == (k2, tp2)]
-                    merged = [e for e in merged if (e[0], e[1]) != (k2, tp2)]
-                    merged.append((k2, tp2, n + sum(e[2] for e in same)))
-                    per_stage[i] = merged
+                    # the moved replicas join any the stage already has of (k2, tp2)
+                    have = sum(c for kk, tt, c in per_stage[i] if (kk, tt) == (k2, tp2))
+                    per_stage[i] = [*(e for e in per_stage[i]
+                                      if (e[0], e[1]) not in ((k, tp), (k2, tp2))),
+                                    (k2, tp2, n + have)]
                     changed = True
                     break
             if changed:

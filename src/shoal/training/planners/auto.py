@@ -23,6 +23,7 @@ cut the space, so on it the result is the same as costing every pair.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,15 +51,19 @@ DUAL_FULL_UP_TO = 4  # ... in every combination up to this many kinds (Bounds._d
 BATCH = 12  # (shape, degree) pairs allocated and costed per estimator call
 
 
+def every_split(L: int, P: int) -> bool:
+    """Whether every contiguous split of L layers into P > 1 stages is tried: shallow
+    pipelines, when the splits are not too many."""
+    return 1 < P <= ALL_SPLITS_UP_TO and math.comb(L - 1, P - 1) <= MAX_SPLITS
+
+
 def splits_for(L: int, P: int) -> list[tuple[tuple[int, int], ...]]:
-    """The balanced split, and for shallow pipelines every contiguous split (when not too many)."""
+    """The balanced split, and every contiguous split where ``every_split``."""
     out = [balanced_split(L, P)]
-    if P <= ALL_SPLITS_UP_TO:
-        cuts = list(itertools.combinations(range(1, L), P - 1))
-        if len(cuts) <= MAX_SPLITS:
-            for c in cuts:
-                edges = (0, *c, L)
-                out.append(tuple((edges[i], edges[i + 1]) for i in range(P)))
+    if every_split(L, P):
+        for c in itertools.combinations(range(1, L), P - 1):
+            edges = (0, *c, L)
+            out.append(tuple((edges[i], edges[i + 1]) for i in range(P)))
     return list(dict.fromkeys(out))
 
 
@@ -490,15 +495,15 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
                 allocs = [*allocs, up]
     out = [build_spec(space, a, opts, sh.split, sh.mbs, D, recompute=sh.recompute, packing=pk)
            for a in allocs for pk in PACKINGS]
-    if allocs and len(sh.split) <= PERMUTE_UP_TO and len(splits_for(L, len(sh.split))) > 1:
+    if allocs and len(sh.split) <= PERMUTE_UP_TO and every_split(L, len(sh.split)):
         # shallow pipelines of a short model: the same GPUs with the stages' replica mixes in
         # every other order (the bottleneck program ranks by compute; the sends, the fill and
         # drain and the optimizer steps may prefer another order)
+        fits = [{(o.kind, o.tp) for o in oo} for oo in opts]
         for a in dict.fromkeys((allocs[0], allocs[-1])):
             for perm in dict.fromkeys(itertools.permutations(a.per_stage)):
-                if perm != a.per_stage and all(
-                        {(k, tp) for k, tp, _ in mix} <= {(o.kind, o.tp) for o in oo}
-                        for mix, oo in zip(perm, opts, strict=True)):
+                if perm != a.per_stage and all({(k, tp) for k, tp, _ in mix} <= f
+                                               for mix, f in zip(perm, fits, strict=True)):
                     out.append(build_spec(space, Allocation(perm, a.usage, a.bottleneck_s),
                                           opts, sh.split, sh.mbs, D, recompute=sh.recompute))
     if sh.rebalance and allocs:
