@@ -11,6 +11,7 @@ bisection over the distinct stage times (feasibility is monotone in ``tau``).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from functools import cache
 
@@ -19,6 +20,12 @@ import numpy as np
 _BIG = np.iinfo(np.int64).max
 MAX_FRONT = 4000  # usage vectors kept per stage (the cheapest first) when kinds are many
 MEMO_POOLS = 6  # pools remembered per PoolMemo key
+GRID_WORK = 50_000_000  # grid cells x sweep steps up to which three kinds' fronts use a grid
+
+
+class OutOfTime(Exception):
+    """A program passed its caller's deadline (``time.perf_counter`` seconds); nothing of it
+    is kept."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,44 @@ def _prune(U: np.ndarray, price: np.ndarray) -> np.ndarray:
     return np.array(kept)
 
 
+def _grid_fits(U: np.ndarray) -> bool:
+    """Whether ``_prune3`` takes three kinds' vectors in time: few distinct counts."""
+    return (U.shape[1] == 3 and (int(U[:, 1].max()) + 1) * (int(U[:, 2].max()) + 1)
+            * len(np.unique(U[:, 0])) <= GRID_WORK)
+
+
+def _prune3(U: np.ndarray, price: np.ndarray) -> np.ndarray:
+    """``_prune`` of ``np.unique(U, axis=0)`` for three kinds, as indices into ``U`` (the first
+    of equal vectors), in the same order: by cost, then by the vector."""
+    keep = np.flatnonzero(_front3(U))
+    keep = keep[np.lexsort((U[keep, 2], U[keep, 1], U[keep, 0], U[keep] @ price))]
+    if len(keep) > MAX_FRONT:
+        _truncated[0] = True
+    return keep[:MAX_FRONT]
+
+
+def _front3(U: np.ndarray) -> np.ndarray:
+    """Mask of the usage vectors of three kinds that no other vector dominates (of equal ones,
+    the first): a sweep over the first kind's counts, with a grid of the (second, third) counts
+    the vectors swept so far dominate."""
+    a, b, c = U[:, 0], U[:, 1], U[:, 2]
+    covered = np.zeros((int(b.max()) + 1, int(c.max()) + 1), dtype=bool)
+    keep = np.zeros(len(U), dtype=bool)
+    order = np.lexsort((c, b, a))
+    starts = np.flatnonzero(np.diff(a[order], prepend=-1))
+    for lo, hi in zip(starts, [*starts[1:], len(order)], strict=True):
+        g = order[lo:hi]  # one count of the first kind, by (second, third)
+        gc = c[g]
+        prev = np.minimum.accumulate(np.concatenate([[_BIG], gc[:-1]]))
+        ok = (gc < prev) & ~covered[b[g], c[g]]
+        keep[g[ok]] = True
+        if ok.any():
+            mark = np.zeros_like(covered)
+            mark[b[g[ok]], c[g[ok]]] = True
+            covered |= np.logical_or.accumulate(np.logical_or.accumulate(mark, axis=0), axis=1)
+    return keep
+
+
 def slots(D: int, total: int | None) -> tuple[float, int]:
     """(relax, extra): ``extra`` of the D pipelines run one microbatch more than the rest (the
     fastest replicas' pipelines); a replica on one of the others may be ``relax`` times slower
@@ -108,16 +153,29 @@ def slots(D: int, total: int | None) -> tuple[float, int]:
     return ((lo + 1) / lo if extra else 1.0), extra
 
 
+@cache
+def _weights(K: int) -> np.ndarray:
+    """(K, W) per-kind weights for the completion test of ``_solve``: every 0/1 vector but
+    zero when kinds are few, else each kind alone and all together."""
+    if K <= 6:
+        rows = [[(m >> k) & 1 for k in range(K)] for m in range(1, 2 ** K)]
+    else:
+        rows = [*np.eye(K, dtype=int).tolist(), [1] * K]
+    return np.array(rows, dtype=np.int64).T
+
+
 def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-           region_of: list[int], tau: float, total: int | None = None) -> Allocation | None:
+           region_of: list[int], tau: float, total: int | None = None,
+           deadline: float | None = None) -> Allocation | None:
     """Cheapest allocation in which every replica finishes its pipeline's microbatches within
     those of a replica taking ``tau`` per microbatch in the busiest pipeline (with ``total``
-    microbatches shared as by ``build.shares``; without, every replica takes at most ``tau``)."""
+    microbatches shared as by ``build.shares``; without, every replica takes at most ``tau``).
+    Raises OutOfTime once past ``deadline``."""
     K = len(avail)
     relax, extra = slots(D, total)
-    U = np.zeros((1, K), dtype=np.int64)
-    back: list[tuple[np.ndarray, np.ndarray, list]] = []
-    for opts in stage_opts:
+    def stage_combos(opts: list[Option]):
+        """The stage's combos and their usage (those the bound forbids: too much), and the
+        usage of the allowed ones; None when none is allowed."""
         # per GPU kind only its smallest TP under the bound (for the busiest pipelines) and under
         # the relaxed bound (for the others): a larger one uses more GPUs of that kind
         pick: dict[tuple[int, bool], Option] = {}
@@ -135,17 +193,46 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
                                           t_slow <= tau)
         if not ok_c.any():
             return None
-        CU = np.where(ok_c[:, None], CU, _BIG // 4)
+        return combos, np.where(ok_c[:, None], CU, _BIG // 4), CU[ok_c]
+
+    later = None
+    if K >= 3:
+        # with three kinds or more the fronts grow large: a partial allocation that leaves
+        # fewer GPUs (weighed per kind, ``_weights``) than the later stages need at least is
+        # dropped, as it cannot be completed
+        stages = [stage_combos(opts) for opts in stage_opts]
+        if any(st is None for st in stages):
+            return None
+        W = _weights(K)
+        cap = avail @ W
+        later = np.zeros((len(stages) + 1, W.shape[1]), dtype=np.int64)
+        for i in range(len(stages) - 1, -1, -1):
+            later[i] = later[i + 1] + (stages[i][2] @ W).min(axis=0)
+    U = np.zeros((1, K), dtype=np.int64)
+    back: list[tuple[np.ndarray, np.ndarray, list]] = []
+    for i, opts in enumerate(stage_opts):
+        if deadline is not None and time.perf_counter() > deadline:
+            raise OutOfTime
+        st = stages[i] if later is not None else stage_combos(opts)
+        if st is None:
+            return None
+        combos, CU, CU_ok = st
         new = (U[:, None, :] + CU[None, :, :]).reshape(-1, K)
         fits = new[:, 0] <= avail[0]
         for k in range(1, K):
             fits &= new[:, k] <= avail[k]
         ok = np.nonzero(fits)[0]
+        if later is not None and len(ok):
+            room = cap - later[i + 1]
+            if ((U.max(axis=0) + CU_ok.max(axis=0)) @ W > room).any():
+                ok = ok[(new[ok].astype(float) @ W <= room).all(axis=1)]
         if len(ok) == 0:
             return None
         new = new[ok]
         if K <= 2:  # the Pareto sweep also drops duplicates
             keep = _prune(new, price)
+        elif _grid_fits(new):
+            keep = _prune3(new, price)
         else:
             _, first = np.unique(new, axis=0, return_index=True)
             keep = first[_prune(new[first], price)]
@@ -211,19 +298,21 @@ def _memoised(memo: PoolMemo | None, key: tuple | None, avail: np.ndarray, at_le
 def fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
             region_of: list[int], at_least: float = 0.0,
             total: int | None = None, memo: PoolMemo | None = None,
-            key: tuple | None = None) -> Allocation | None:
+            key: tuple | None = None, deadline: float | None = None) -> Allocation | None:
     """The allocation with the smallest slowest-replica time (then the cheapest).
 
     ``at_least``: a known lower bound on that time (a caller's relaxation); the bisection over
-    the stage times starts there. ``memo``, ``key``: see PoolMemo."""
+    the stage times starts there. ``memo``, ``key``: see PoolMemo. Raises OutOfTime once past
+    ``deadline`` (``time.perf_counter`` seconds)."""
     got = _memoised(memo, None if key is None else ("fastest", D, total, *key), avail, at_least,
                     lambda: [a] if (a := _fastest(stage_opts, D, avail, price, region_of,
-                                                  at_least, total)) else [])
+                                                  at_least, total, deadline)) else [])
     return got[0] if got else None
 
 
 def _fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-             region_of: list[int], at_least: float, total: int | None) -> Allocation | None:
+             region_of: list[int], at_least: float, total: int | None,
+             deadline: float | None = None) -> Allocation | None:
     relax, _ = slots(D, total)
     taus = sorted({t for opts in stage_opts for o in opts for t in (o.time_s, o.time_s / relax)})
     if not taus:
@@ -233,12 +322,12 @@ def _fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: n
     lo = int(np.searchsorted(taus, floor - 1e-15 * max(floor, 1.0)))
     hi = len(taus) - 1
     lo = min(lo, hi)  # a bound above every stage time: the answer does not depend on it
-    best = _solve(stage_opts, D, avail, price, region_of, taus[hi], total)
+    best = _solve(stage_opts, D, avail, price, region_of, taus[hi], total, deadline)
     if best is None:
         return None
     while lo < hi:
         mid = (lo + hi) // 2
-        a = _solve(stage_opts, D, avail, price, region_of, taus[mid], total)
+        a = _solve(stage_opts, D, avail, price, region_of, taus[mid], total, deadline)
         if a is not None:
             hi, best = mid, a
         else:
@@ -249,18 +338,19 @@ def _fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: n
 def tradeoffs(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
               region_of: list[int], levels: int = 6, at_least: float = 0.0,
               total: int | None = None, memo: PoolMemo | None = None,
-              key: tuple | None = None) -> list[Allocation]:
+              key: tuple | None = None, deadline: float | None = None) -> list[Allocation]:
     """Cheapest allocations under several bottleneck bounds, from the fastest feasible up:
-    the time-cost trade-offs of one plan shape. ``memo``, ``key``: see PoolMemo."""
+    the time-cost trade-offs of one plan shape. ``memo``, ``key``: see PoolMemo; ``deadline``:
+    see ``fastest``."""
     return _memoised(memo, None if key is None else ("tradeoffs", D, total, levels, *key), avail,
                      at_least, lambda: _tradeoffs(stage_opts, D, avail, price, region_of, levels,
-                                                  at_least, total))
+                                                  at_least, total, deadline))
 
 
 def _tradeoffs(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
                region_of: list[int], levels: int, at_least: float,
-               total: int | None) -> list[Allocation]:
-    best = _fastest(stage_opts, D, avail, price, region_of, at_least, total)
+               total: int | None, deadline: float | None = None) -> list[Allocation]:
+    best = _fastest(stage_opts, D, avail, price, region_of, at_least, total, deadline)
     if best is None:
         return []
     relax, _ = slots(D, total)
@@ -269,7 +359,7 @@ def _tradeoffs(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price:
     pick = sorted(set(np.linspace(0, len(taus) - 1, min(levels, len(taus))).round().astype(int)))
     out = [best]
     for i in pick[1:]:
-        a = _solve(stage_opts, D, avail, price, region_of, taus[i], total)
+        a = _solve(stage_opts, D, avail, price, region_of, taus[i], total, deadline)
         if a is not None and a.usage != out[-1].usage:
             out.append(a)
     return out

@@ -33,6 +33,7 @@ from shoal.training.planners import sailor
 from shoal.training.planners.allocate import (
     Allocation,
     Option,
+    OutOfTime,
     fastest,
     slots,
     tradeoffs,
@@ -462,13 +463,20 @@ class _BranchAndBound:
                 return
             specs = []
             j = i
-            while (j < len(idx) and j < i + BATCH and key[idx[j]] < bar
-                   and (j == i or not ev.out_of_time())):
-                e = idx[j]
-                specs += _specs(self.space, self.shapes[self.sid[e]], int(self.Ds[e]),
-                                float(self.tau[e]), self.avail, self.price, self.region_of,
-                                levels, L)
-                j += 1
+            try:
+                while (j < len(idx) and j < i + BATCH and key[idx[j]] < bar
+                       and (j == i or not ev.out_of_time())):
+                    e = idx[j]
+                    specs += _specs(self.space, self.shapes[self.sid[e]], int(self.Ds[e]),
+                                    float(self.tau[e]), self.avail, self.price, self.region_of,
+                                    levels, L, ev.deadline if ev.feasible else None)
+                    j += 1
+            except OutOfTime:  # the budget ran out inside an allocation (once a plan is found:
+                # until then the search goes on): cost what is built
+                ev.stats.truncated = True
+                ev.stats.pruned += len(idx) - j
+                ev.cost([s for s in dict.fromkeys(specs) if s not in ev.feasible])
+                return
             i = j
             ev.cost([s for s in dict.fromkeys(specs) if s not in ev.feasible])
 
@@ -482,12 +490,15 @@ def _key(T: np.ndarray, C: np.ndarray, objective: str) -> np.ndarray:
 
 
 def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of, levels: int,
-           L: int) -> list:
+           L: int, deadline: float | None = None) -> list:
+    """Plans of one (shape, degree) pair: its allocations, each in every zone packing, and
+    their variants. Raises OutOfTime once an allocation passes ``deadline``."""
     opts = [list(o) for o in sh.opts]
     total = space.problem.job.global_batch // sh.mbs
     memo, key = space.alloc_memo, (sh.split, sh.mbs, sh.recompute)
     allocs = tradeoffs(opts, D, avail, price, region_of, levels=levels,
-                       at_least=tau / slots(D, total)[0], total=total, memo=memo, key=key)
+                       at_least=tau / slots(D, total)[0], total=total, memo=memo, key=key,
+                       deadline=deadline)
     if allocs:
         # the same kinds at larger TPs, and faster kinds where GPUs are left
         for up in (upgraded(allocs[0], opts, avail), upgraded(allocs[0], opts, avail, region_of)):
@@ -511,7 +522,7 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
         if new != sh.split and min(b - a for a, b in new) > 0:
             o2 = sailor.stage_options(space, new, sh.mbs, sh.recompute, 0, 1, all_tp=True)
             a2 = fastest(o2, D, avail, price, region_of, total=total, memo=memo,
-                         key=(new, sh.mbs, sh.recompute)) if o2 else None
+                         key=(new, sh.mbs, sh.recompute), deadline=deadline) if o2 else None
             if a2 is not None:
                 out.append(build_spec(space, a2, o2, new, sh.mbs, D, recompute=sh.recompute))
     # the allocation pools the zones of a region (H6) and ranks replicas by compute alone, so
@@ -520,7 +531,8 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
     need = D * sum(min(o.tp for o in st) for st in opts)
     for z, zavail in space.zone_pools():
         if zavail.sum() >= need:
-            a3 = fastest(opts, D, zavail, price, region_of, total=total, memo=memo, key=key)
+            a3 = fastest(opts, D, zavail, price, region_of, total=total, memo=memo, key=key,
+                         deadline=deadline)
             if a3 is not None:
                 out.append(build_spec(space, upgraded(a3, opts, zavail), opts, sh.split, sh.mbs,
                                       D, recompute=sh.recompute, packing="chain", home=z))

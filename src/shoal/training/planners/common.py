@@ -229,6 +229,11 @@ def finish(ev: Evaluator, objective: str, top_k: int) -> SearchResult:
 def infeasible(ev: Evaluator) -> InfeasibleError:
     """The binding reason nothing was returned, and the nearest relaxation."""
     st, c = ev.stats, ev.constraints
+    if not ev.fits and st.truncated:
+        return InfeasibleError(
+            f"the search's time budget ran out before a plan that fits was found "
+            f"({st.candidates_costed} candidates costed, {st.oom} of them out of memory)",
+            binding="time budget", relaxation="raise the search's time budget (--budget)")
     if not ev.fits and (st.oom or st.no_fit):
         if st.oom and np.isfinite(ev.best_oom_margin):
             closest = f", the closest needs {ev.best_oom_margin:.2f}x its GPU's memory"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shoal.training.planners.allocate import Option, fastest, tradeoffs
+from shoal.training.planners.allocate import Option, OutOfTime, fastest, tradeoffs
 from shoal.training.planners.build import build_spec
 from shoal.training.planners.common import Evaluator, score
 from shoal.training.planners.space import Space, balanced_split
@@ -81,10 +81,18 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                     return
                 specs = []
                 for D in walk[at:at + WALK_CHUNK]:
-                    alloc = (fastest(opts, D, avail, price, region_of, total=total)
-                             if objective != "min-cost"
-                             else (tradeoffs(opts, D, avail, price, region_of, total=total)
-                                   or [None])[-1])
+                    try:
+                        # past the budget, an allocation stops once some plan is found
+                        deadline = ev.deadline if ev.feasible else None
+                        alloc = (fastest(opts, D, avail, price, region_of, total=total,
+                                         deadline=deadline)
+                                 if objective != "min-cost"
+                                 else (tradeoffs(opts, D, avail, price, region_of, total=total,
+                                                 deadline=deadline) or [None])[-1])
+                    except OutOfTime:
+                        ev.stats.truncated = True
+                        ev.cost(specs)
+                        return
                     spec = build_spec(space, alloc, opts, split, mbs, D) if alloc else None
                     if spec is None:
                         ev.stats.pruned += 1
