@@ -4,6 +4,7 @@ plan's ranks (spawned on this machine with gloo, or under torchrun)."""
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 import time
 from datetime import timedelta
@@ -128,10 +129,15 @@ def store(port: int = 0, *, host: bool = False, timeout_s: float = 120.0) -> dis
                          timeout=timedelta(seconds=timeout_s))
 
 
-def _launched(rank: int, world: int, port: int, fn, args: tuple) -> None:
+def _launched(rank: int, world: int, port: int, listen_fd: int | None, fn, args: tuple) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=store(port), rank=rank, world_size=world)
+    if listen_fd is not None and rank == 0:  # serve the store on the launcher's socket
+        st = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                           master_listen_fd=listen_fd, timeout=timedelta(seconds=120))
+    else:
+        st = store(port)
+    dist.init_process_group("gloo", store=st, rank=rank, world_size=world)
     try:
         fn(*args)
     finally:
@@ -141,10 +147,21 @@ def _launched(rank: int, world: int, port: int, fn, args: tuple) -> None:
 def launch(world: int, fn, *args) -> None:
     """Run ``fn(*args)`` in ``world`` processes on this machine, joined by gloo."""
     # fork where the platform has it: the children start at once, with torch already imported
-    method = "fork" if "fork" in torch.multiprocessing.get_all_start_methods() else "spawn"
-    served = store(host=True)  # held by this process until every child is done
-    torch.multiprocessing.start_processes(_launched, args=(world, served.port, fn, args),
-                                          nprocs=world, join=True, start_method=method)
+    if "fork" in torch.multiprocessing.get_all_start_methods():
+        # a socket bound to a port the system picks, held until every child is done (two
+        # launches never race for one); rank 0 serves the store on it. A store served here
+        # would run a thread in this process, and a child forked while that thread holds a
+        # lock can hang.
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(max(world, 8))
+            torch.multiprocessing.start_processes(
+                _launched, args=(world, sock.getsockname()[1], sock.fileno(), fn, args),
+                nprocs=world, join=True, start_method="fork")
+        return
+    served = store(host=True)  # spawned children start clean: held until they are done
+    torch.multiprocessing.start_processes(_launched, args=(world, served.port, None, fn, args),
+                                          nprocs=world, join=True, start_method="spawn")
 
 
 def _run_from_json(plan_json: str, spec_json: str, steps: int, seq: int, seed: int,
