@@ -121,22 +121,22 @@ def run_rank(plan: TrainingPlan, spec: ModelSpec, steps: int, seq: int, *, seed:
     return res
 
 
-def store(port: int = 0, *, host: bool = False, timeout_s: float = 120.0) -> dist.TCPStore:
+def store(port: int = 0, *, host: bool = False, timeout_s: float = 120.0,
+          listen_fd: int | None = None) -> dist.TCPStore:
     """The key-value store processes of this machine meet in. ``host=True`` serves it (port 0:
-    on a port the system picks, held from then on, so two launches never race for one); else
-    a client of the one served on ``port``."""
+    on a port the system picks, held from then on, so two launches never race for one; with
+    ``listen_fd``, on that socket, already listening on ``port``); else a client of the one
+    served on ``port``."""
     return dist.TCPStore("127.0.0.1", port, is_master=host, wait_for_workers=False,
-                         timeout=timedelta(seconds=timeout_s))
+                         timeout=timedelta(seconds=timeout_s), master_listen_fd=listen_fd)
 
 
 def _launched(rank: int, world: int, port: int, listen_fd: int | None, fn, args: tuple) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    if listen_fd is not None and rank == 0:  # serve the store on the launcher's socket
-        st = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                           master_listen_fd=listen_fd, timeout=timedelta(seconds=120))
-    else:
-        st = store(port)
+    # rank 0 serves the store on the launcher's socket (when given)
+    serve = listen_fd is not None and rank == 0
+    st = store(port, host=serve, listen_fd=listen_fd if serve else None)
     dist.init_process_group("gloo", store=st, rank=rank, world_size=world)
     try:
         fn(*args)

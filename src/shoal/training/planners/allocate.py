@@ -106,9 +106,10 @@ def _prune(U: np.ndarray, price: np.ndarray) -> np.ndarray:
 
 
 def _grid_fits(U: np.ndarray) -> bool:
-    """Whether ``_prune3`` takes three kinds' vectors in time: few distinct counts."""
+    """Whether ``_prune3`` takes three kinds' vectors in time: small counts (grid cells times
+    at most as many sweep steps as the first kind's largest count)."""
     return (U.shape[1] == 3 and (int(U[:, 1].max()) + 1) * (int(U[:, 2].max()) + 1)
-            * len(np.unique(U[:, 0])) <= GRID_WORK)
+            * (int(U[:, 0].max()) + 1) <= GRID_WORK)
 
 
 def _prune3(U: np.ndarray, price: np.ndarray) -> np.ndarray:

@@ -463,22 +463,22 @@ class _BranchAndBound:
                 return
             specs = []
             j = i
+            cut = False  # the budget ran out inside an allocation: cost what is built, stop
             try:
                 while (j < len(idx) and j < i + BATCH and key[idx[j]] < bar
                        and (j == i or not ev.out_of_time())):
                     e = idx[j]
                     specs += _specs(self.space, self.shapes[self.sid[e]], int(self.Ds[e]),
                                     float(self.tau[e]), self.avail, self.price, self.region_of,
-                                    levels, L, ev.deadline if ev.feasible else None)
+                                    levels, L, ev.allocation_deadline())
                     j += 1
-            except OutOfTime:  # the budget ran out inside an allocation (once a plan is found:
-                # until then the search goes on): cost what is built
-                ev.stats.truncated = True
+            except OutOfTime:
+                cut = ev.stats.truncated = True
                 ev.stats.pruned += len(idx) - j
-                ev.cost([s for s in dict.fromkeys(specs) if s not in ev.feasible])
-                return
             i = j
             ev.cost([s for s in dict.fromkeys(specs) if s not in ev.feasible])
+            if cut:
+                return
 
 
 def _key(T: np.ndarray, C: np.ndarray, objective: str) -> np.ndarray:

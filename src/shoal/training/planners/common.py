@@ -121,6 +121,11 @@ class Evaluator:
             return True
         return False
 
+    def allocation_deadline(self) -> float | None:
+        """The deadline an allocation program stops at: the budget's, once some plan is found
+        (until then the search goes on, so that it returns a plan)."""
+        return self.deadline if self.feasible else None
+
     def cost(self, specs: list[PlanSpec]) -> list[Candidate | None]:
         """Candidates for ``specs`` (None where OOM or against a constraint), batch-costed."""
         if not specs:

@@ -81,9 +81,8 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                     return
                 specs = []
                 for D in walk[at:at + WALK_CHUNK]:
+                    deadline = ev.allocation_deadline()
                     try:
-                        # past the budget, an allocation stops once some plan is found
-                        deadline = ev.deadline if ev.feasible else None
                         alloc = (fastest(opts, D, avail, price, region_of, total=total,
                                          deadline=deadline)
                                  if objective != "min-cost"
