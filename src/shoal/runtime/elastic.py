@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from shoal.runtime.train import batch, latest_checkpoint
+from shoal.runtime.train import StoreHost, batch, latest_checkpoint
 from shoal.runtime.train import store as make_store
 from shoal.specs.model import ModelSpec
 from shoal.specs.plan import TrainingPlan
@@ -213,8 +213,10 @@ class ElasticJob:
     reconfigurations: list[Reconfiguration] = field(default_factory=list)
 
     def __post_init__(self):
-        self.store = make_store(host=True)  # on a port the system picks
-        self.port = self.store.port
+        # served by a process of its own: this one forks workers all along
+        self.host = StoreHost()
+        self.port = self.host.port
+        self.store = make_store(self.port)
         self.ctx = mp.get_context("fork")
         self.procs: dict[int, mp.Process] = {}
         self.next_wid = 0

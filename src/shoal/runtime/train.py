@@ -7,6 +7,7 @@ import os
 import socket
 import tempfile
 import time
+import weakref
 from datetime import timedelta
 from pathlib import Path
 
@@ -129,6 +130,44 @@ def store(port: int = 0, *, host: bool = False, timeout_s: float = 120.0,
     served on ``port``."""
     return dist.TCPStore("127.0.0.1", port, is_master=host, wait_for_workers=False,
                          timeout=timedelta(seconds=timeout_s), master_listen_fd=listen_fd)
+
+
+def _serve_until_closed(listen_fd: int, port: int, stop_fd: int) -> None:
+    st = store(port, host=True, listen_fd=listen_fd)
+    os.read(stop_fd, 1)  # a byte from close(), or b"" once every write end is closed
+    del st
+
+
+class StoreHost:
+    """A store served by a forked process of its own, for a parent that goes on forking
+    workers: a store served in the parent runs a thread there, and a child forked while that
+    thread holds a lock can hang. The server stops on ``close()``, when this object is
+    collected, or when the parent exits."""
+
+    def __init__(self, backlog: int = 64):
+        import multiprocessing as mp
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(backlog)
+            self.port = sock.getsockname()[1]
+            stop_r, stop_w = os.pipe()
+            proc = mp.get_context("fork").Process(
+                target=_serve_until_closed, args=(sock.fileno(), self.port, stop_r), daemon=True)
+            proc.start()
+            os.close(stop_r)
+        # clients may connect at once: the socket listened before the fork
+        self.close = weakref.finalize(self, _stop_host, stop_w, proc)
+
+
+def _stop_host(stop_w: int, proc) -> None:
+    # a byte, not only the close: processes forked since hold copies of the write end
+    os.write(stop_w, b"x")
+    os.close(stop_w)
+    proc.join(timeout=10)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
 
 
 def _launched(rank: int, world: int, port: int, listen_fd: int | None, fn, args: tuple) -> None:
