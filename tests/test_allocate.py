@@ -1,8 +1,10 @@
-"""The resource-stage allocator: the three-kind Pareto sweep and the completion test give the
-same allocations as the plain program; a deadline stops a program and leaves nothing behind."""
+"""The resource-stage allocator: the dynamic program (two kinds) and the MIP (three or more)
+give the cheapest allocation of every combination tried; a deadline stops a program and leaves
+nothing behind."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -10,24 +12,7 @@ import pytest
 from tests.test_planners import small_problem
 
 from shoal.training.planners import allocate, auto, search
-from shoal.training.planners.allocate import Option, OutOfTime, PoolMemo, fastest, tradeoffs
-
-
-def dominated(U: np.ndarray) -> np.ndarray:
-    le = (U[None, :, :] <= U[:, None, :]).all(axis=2)  # [i, j]: j <= i everywhere
-    return (le & ~np.eye(len(U), dtype=bool)).any(axis=1)
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_three_kind_front_is_the_undominated_set(seed):
-    rng = np.random.default_rng(seed)
-    U = rng.integers(0, int(rng.integers(2, 30)), size=(int(rng.integers(1, 300)), 3))
-    first = np.unique(U, axis=0, return_index=True)[1]
-    keep = allocate._front3(U)
-    assert set(np.flatnonzero(keep)) == set(first[~dominated(U[first])])
-    # the same indices, in the same order, as the general program's prune of the distinct rows
-    price = rng.random(3)
-    assert list(allocate._prune3(U, price)) == list(first[allocate._prune(U[first], price)])
+from shoal.training.planners.allocate import Option, OutOfTime, PoolMemo, fastest
 
 
 def random_stages(rng, K: int, P: int) -> list[list[Option]]:
@@ -39,28 +24,81 @@ def random_stages(rng, K: int, P: int) -> list[list[Option]]:
     return stages
 
 
+def every_allocation(stage_opts, D, avail, price, region_of, tau, total):
+    """The cheapest allocation under the bound by trying every combination of the stages'
+    combos (the program's choices, enumerated): (cost, usage) or None."""
+    relax, extra = allocate.slots(D, total)
+    K = len(avail)
+    per_stage = []
+    for opts in stage_opts:
+        al = allocate._allowed(opts, tau, relax)
+        combos, use, t_fast, t_slow, n_slow = allocate._combos(tuple(al), D, tuple(region_of), K)
+        ok = (t_fast <= tau) & np.where(n_slow <= D - extra, t_slow <= tau * relax, t_slow <= tau)
+        per_stage.append(use[ok])
+    best = None
+    for pick in itertools.product(*(range(len(u)) for u in per_stage)):
+        usage = sum((u[i] for u, i in zip(per_stage, pick, strict=True)), np.zeros(K, int))
+        if (usage <= avail).all():
+            cost = float(usage @ price)
+            if best is None or cost < best[0] - 1e-9:
+                best = (cost, tuple(int(x) for x in usage))
+    return best
+
+
 @pytest.mark.parametrize("K", [2, 3, 4])
-@pytest.mark.parametrize("seed", range(6))
-def test_pruned_program_gives_the_plain_programs_allocations(K, seed, monkeypatch):
+@pytest.mark.parametrize("seed", range(8))
+def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed):
+    """Two kinds by the dynamic program, three and four by the MIP: the same cheapest cost (and
+    the same feasibility) as every combination tried."""
     rng = np.random.default_rng(seed)
-    cases = []
-    for _ in range(4):
-        P, D = int(rng.integers(1, 5)), int(rng.integers(1, 6))
+    checked = 0
+    for _ in range(6):
+        P, D = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        stages = random_stages(rng, K, P)
         avail = rng.integers(0, 3 * D + 2, size=K)
         price = rng.uniform(0.5, 3.0, size=K)
         region_of = [int(k % 2) if seed % 2 else 0 for k in range(K)]
-        cases.append((random_stages(rng, K, P), D, avail, price, region_of, 8 * P))
+        total = int(rng.integers(D, 4 * D + 1))
+        times = sorted({o.time_s for st in stages for o in st})
+        tau = times[int(rng.integers(0, len(times)))] * float(rng.choice([1.0, 1.2]))
+        got = allocate._solve(stages, D, avail, price, region_of, tau, total)
+        want = every_allocation(stages, D, avail, price, region_of, tau, total)
+        assert (got is None) == (want is None)
+        if got is not None:
+            checked += 1
+            assert float(np.asarray(got.usage) @ price) == pytest.approx(want[0], rel=1e-9)
+            assert (np.asarray(got.usage) <= avail).all()
+            assert all(sum(n for _, _, n in st) == D and len(st) <= 2 for st in got.per_stage)
+            # the usage is the replicas' GPUs
+            use = np.zeros(K, int)
+            for st in got.per_stage:
+                for k, tp, n in st:
+                    use[k] += tp * n
+            assert tuple(use) == got.usage
+    assert checked  # the seeds do reach feasible cases
 
-    def run():
-        return [(fastest(o, D, a, p, r, total=n), tradeoffs(o, D, a, p, r, total=n))
-                for o, D, a, p, r, n in cases]
 
-    got = run()
-    # the plain program: no completion test, the general dominance prune
-    monkeypatch.setattr(allocate, "_weights", lambda K: np.zeros((K, 1), dtype=np.int64))
-    monkeypatch.setattr(allocate, "GRID_WORK", 0)
-    assert got == run()
-    assert any(f is not None for f, _ in got)
+@pytest.mark.parametrize("seed", range(6))
+def test_fastest_is_the_smallest_bound_met(seed):
+    """``fastest`` (a bisection of feasibility tests, the cheapest at the end) against every
+    bound tried in turn, with three kinds (the MIP)."""
+    rng = np.random.default_rng(100 + seed)
+    for _ in range(4):
+        P, D = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        stages = random_stages(rng, 3, P)
+        avail = rng.integers(0, 3 * D + 2, size=3)
+        price = rng.uniform(0.5, 3.0, size=3)
+        total = int(rng.integers(D, 4 * D + 1))
+        relax, _ = allocate.slots(D, total)
+        taus = sorted({t for st in stages for o in st for t in (o.time_s, o.time_s / relax)})
+        want = next((t for t in taus
+                     if every_allocation(stages, D, avail, price, [0, 0, 0], t, total)), None)
+        got = fastest(stages, D, avail, price, [0, 0, 0], total=total)
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert got.bottleneck_s == want
+            cheapest = every_allocation(stages, D, avail, price, [0, 0, 0], want, total)[0]
+            assert float(np.asarray(got.usage) @ price) == pytest.approx(cheapest, rel=1e-9)
 
 
 def test_a_deadline_stops_the_program_and_nothing_is_remembered():

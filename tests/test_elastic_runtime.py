@@ -251,3 +251,47 @@ def test_cli_elastic_lists_the_reconfigurations(tmp_path):
         assert {"time_s", "old_plan", "new_plan", "detect_to_first_step_s", "steps_lost",
                 "decision"} <= x.keys()
     assert len(doc["losses"]) == 6
+
+
+
+def test_a_generation_that_fails_with_every_worker_alive_is_published_again(tmp_path,
+                                                                            monkeypatch):
+    """The generation after a join fails in every worker (a checkpoint read fails once) while
+    all are alive: the controller publishes the same members again after a heartbeat timeout,
+    and the run finishes without restarting anyone."""
+    from shoal.runtime import elastic
+
+    parent = os.getpid()
+    armed, fired = tmp_path / "armed", tmp_path / "fired"
+    real = elastic.latest_checkpoint
+
+    def flaky(directory):  # the workers are forked: they see this
+        if os.getpid() != parent and armed.exists() and not fired.exists():
+            fired.touch()
+            raise OSError("checkpoint unreadable (injected)")
+        return real(directory)
+
+    monkeypatch.setattr(elastic, "latest_checkpoint", flaky)
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    out.mkdir()
+    job = ElasticJob(TINY, pp, total_steps=STEPS, seq=SEQ, ckpt_dir=str(ck), every=2, keep=100,
+                     out_dir=str(out))
+    state = {}
+
+    def events(j):
+        if "joined" not in state and past(j, 3):
+            state["pids"] = {w: j.pid(w) for w in (0, 1)}
+            armed.touch()
+            state["joined"] = j.add_worker()
+
+    res = job.run(2, events=events, timeout_s=120)
+    causes = [r["cause"] for r in res["reconfigurations"]]
+    assert causes[:2] == ["start", f"worker {state['joined']} joined"]
+    assert len(causes) == 3 and "OSError: checkpoint unreadable (injected)" in causes[2]
+    assert causes[2].endswith("retried")
+    last = res["reconfigurations"][-1]
+    assert last["members"] == [0, 1, 2] and last["new_plan"] == pp(3).summary()
+    assert {w: job.pid(w) for w in (0, 1)} == state["pids"]  # nobody was restarted
+    assert len(res["losses"]) == STEPS
+    k = last["resumed_from_step"]
+    assert close(final_params(out), from_checkpoint(tmp_path, ck, k, pp(3), STEPS - k)) <= 1e-9

@@ -27,6 +27,7 @@ import os
 import shutil
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -42,6 +43,7 @@ from shoal.specs.plan import TrainingPlan
 HEARTBEAT_S = 0.3
 # how long a survivor may wait on a peer that is gone before it gives up on the old group
 # (gloo fails at once when the peer's connection closes, else at this timeout)
+MAX_RETRIES = 3  # a generation whose workers failed, all alive, is published again this often
 PG_TIMEOUT_S = float(os.environ.get("SHOAL_ELASTIC_TIMEOUT_S", "8"))
 
 
@@ -179,6 +181,9 @@ def worker_main(wid: int, port: int, model_json: str, seq: int, total_steps: int
         except Exception:  # a peer left mid-step: wait for the controller's next generation
             if not joined and int(store.get("gen")) == g:
                 seen = -1  # a member was still leaving the old group: join this one again
+            elif int(store.get("gen")) == g:
+                # no new generation to move to: tell the controller why this one stopped
+                store.set(f"g{g}/failed/{wid}", traceback.format_exc(limit=8))
         finally:
             w = None  # drop the old groups' handles so their connections close now
             gc.collect()
@@ -224,6 +229,8 @@ class ElasticJob:
         self.members: list[int] = []
         self.plan: TrainingPlan | None = None
         self._standby: set[int] = set()
+        self._failed_at: float | None = None  # when a member of this generation reported failing
+        self._retries = 0  # generations published again in a row after a failure
         self.t0 = time.time()
         Path(self.ckpt_dir).mkdir(parents=True, exist_ok=True)
         self.store.set("gen", "-1")
@@ -279,6 +286,7 @@ class ElasticJob:
             members=members, steps_lost=max(lost_from - resumed, 0) if old else 0,
             resumed_from_step=resumed))
         self._detected = detected
+        self._failed_at = None
         self._standby = set(self._alive()) - set(members)
         self.members, self.plan = members, plan
         self.store.set("gen", str(g))
@@ -318,10 +326,13 @@ class ElasticJob:
                 cause = ", ".join([f"worker {w} left" for w in gone]
                                   + [f"worker {w} joined" for w in new])
                 self._publish(alive, cause, time.time())
+            else:
+                self._retry_failed(alive)
             r = self.reconfigurations[-1]
             if r.detect_to_first_step_s is None and self.store.check([f"g{self.gen}/first_step_at"]):
                 r.detect_to_first_step_s = float(self.store.get(f"g{self.gen}/first_step_at")) \
                     - self._detected
+                self._retries = 0  # the generation runs
             time.sleep(0.05)
         else:
             raise TimeoutError("the elastic job did not finish in time")
@@ -337,6 +348,28 @@ class ElasticJob:
         return {"steps": self.total_steps, "losses": [losses.get(s) for s in sorted(losses)],
                 "final_loss": losses.get(self.total_steps), "plan": self.plan.to_json(),
                 "reconfigurations": [r.to_json() for r in self.reconfigurations]}
+
+    def _retry_failed(self, alive: list[int]) -> None:
+        """A generation whose workers stopped while every member is still alive (a collective
+        timed out on a loaded machine, say) is published again, after a heartbeat timeout (a
+        member that died shows up as gone by then); after MAX_RETRIES in a row, the job stops
+        with the worker's error."""
+        failed = [w for w in self.members if self.store.check([f"g{self.gen}/failed/{w}"])]
+        if not failed:
+            return
+        now = time.time()
+        if self._failed_at is None:
+            self._failed_at = now
+            return
+        if now - self._failed_at <= self.heartbeat_timeout_s:
+            return
+        error = self.store.get(f"g{self.gen}/failed/{failed[0]}").decode()
+        self._retries += 1
+        if self._retries > MAX_RETRIES:
+            raise RuntimeError(f"generation {self.gen} failed {self._retries} times in a row; "
+                               f"worker {failed[0]}:\n{error}")
+        last = error.strip().splitlines()[-1] if error.strip() else "error"
+        self._publish(alive, f"worker {failed[0]} failed ({last}): retried", now)
 
     def _worth_it(self, old_n: int, new_n: int) -> bool:
         """Ask the plan chooser's switch policy (when it has one) whether more workers pay."""

@@ -20,10 +20,10 @@ import dataclasses
 
 import numpy as np
 
+from shoal.mip import Model, Solution
 from shoal.serving.cluster import Cluster
 from shoal.serving.flow import SINK, SOURCE, max_flow
 from shoal.serving.placement import Placement
-from shoal.serving.placers.mip import Model, Solution
 
 
 def pruned(cluster: Cluster, keep: int, also: Placement | None = None) -> Cluster:

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shoal.mip import Model
 from shoal.serving.cluster import Cluster
 from shoal.serving.flow import max_flow
 from shoal.serving.placement import Placement
-from shoal.serving.placers.mip import Model
 
 MAX_FAN = 8  # the most nodes on one side of a boundary between regions
 FAST = 0.1  # links at least this fraction of a region's fastest are "inside" it

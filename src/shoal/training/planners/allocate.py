@@ -1,26 +1,32 @@
-"""Resource-stage assignment (Sailor §4.2.2, Eq. 1, Listing 1), as a dynamic program over
-stages on the GPUs still free, per resource kind (GPU type in a region).
+"""Resource-stage assignment (Sailor §4.2.2, Eq. 1, Listing 1): which GPUs of the pool each
+pipeline stage's replicas take, per resource kind (GPU type in a region).
 
 Each stage gets D replicas, each of one kind at that kind's smallest fitting TP for the stage
 (H1, H2), all in one region (H5; zones of a region are one pool, H6). For a bound ``tau`` on the
-per-microbatch time of the slowest replica, the program keeps, after each stage, the set of
-GPU-usage vectors that are not dominated (using no more of every kind than another), so
-feasibility and the cheapest allocation are exact; the smallest feasible ``tau`` is found by
-bisection over the distinct stage times (feasibility is monotone in ``tau``).
+per-microbatch time of the slowest replica, the cheapest allocation is exact: with one or two
+kinds by Sailor's dynamic program over stages on the GPUs still free (keeping after each stage
+the GPU-usage vectors that no other dominates), with three kinds or more, where those sets grow
+to thousands of vectors per stage, by a MIP over the same choices. The smallest feasible ``tau``
+is found by bisection over the distinct stage times (feasibility is monotone in ``tau``).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
 
+from shoal.mip import Model
+
 _BIG = np.iinfo(np.int64).max
-MAX_FRONT = 4000  # usage vectors kept per stage (the cheapest first) when kinds are many
 MEMO_POOLS = 6  # pools remembered per PoolMemo key
-GRID_WORK = 50_000_000  # grid cells x sweep steps up to which three kinds' fronts use a grid
+DP_KINDS = 2  # up to this many kinds the program is the dynamic program, above it a MIP
+# the MIPs are small and mostly solved at the root: HiGHS's feasibility-jump heuristic took
+# about half of their time (one-off timing over 300 of them, the same optima without it)
+MIP_OPTIONS = {"mip_heuristic_run_feasibility_jump": False}
 
 
 class OutOfTime(Exception):
@@ -44,7 +50,7 @@ class Allocation:
 
 @cache
 def _combos(opts: tuple[Option, ...], D: int, region_of: tuple[int, ...], K: int):
-    """Ways to give a stage D replicas from options of one region, mixing at most two GPU kinds:
+    """Ways to give a stage D replicas from options of one region, mixing at most two options:
     (list of combos as ((option, count), ...), usage matrix (combos, K))."""
     by_region: dict[int, list[Option]] = {}
     for o in opts:
@@ -69,79 +75,15 @@ def _combos(opts: tuple[Option, ...], D: int, region_of: tuple[int, ...], K: int
     return combos, use, t_fast, t_slow, n_slow
 
 
-_CHUNK = 256
-
-
-def _prune(U: np.ndarray, price: np.ndarray) -> np.ndarray:
-    """Indices of usage vectors not dominated by another (no more of every kind), cheapest
-    first; at most MAX_FRONT kept."""
-    K = U.shape[1]
-    if K == 1:
+def _prune(U: np.ndarray) -> np.ndarray:
+    """Indices of the usage vectors (one or two kinds) that no other vector dominates (no more
+    of every kind), of equal ones the first in (first kind, second kind) order."""
+    if U.shape[1] == 1:
         return np.array([int(np.argmin(U[:, 0]))])
-    if K == 2:
-        order = np.lexsort((U[:, 1], U[:, 0]))
-        u1 = U[order, 1]
-        prev_min = np.minimum.accumulate(np.concatenate([[_BIG], u1[:-1]]))
-        return order[u1 < prev_min]
-    order = np.argsort(U @ price, kind="stable")
-    # In cost order, a vector is dominated only by cheaper (or equal, earlier) ones, and
-    # domination is transitive, so a chunk's survivors are those no kept vector and no earlier
-    # vector of the chunk dominates.
-    kept: list[int] = []
-    kept_rows = np.empty((0, K), dtype=U.dtype)
-    for c in range(0, len(order), _CHUNK):
-        idx = order[c:c + _CHUNK]
-        rows = U[idx]
-        dom = (kept_rows[None, :, :] <= rows[:, None, :]).all(axis=2).any(axis=1)
-        inner = (rows[None, :, :] <= rows[:, None, :]).all(axis=2)  # [i, j]: j <= i everywhere
-        inner &= np.tri(len(idx), k=-1, dtype=bool)  # only earlier j
-        dom |= inner.any(axis=1)
-        new = idx[~dom][:MAX_FRONT - len(kept)]
-        kept += new.tolist()
-        kept_rows = U[kept]
-        if len(kept) >= MAX_FRONT:
-            _truncated[0] = True
-            break
-    return np.array(kept)
-
-
-def _grid_fits(U: np.ndarray) -> bool:
-    """Whether ``_prune3`` takes three kinds' vectors in time: small counts (grid cells times
-    at most as many sweep steps as the first kind's largest count)."""
-    return (U.shape[1] == 3 and (int(U[:, 1].max()) + 1) * (int(U[:, 2].max()) + 1)
-            * (int(U[:, 0].max()) + 1) <= GRID_WORK)
-
-
-def _prune3(U: np.ndarray, price: np.ndarray) -> np.ndarray:
-    """``_prune`` of ``np.unique(U, axis=0)`` for three kinds, as indices into ``U`` (the first
-    of equal vectors), in the same order: by cost, then by the vector."""
-    keep = np.flatnonzero(_front3(U))
-    keep = keep[np.lexsort((U[keep, 2], U[keep, 1], U[keep, 0], U[keep] @ price))]
-    if len(keep) > MAX_FRONT:
-        _truncated[0] = True
-    return keep[:MAX_FRONT]
-
-
-def _front3(U: np.ndarray) -> np.ndarray:
-    """Mask of the usage vectors of three kinds that no other vector dominates (of equal ones,
-    the first): a sweep over the first kind's counts, with a grid of the (second, third) counts
-    the vectors swept so far dominate."""
-    a, b, c = U[:, 0], U[:, 1], U[:, 2]
-    covered = np.zeros((int(b.max()) + 1, int(c.max()) + 1), dtype=bool)
-    keep = np.zeros(len(U), dtype=bool)
-    order = np.lexsort((c, b, a))
-    starts = np.flatnonzero(np.diff(a[order], prepend=-1))
-    for lo, hi in zip(starts, [*starts[1:], len(order)], strict=True):
-        g = order[lo:hi]  # one count of the first kind, by (second, third)
-        gc = c[g]
-        prev = np.minimum.accumulate(np.concatenate([[_BIG], gc[:-1]]))
-        ok = (gc < prev) & ~covered[b[g], c[g]]
-        keep[g[ok]] = True
-        if ok.any():
-            mark = np.zeros_like(covered)
-            mark[b[g[ok]], c[g[ok]]] = True
-            covered |= np.logical_or.accumulate(np.logical_or.accumulate(mark, axis=0), axis=1)
-    return keep
+    order = np.lexsort((U[:, 1], U[:, 0]))
+    u1 = U[order, 1]
+    prev_min = np.minimum.accumulate(np.concatenate([[_BIG], u1[:-1]]))
+    return order[u1 < prev_min]
 
 
 def slots(D: int, total: int | None) -> tuple[float, int]:
@@ -154,89 +96,144 @@ def slots(D: int, total: int | None) -> tuple[float, int]:
     return ((lo + 1) / lo if extra else 1.0), extra
 
 
-@cache
-def _weights(K: int) -> np.ndarray:
-    """(K, W) per-kind weights for the completion test of ``_solve``: every 0/1 vector but
-    zero when kinds are few, else each kind alone and all together."""
-    if K <= 6:
-        rows = [[(m >> k) & 1 for k in range(K)] for m in range(1, 2 ** K)]
-    else:
-        rows = [*np.eye(K, dtype=int).tolist(), [1] * K]
-    return np.array(rows, dtype=np.int64).T
+def _allowed(opts: list[Option], tau: float, relax: float) -> list[Option]:
+    """A stage's options under the bound: per GPU kind only its smallest TP under ``tau`` (for
+    the busiest pipelines) and under ``tau * relax`` (for the others), as a larger one uses
+    more GPUs of that kind."""
+    pick: dict[tuple[int, bool], Option] = {}
+    for o in opts:
+        for slow, lim in ((False, tau), (True, tau * relax)):
+            cur = pick.get((o.kind, slow))
+            if o.time_s <= lim and (cur is None or (o.tp, o.time_s) < (cur.tp, cur.time_s)):
+                pick[(o.kind, slow)] = o
+    return sorted(set(pick.values()), key=lambda o: (o.kind, o.tp))
 
 
 def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
            region_of: list[int], tau: float, total: int | None = None,
-           deadline: float | None = None) -> Allocation | None:
+           deadline: float | None = None, cheapest: bool = True) -> Allocation | None:
     """Cheapest allocation in which every replica finishes its pipeline's microbatches within
     those of a replica taking ``tau`` per microbatch in the busiest pipeline (with ``total``
     microbatches shared as by ``build.shares``; without, every replica takes at most ``tau``).
-    Raises OutOfTime once past ``deadline``."""
-    K = len(avail)
+    Each stage mixes at most two options, all of one region. With ``cheapest`` False, any
+    such allocation (a feasibility test). Raises OutOfTime once past ``deadline``."""
     relax, extra = slots(D, total)
-    def stage_combos(opts: list[Option]):
-        """The stage's combos and their usage (those the bound forbids: too much), and the
-        usage of the allowed ones; None when none is allowed."""
-        # per GPU kind only its smallest TP under the bound (for the busiest pipelines) and under
-        # the relaxed bound (for the others): a larger one uses more GPUs of that kind
-        pick: dict[tuple[int, bool], Option] = {}
-        for o in opts:
-            for slow, lim in ((False, tau), (True, tau * relax)):
-                cur = pick.get((o.kind, slow))
-                if o.time_s <= lim and (cur is None or (o.tp, o.time_s) < (cur.tp, cur.time_s)):
-                    pick[(o.kind, slow)] = o
-        if not pick:
-            return None
-        allowed = sorted(set(pick.values()), key=lambda o: (o.kind, o.tp))
-        combos, CU, t_fast, t_slow, n_slow = _combos(tuple(allowed), D, tuple(region_of), K)
-        # the slower replicas take the first pipelines: relaxed only if all of those run fewer
-        ok_c = (t_fast <= tau) & np.where(n_slow <= D - extra, t_slow <= tau * relax,
-                                          t_slow <= tau)
-        if not ok_c.any():
-            return None
-        return combos, np.where(ok_c[:, None], CU, _BIG // 4), CU[ok_c]
+    allowed = [_allowed(opts, tau, relax) for opts in stage_opts]
+    # a stage whose every option is over the bound has no replica for the busiest pipelines
+    if any(all(o.time_s > tau for o in al) for al in allowed):
+        return None
+    if len(avail) <= DP_KINDS:
+        return _solve_dp(allowed, D, avail, price, region_of, tau, relax, extra, deadline)
+    load = _load(allowed, D, avail, tau, extra)
+    if load.max() > 1.0:
+        return None
+    if not cheapest:
+        # the scarcest GPUs by share of what is left, then by the weighting closest to binding
+        W = _weights(len(avail))
+        for weigh in (None, W[:, int(np.argmax(load))]):
+            found = _greedy(allowed, D, avail, region_of, tau, extra, weigh)
+            if found is not None:
+                return found
+    return _solve_mip(allowed, D, avail, price, region_of, tau, extra, deadline, cheapest)
 
-    later = None
-    if K >= 3:
-        # with three kinds or more the fronts grow large: a partial allocation that leaves
-        # fewer GPUs (weighed per kind, ``_weights``) than the later stages need at least is
-        # dropped, as it cannot be completed
-        stages = [stage_combos(opts) for opts in stage_opts]
-        if any(st is None for st in stages):
+
+def _load(allowed: list[list[Option]], D: int, avail: np.ndarray, tau: float,
+          extra: int) -> np.ndarray:
+    """Per weighting of the kinds (``_weights``), the GPUs the stages need at least over those
+    the pool holds: above 1 under any weighting (a bound of the LP relaxation, through its
+    dual) and no allocation fits."""
+    W = _weights(len(avail))
+    need = np.zeros(W.shape[1])
+    for al in allowed:
+        under = np.min([o.tp * W[o.kind] for o in al if o.time_s <= tau], axis=0)
+        least = D * under
+        over = [o.tp * W[o.kind] for o in al if o.time_s > tau]
+        if over:  # at most D - extra replicas on an option over the bound
+            least = np.minimum(least, (D - extra) * np.min(over, axis=0) + extra * under)
+        need += least
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(need > 0, need / (avail @ W), 0.0)
+
+
+def _stage_combos(al: list[Option], D: int, region_of: list[int], K: int, tau: float,
+                  relax: float, extra: int):
+    """A stage's combos of its allowed options and their GPU usage, with the mask of those the
+    bound allows: the slower replicas take the first pipelines, relaxed only if all of those
+    run fewer microbatches."""
+    combos, CU, t_fast, t_slow, n_slow = _combos(tuple(al), D, tuple(region_of), K)
+    ok = (t_fast <= tau) & np.where(n_slow <= D - extra, t_slow <= tau * relax, t_slow <= tau)
+    return combos, CU, ok
+
+
+def _greedy(allowed: list[list[Option]], D: int, avail: np.ndarray, region_of: list[int],
+            tau: float, extra: int, weigh: np.ndarray | None = None) -> Allocation | None:
+    """Some allocation under the bound, found quickly or not at all (None says nothing): the
+    stages that need the most GPUs first, each given the option, or the pair of options of one
+    region (as many replicas on the first as fit), that takes the smallest share of the GPUs
+    left (or, given ``weigh``, the fewest weighted GPUs)."""
+    left = [int(x) for x in avail]
+    order = sorted(range(len(allowed)),
+                   key=lambda i: -min(o.tp for o in allowed[i] if o.time_s <= tau))
+    per_stage: list[tuple[tuple[int, int, int], ...]] = [()] * len(allowed)
+    for i in order:
+        al = allowed[i]
+        best, best_share = None, np.inf
+        for a in al:
+            cap_a = D - extra if a.time_s > tau else D
+            for b in al:
+                if b is a:
+                    if cap_a < D:
+                        continue
+                    mix = ((a, D),)
+                elif region_of[a.kind] != region_of[b.kind] or (
+                        a.time_s > tau and b.time_s > tau):
+                    continue
+                else:
+                    na = min(cap_a, D - 1, left[a.kind] // a.tp)
+                    nb = D - na
+                    if na < 1 or (b.time_s > tau and nb > D - extra):
+                        continue
+                    mix = ((a, na), (b, nb))
+                use: dict[int, int] = {}
+                for o, n in mix:
+                    use[o.kind] = use.get(o.kind, 0) + n * o.tp
+                if any(u > left[k] for k, u in use.items()):
+                    continue
+                share = sum(u / max(left[k], 1) if weigh is None else u * float(weigh[k])
+                            for k, u in use.items())
+                if share < best_share:
+                    best, best_share = (mix, use), share
+        if best is None:
             return None
-        W = _weights(K)
-        cap = avail @ W
-        later = np.zeros((len(stages) + 1, W.shape[1]), dtype=np.int64)
-        for i in range(len(stages) - 1, -1, -1):
-            later[i] = later[i + 1] + (stages[i][2] @ W).min(axis=0)
+        mix, use = best
+        for k, u in use.items():
+            left[k] -= u
+        per_stage[i] = tuple((o.kind, o.tp, n) for o, n in mix)
+    return Allocation(tuple(per_stage), tuple(int(a) - l for a, l in zip(avail, left)), tau)
+
+
+def _solve_dp(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
+              region_of: list[int], tau: float, relax: float, extra: int,
+              deadline: float | None) -> Allocation | None:
+    """``_solve`` for one or two kinds: a dynamic program over the stages that keeps, after
+    each, the usage vectors no other dominates."""
+    K = len(avail)
     U = np.zeros((1, K), dtype=np.int64)
     back: list[tuple[np.ndarray, np.ndarray, list]] = []
-    for i, opts in enumerate(stage_opts):
+    for al in allowed:
         if deadline is not None and time.perf_counter() > deadline:
             raise OutOfTime
-        st = stages[i] if later is not None else stage_combos(opts)
-        if st is None:
-            return None
-        combos, CU, CU_ok = st
+        combos, CU, ok_c = _stage_combos(al, D, region_of, K, tau, relax, extra)
+        CU = np.where(ok_c[:, None], CU, _BIG // 4)
         new = (U[:, None, :] + CU[None, :, :]).reshape(-1, K)
         fits = new[:, 0] <= avail[0]
         for k in range(1, K):
             fits &= new[:, k] <= avail[k]
         ok = np.nonzero(fits)[0]
-        if later is not None and len(ok):
-            room = cap - later[i + 1]
-            if ((U.max(axis=0) + CU_ok.max(axis=0)) @ W > room).any():
-                ok = ok[(new[ok].astype(float) @ W <= room).all(axis=1)]
         if len(ok) == 0:
             return None
         new = new[ok]
-        if K <= 2:  # the Pareto sweep also drops duplicates
-            keep = _prune(new, price)
-        elif _grid_fits(new):
-            keep = _prune3(new, price)
-        else:
-            _, first = np.unique(new, axis=0, return_index=True)
-            keep = first[_prune(new[first], price)]
+        keep = _prune(new)
         parent, combo = np.divmod(ok[keep], len(combos))
         U = new[keep]
         back.append((parent, combo, combos))
@@ -250,6 +247,75 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
     return Allocation(tuple(per_stage), tuple(int(x) for x in U[best]), tau)
 
 
+def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
+               region_of: list[int], tau: float, extra: int, deadline: float | None,
+               cheapest: bool) -> Allocation | None:
+    """``_solve`` for three kinds or more, where the program's fronts grow large: a MIP (HiGHS)
+    over the replicas each stage takes of each allowed option. Per stage: D replicas, at most
+    two options used, of one region; at most one option over ``tau`` (only under the relaxed
+    bound), with at most D - extra replicas. The GPUs of each kind are bounded by the pool."""
+    K = len(avail)
+    left = np.inf if deadline is None else deadline - time.perf_counter()
+    if left <= 0:
+        raise OutOfTime
+    m = Model(maximize=False)
+    by_kind: list[tuple[list[int], list[float]]] = [([], []) for _ in range(K)]
+    cols: list[list[tuple[Option, int]]] = []
+    for al in allowed:
+        xs, zs, over = [], [], []
+        regions: dict[int, list[int]] = {}
+        for o in al:
+            cap = D - extra if o.time_s > tau else D
+            x = m.var(0, cap, float(price[o.kind] * o.tp) if cheapest else 0.0, integer=True)
+            z = m.var(0, 1, integer=True)
+            m.row([x, z], [1, -cap], hi=0)  # replicas only on a used option
+            xs.append(x)
+            zs.append(z)
+            if o.time_s > tau:
+                over.append(z)
+            regions.setdefault(region_of[o.kind], []).append(z)
+            by_kind[o.kind][0].append(x)
+            by_kind[o.kind][1].append(o.tp)
+        m.row(xs, [1] * len(xs), lo=D, hi=D)
+        m.row(zs, [1] * len(zs), hi=2)
+        if len(over) > 1:
+            m.row(over, [1] * len(over), hi=1)
+        if len(regions) > 1:
+            rs = [m.var(0, 1, integer=True) for _ in regions]
+            for r, zz in zip(rs, regions.values(), strict=True):
+                m.row([*zz, r], [1] * len(zz) + [-2], hi=0)  # options of a chosen region only
+            m.row(rs, [1] * len(rs), hi=1)
+        cols.append(list(zip(al, xs, strict=True)))
+    for k, (idx, tps) in enumerate(by_kind):
+        if idx:
+            m.row(idx, tps, hi=float(avail[k]))
+    sol = m.solve(time_limit_s=left, exact=True, options=MIP_OPTIONS)
+    if sol.x is None:
+        if sol.infeasible:
+            return None
+        raise OutOfTime
+    x = np.rint(sol.x).astype(np.int64)
+    usage = np.zeros(K, dtype=np.int64)
+    per_stage = []
+    for st in cols:
+        mix = tuple((o.kind, o.tp, int(x[c])) for o, c in st if x[c] > 0)
+        for k, tp, n in mix:
+            usage[k] += tp * n
+        per_stage.append(mix)
+    return Allocation(tuple(per_stage), tuple(int(u) for u in usage), tau)
+
+
+@cache
+def _weights(K: int) -> np.ndarray:
+    """(K, W) weightings of the kinds for ``_short``: every vector of 0, 1, 2, 4 and 8 when
+    kinds are few (TP degrees are powers of two), else each kind alone and all together."""
+    if K <= 4:
+        rows = [list(r) for r in itertools.product((0, 1, 2, 4, 8), repeat=K) if any(r)]
+    else:
+        rows = [*np.eye(K, dtype=int).tolist(), [1] * K]
+    return np.array(rows, dtype=np.int64).T
+
+
 class PoolMemo:
     """Allocations found on one pool, reused on smaller pools. A smaller pool allows a subset of
     the allocations, and the dynamic program visits and orders the ones both allow alike, so an
@@ -257,7 +323,7 @@ class PoolMemo:
     pool is the one the smaller pool gives; none stays none. A result is also reused only when
     its bottleneck is at or above the caller's ``at_least``. ``key`` names the stage options
     (the caller's: plan shape, degree, ...); prices, regions and the kinds they index are fixed
-    per memo (``Space.alloc_memo``). Only exact programs are remembered (MAX_FRONT never cut)."""
+    per memo (``Space.alloc_memo``). A program cut by its deadline is not remembered."""
 
     def __init__(self) -> None:
         self._d: dict[tuple, list[tuple[np.ndarray, list[Allocation]]]] = {}
@@ -279,9 +345,6 @@ class PoolMemo:
         del entries[:-MEMO_POOLS]
 
 
-_truncated = [False]  # set when a program cut its front at MAX_FRONT (its result is not memoised)
-
-
 def _memoised(memo: PoolMemo | None, key: tuple | None, avail: np.ndarray, at_least: float,
               compute) -> list[Allocation]:
     if memo is None or key is None:
@@ -289,10 +352,8 @@ def _memoised(memo: PoolMemo | None, key: tuple | None, avail: np.ndarray, at_le
     got = memo.get(key, avail, at_least)
     if got is not None:
         return got
-    _truncated[0] = False
-    res = compute()
-    if not _truncated[0]:
-        memo.put(key, avail, res)
+    res = compute()  # OutOfTime leaves the memo as it was
+    memo.put(key, avail, res)
     return res
 
 
@@ -323,16 +384,21 @@ def _fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: n
     lo = int(np.searchsorted(taus, floor - 1e-15 * max(floor, 1.0)))
     hi = len(taus) - 1
     lo = min(lo, hi)  # a bound above every stage time: the answer does not depend on it
-    best = _solve(stage_opts, D, avail, price, region_of, taus[hi], total, deadline)
+    # the bisection only asks whether a bound can be met: the MIP stops at a first allocation,
+    # and the cheapest is found once, at the bound found (the program finds it every time)
+    cheapest = len(avail) <= DP_KINDS
+    best = _solve(stage_opts, D, avail, price, region_of, taus[hi], total, deadline, cheapest)
     if best is None:
         return None
     while lo < hi:
         mid = (lo + hi) // 2
-        a = _solve(stage_opts, D, avail, price, region_of, taus[mid], total, deadline)
+        a = _solve(stage_opts, D, avail, price, region_of, taus[mid], total, deadline, cheapest)
         if a is not None:
             hi, best = mid, a
         else:
             lo = mid + 1
+    if not cheapest:
+        best = _solve(stage_opts, D, avail, price, region_of, taus[hi], total, deadline)
     return best
 
 

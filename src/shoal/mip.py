@@ -68,9 +68,12 @@ class Model:
         return len(self.lo)
 
     def solve(self, *, time_limit_s: float, start: np.ndarray | None = None,
-              target: float | None = None, stall_s: float | None = None) -> Solution:
+              target: float | None = None, stall_s: float | None = None,
+              exact: bool = False, options: dict | None = None) -> Solution:
         """Solve; stop at ``time_limit_s``, when the best solution reaches ``target``, or when
-        it has not improved for ``stall_s`` seconds. ``start``: a feasible point to begin from."""
+        it has not improved for ``stall_s`` seconds. ``start``: a feasible point to begin from;
+        ``exact``: to the optimum (no relative gap left), not HiGHS's default gap; ``options``:
+        further HiGHS options."""
         lp = highspy.HighsLp()
         lp.num_col_ = self.n_vars
         lp.num_row_ = len(self.rows)
@@ -96,6 +99,10 @@ class Model:
         h.setOptionValue("threads", 1)
         h.setOptionValue("random_seed", 0)
         h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
+        if exact:
+            h.setOptionValue("mip_rel_gap", 0.0)
+        for name, value in (options or {}).items():
+            h.setOptionValue(name, value)
         h.passModel(lp)
         if start is not None:
             sol = highspy.HighsSolution()
