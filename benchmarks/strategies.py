@@ -17,6 +17,7 @@ Scenarios (built from the bundled examples; the catalog's models):
 Every strategy gets the same search-time budget (``--budget``); a search cut by it says so.
 
     python benchmarks/strategies.py [--budget 120] [--only espresso|zorse|sailor]
+        [--scenario NAME]
 """
 
 from __future__ import annotations
@@ -114,9 +115,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=120.0)
     ap.add_argument("--only", choices=["espresso", "zorse", "sailor"])
+    ap.add_argument("--scenario", help="only the scenario of this name (e.g. zorse-B-7B)")
     args = ap.parse_args()
     rows = []
-    for name, data, strategies in scenarios(args.only):
+    chosen = [x for x in scenarios(args.only) if args.scenario in (None, x[0])]
+    if not chosen:
+        ap.error(f"--scenario {args.scenario!r}: not one of "
+                 + ", ".join(x[0] for x in scenarios(args.only)))
+    for name, data, strategies in chosen:
         pb = build_problem(parse_scenario(data, file=f"{name}.yaml"), file=f"{name}.yaml")
         for s in strategies:
             r = {"scenario": name, **run(pb, s, args.budget)}

@@ -208,3 +208,23 @@ def test_quota_caps_gpus_across_regions():
     res = search(pb, objective="max-throughput")
     for c in [*res.ranked, *res.pareto]:
         assert sum(n for (g, _), n in c.plan.gpu_counts().items() if g == "A100-40GB") <= 4
+
+
+@pytest.mark.parametrize("allowed", [[True], [False, True]])
+def test_strategies_keep_to_the_jobs_recompute_settings(allowed):
+    """A job that allows only activation recompute gets recompute plans from every strategy,
+    and ``auto`` keeps shapes that would fit without it (it may not drop them for the plain
+    shape then); where both are allowed, Sailor's plans go without."""
+    job = {"global_batch": 32, "seq_len": 2048, "schedule": ["1f1b"], "zero_stage": [0],
+           "recompute": allowed}
+    pb = problem(job=job)
+    for strategy in ("sailor", "auto", "exhaustive"):
+        res = search(pb, strategy=strategy, objective="max-throughput")
+        assert res.ranked, strategy
+        for c in res.ranked:
+            assert c.plan.recompute in allowed, strategy
+        if strategy == "sailor":
+            assert res.ranked[0].plan.recompute == (allowed == [True])
+    only = search(pb, strategy="auto", objective="max-throughput").ranked[0]
+    ex = search(pb, strategy="exhaustive", objective="max-throughput").ranked[0]
+    assert only.iteration_time_s <= ex.iteration_time_s * 1.01

@@ -318,9 +318,10 @@ def _weights(K: int) -> np.ndarray:
 
 class PoolMemo:
     """Allocations found on one pool, reused on smaller pools. A smaller pool allows a subset of
-    the allocations, and the dynamic program visits and orders the ones both allow alike, so an
-    allocation found on a pool (the fastest, or the cheapest under a bound) that fits a smaller
-    pool is the one the smaller pool gives; none stays none. A result is also reused only when
+    the allocations, so an allocation found on a pool (the fastest, or the cheapest under a
+    bound) that fits a smaller pool is also the fastest (cheapest) there: the one the dynamic
+    program, which visits and orders the allocations both allow alike, gives on it, or one as
+    cheap as the MIP's; none stays none. A result is also reused only when
     its bottleneck is at or above the caller's ``at_least``. ``key`` names the stage options
     (the caller's: plan shape, degree, ...); prices, regions and the kinds they index are fixed
     per memo (``Space.alloc_memo``). A program cut by its deadline is not remembered."""

@@ -354,7 +354,8 @@ class Bounds:
 def _shapes(space: Space, mbs_values: list[int], max_stages: int | None):
     problem = space.problem
     L = problem.n_layers
-    for recompute in sorted(set(problem.job.recompute)):
+    settings = sorted(set(problem.job.recompute))
+    for recompute in settings:
         for P in range(1, min(L, max_stages or L) + 1):
             for mbs in mbs_values:
                 bal = balanced_split(L, P)
@@ -363,7 +364,8 @@ def _shapes(space: Space, mbs_values: list[int], max_stages: int | None):
                     if opts is None:
                         yield None
                         continue
-                    if recompute and _fits_without_recompute(space, split, mbs, opts):
+                    if (recompute and False in settings
+                            and _fits_without_recompute(space, split, mbs, opts)):
                         yield False  # recompute only slows a shape that already fits
                         continue
                     yield Shape(recompute, mbs, split, tuple(tuple(o) for o in opts),
@@ -506,6 +508,18 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
                 allocs = [*allocs, up]
     out = [build_spec(space, a, opts, sh.split, sh.mbs, D, recompute=sh.recompute, packing=pk)
            for a in allocs for pk in PACKINGS]
+    if (sh.recompute == sailor.recompute_of(space.problem)
+            and sh.split == balanced_split(L, len(sh.split))):
+        # the `sailor` strategy's allocation of the pair (each kind at its smallest fitting TP,
+        # H2): the bottleneck program over every TP can choose allocations the estimate ranks
+        # below it, and with it every plan that strategy costs is costed here too
+        o_min = sailor.stage_options(space, sh.split, sh.mbs, sh.recompute, 0, 1)
+        a_min = fastest(o_min, D, avail, price, region_of, total=total, memo=memo,
+                        key=(sh.split, sh.mbs, sh.recompute, "smallest tp"),
+                        deadline=deadline) if o_min else None
+        if a_min is not None and all(a_min.per_stage != a.per_stage for a in allocs):
+            out += [build_spec(space, a_min, o_min, sh.split, sh.mbs, D, recompute=sh.recompute,
+                               packing=pk) for pk in PACKINGS]
     if allocs and len(sh.split) <= PERMUTE_UP_TO and every_split(L, len(sh.split)):
         # shallow pipelines of a short model: the same GPUs with the stages' replica mixes in
         # every other order (the bottleneck program ranks by compute; the sends, the fill and

@@ -54,9 +54,16 @@ def arrays(space: Space):
     return avail, price, region_of
 
 
+def recompute_of(problem) -> bool:
+    """Sailor plans without activation recompute; with it only where the job allows no other
+    setting."""
+    return False not in problem.job.recompute
+
+
 def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
            max_stages: int | None = None) -> None:
     problem = space.problem
+    recompute = recompute_of(problem)
     L = problem.n_layers
     gbs = problem.job.global_batch
     avail, price, region_of = arrays(space)
@@ -67,7 +74,7 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
         split = balanced_split(L, P)
         for mbs in mbs_values:
             total = gbs // mbs
-            opts = stage_options(space, split, mbs, False, 0, 1)
+            opts = stage_options(space, split, mbs, recompute, 0, 1)
             if opts is None:
                 ev.stats.no_fit += 1
                 continue
@@ -92,7 +99,8 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                         ev.stats.truncated = True
                         ev.cost(specs)
                         return
-                    spec = build_spec(space, alloc, opts, split, mbs, D) if alloc else None
+                    spec = (build_spec(space, alloc, opts, split, mbs, D, recompute=recompute)
+                            if alloc else None)
                     if spec is None:
                         ev.stats.pruned += 1
                         continue
