@@ -45,11 +45,16 @@ def every_allocation(stage_opts, D, avail, price, region_of, tau, total):
     return best
 
 
+FORMS = {"combo": 10**9, "option": 0}  # COMBO_COLUMNS_PER_OPTION that forces each MIP form
+
+
+@pytest.mark.parametrize("form", ["combo", "option"])
 @pytest.mark.parametrize("K", [2, 3, 4])
 @pytest.mark.parametrize("seed", range(8))
-def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed):
-    """Two kinds by the dynamic program, three and four by the MIP: the same cheapest cost (and
-    the same feasibility) as every combination tried."""
+def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed, form, monkeypatch):
+    """Two kinds by the dynamic program, three and four by the MIP in each of its forms: the
+    same cheapest cost (and the same feasibility) as every combination tried."""
+    monkeypatch.setattr(allocate, "COMBO_COLUMNS_PER_OPTION", FORMS[form])
     rng = np.random.default_rng(seed)
     checked = 0
     for _ in range(6):
@@ -57,7 +62,7 @@ def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed):
         stages = random_stages(rng, K, P)
         avail = rng.integers(0, 3 * D + 2, size=K)
         price = rng.uniform(0.5, 3.0, size=K)
-        region_of = [int(k % 2) if seed % 2 else 0 for k in range(K)]
+        region_of = [int(k % 2) if seed % 2 or form == "combo" else 0 for k in range(K)]
         total = int(rng.integers(D, 4 * D + 1))
         times = sorted({o.time_s for st in stages for o in st})
         tau = times[int(rng.integers(0, len(times)))] * float(rng.choice([1.0, 1.2]))
@@ -78,11 +83,14 @@ def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed):
     assert checked  # the seeds do reach feasible cases
 
 
+@pytest.mark.parametrize("form", ["combo", "option"])
 @pytest.mark.parametrize("seed", range(6))
-def test_fastest_is_the_smallest_bound_met(seed):
+def test_fastest_is_the_smallest_bound_met(seed, form, monkeypatch):
     """``fastest`` (a bisection of feasibility tests, the cheapest at the end) against every
     bound tried in turn, with three kinds (the MIP)."""
+    monkeypatch.setattr(allocate, "COMBO_COLUMNS_PER_OPTION", FORMS[form])
     rng = np.random.default_rng(100 + seed)
+    regions = [0, 1, 1] if form == "combo" else [0, 0, 0]  # the combo form is for regions
     for _ in range(4):
         P, D = int(rng.integers(1, 4)), int(rng.integers(1, 5))
         stages = random_stages(rng, 3, P)
@@ -92,12 +100,12 @@ def test_fastest_is_the_smallest_bound_met(seed):
         relax, _ = allocate.slots(D, total)
         taus = sorted({t for st in stages for o in st for t in (o.time_s, o.time_s / relax)})
         want = next((t for t in taus
-                     if every_allocation(stages, D, avail, price, [0, 0, 0], t, total)), None)
-        got = fastest(stages, D, avail, price, [0, 0, 0], total=total)
+                     if every_allocation(stages, D, avail, price, regions, t, total)), None)
+        got = fastest(stages, D, avail, price, regions, total=total)
         assert (got is None) == (want is None)
         if got is not None:
             assert got.bottleneck_s == want
-            cheapest = every_allocation(stages, D, avail, price, [0, 0, 0], want, total)[0]
+            cheapest = every_allocation(stages, D, avail, price, regions, want, total)[0]
             assert float(np.asarray(got.usage) @ price) == pytest.approx(cheapest, rel=1e-9)
 
 

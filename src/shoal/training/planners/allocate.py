@@ -27,6 +27,7 @@ DP_KINDS = 2  # up to this many kinds the program is the dynamic program, above 
 # the MIPs are small and mostly solved at the root: HiGHS's feasibility-jump heuristic took
 # about half of their time (one-off timing over 300 of them, the same optima without it)
 MIP_OPTIONS = {"mip_heuristic_run_feasibility_jump": False}
+COMBO_COLUMNS_PER_OPTION = 4  # how the MIP's form is chosen (``_solve_mip``)
 
 
 class OutOfTime(Exception):
@@ -134,7 +135,8 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
             found = _greedy(allowed, D, avail, region_of, tau, extra, weigh)
             if found is not None:
                 return found
-    return _solve_mip(allowed, D, avail, price, region_of, tau, extra, deadline, cheapest)
+    return _solve_mip(allowed, D, avail, price, region_of, tau, relax, extra, deadline,
+                      cheapest)
 
 
 def _load(allowed: list[list[Option]], D: int, avail: np.ndarray, tau: float,
@@ -248,18 +250,93 @@ def _solve_dp(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.
 
 
 def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-               region_of: list[int], tau: float, extra: int, deadline: float | None,
-               cheapest: bool) -> Allocation | None:
-    """``_solve`` for three kinds or more, where the program's fronts grow large: a MIP (HiGHS)
-    over the replicas each stage takes of each allowed option. Per stage: D replicas, at most
-    two options used, of one region; at most one option over ``tau`` (only under the relaxed
-    bound), with at most D - extra replicas. The GPUs of each kind are bounded by the pool."""
+               region_of: list[int], tau: float, relax: float, extra: int,
+               deadline: float | None, cheapest: bool) -> Allocation | None:
+    """``_solve`` for three kinds or more, where the program's fronts grow large: a MIP solved
+    by HiGHS, in one of two forms of the same choices (``_by_combo``, ``_by_option``). The combo
+    form has no big-M rows, no binaries per region and no symmetry between equal stages: on
+    pools of two regions the option form was 10-100x slower. With one region the option form
+    was about 16x faster (one-off timings over a few hundred programs of each). So: combos when
+    the options span regions and the combo columns are at most COMBO_COLUMNS_PER_OPTION times
+    the option columns."""
     K = len(avail)
     left = np.inf if deadline is None else deadline - time.perf_counter()
     if left <= 0:
         raise OutOfTime
+    classes: dict[tuple[Option, ...], list[int]] = {}  # equal stages share columns
+    for i, al in enumerate(allowed):
+        classes.setdefault(tuple(al), []).append(i)
+    n_combo = 0
+    for al in classes:
+        per_region: dict[int, int] = {}
+        for o in al:
+            per_region[region_of[o.kind]] = per_region.get(region_of[o.kind], 0) + 1
+        n_combo += sum(n + n * (n - 1) // 2 * (D - 1) for n in per_region.values())
+    n_option = 2 * sum(len(al) for al in allowed)
     m = Model(maximize=False)
-    by_kind: list[tuple[list[int], list[float]]] = [([], []) for _ in range(K)]
+    use: list[tuple[list[int], list[float]]] = [([], []) for _ in range(K)]  # columns per kind
+    regions = {region_of[o.kind] for al in classes for o in al}
+    if len(regions) > 1 and n_combo <= COMBO_COLUMNS_PER_OPTION * n_option:
+        read = _by_combo(m, use, classes, D, price, region_of, tau, relax, extra, cheapest)
+    else:
+        read = _by_option(m, use, allowed, D, price, region_of, tau, extra, cheapest)
+    if read is None:
+        return None
+    for k, (idx, val) in enumerate(use):
+        if idx:
+            m.row(idx, val, hi=float(avail[k]))
+    sol = m.solve(time_limit_s=left, exact=True, options=MIP_OPTIONS)
+    if sol.x is None:
+        if sol.infeasible:
+            return None
+        raise OutOfTime
+    per_stage = read(np.rint(sol.x).astype(np.int64))
+    usage = np.zeros(K, dtype=np.int64)
+    for mix in per_stage:
+        for k, tp, n in mix:
+            usage[k] += tp * n
+    return Allocation(tuple(per_stage), tuple(int(u) for u in usage), tau)
+
+
+def _by_combo(m: Model, use, classes: dict[tuple[Option, ...], list[int]], D: int,
+              price: np.ndarray, region_of: list[int], tau: float, relax: float, extra: int,
+              cheapest: bool):
+    """Columns: per class of equal stages, how many of them take each combo the bound allows
+    (the dynamic program's choices); returns the reader of a solution, or None when a class
+    has no combo."""
+    K = len(use)
+    cols = []
+    for al, stages in classes.items():
+        combos, CU, ok = _stage_combos(list(al), D, region_of, K, tau, relax, extra)
+        idx = np.flatnonzero(ok)
+        if len(idx) == 0:
+            return None
+        cost = CU[idx] @ price if cheapest else np.zeros(len(idx))
+        vs = [m.var(0, len(stages), float(c), integer=True) for c in cost]
+        m.row(vs, [1] * len(vs), lo=len(stages), hi=len(stages))
+        for v, c in zip(vs, idx, strict=True):
+            for k in np.flatnonzero(CU[c]):
+                use[k][0].append(v)
+                use[k][1].append(float(CU[c, k]))
+        cols.append((stages, combos, idx, vs))
+
+    def read(x: np.ndarray) -> list:
+        per_stage: list = [()] * sum(len(st) for st, _, _, _ in cols)
+        for stages, combos, idx, vs in cols:
+            todo = iter(stages)
+            for c, v in zip(idx, vs, strict=True):
+                for _ in range(int(x[v])):
+                    per_stage[next(todo)] = tuple((o.kind, o.tp, n) for o, n in combos[c])
+        return per_stage
+
+    return read
+
+
+def _by_option(m: Model, use, allowed: list[list[Option]], D: int, price: np.ndarray,
+               region_of: list[int], tau: float, extra: int, cheapest: bool):
+    """Columns: per stage, the replicas it takes of each allowed option, with a binary per
+    option (at most two used, at most one over ``tau`` with at most D - extra replicas) and
+    per region (the options of one region only); returns the reader of a solution."""
     cols: list[list[tuple[Option, int]]] = []
     for al in allowed:
         xs, zs, over = [], [], []
@@ -274,8 +351,8 @@ def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np
             if o.time_s > tau:
                 over.append(z)
             regions.setdefault(region_of[o.kind], []).append(z)
-            by_kind[o.kind][0].append(x)
-            by_kind[o.kind][1].append(o.tp)
+            use[o.kind][0].append(x)
+            use[o.kind][1].append(o.tp)
         m.row(xs, [1] * len(xs), lo=D, hi=D)
         m.row(zs, [1] * len(zs), hi=2)
         if len(over) > 1:
@@ -286,23 +363,11 @@ def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np
                 m.row([*zz, r], [1] * len(zz) + [-2], hi=0)  # options of a chosen region only
             m.row(rs, [1] * len(rs), hi=1)
         cols.append(list(zip(al, xs, strict=True)))
-    for k, (idx, tps) in enumerate(by_kind):
-        if idx:
-            m.row(idx, tps, hi=float(avail[k]))
-    sol = m.solve(time_limit_s=left, exact=True, options=MIP_OPTIONS)
-    if sol.x is None:
-        if sol.infeasible:
-            return None
-        raise OutOfTime
-    x = np.rint(sol.x).astype(np.int64)
-    usage = np.zeros(K, dtype=np.int64)
-    per_stage = []
-    for st in cols:
-        mix = tuple((o.kind, o.tp, int(x[c])) for o, c in st if x[c] > 0)
-        for k, tp, n in mix:
-            usage[k] += tp * n
-        per_stage.append(mix)
-    return Allocation(tuple(per_stage), tuple(int(u) for u in usage), tau)
+
+    def read(x: np.ndarray) -> list:
+        return [tuple((o.kind, o.tp, int(x[c])) for o, c in st if x[c] > 0) for st in cols]
+
+    return read
 
 
 @cache

@@ -10,7 +10,9 @@ The space, beyond the ``sailor`` strategy's:
 - for cost objectives, the cheapest allocation under several bottleneck bounds, so time-cost
   trade-offs reach the estimator and the Pareto front;
 - every objective uses every pipeline depth (Sailor's public planner keeps min-cost searches to
-  one stage), and activation recompute where the job allows it.
+  one stage), and activation recompute where the job allows it;
+- each pair of a balanced split also gets the ``sailor`` strategy's own allocation (each kind at
+  its smallest fitting TP), so every plan that strategy costs is costed here.
 
 The search: (when minimising cost, Sailor's single-stage walk first, for an incumbent) every
 (shape, degree) pair gets a lower bound on iteration time and on $/iteration
@@ -518,8 +520,8 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
                         key=(sh.split, sh.mbs, sh.recompute, "smallest tp"),
                         deadline=deadline) if o_min else None
         if a_min is not None and all(a_min.per_stage != a.per_stage for a in allocs):
-            out += [build_spec(space, a_min, o_min, sh.split, sh.mbs, D, recompute=sh.recompute,
-                               packing=pk) for pk in PACKINGS]
+            out.append(build_spec(space, a_min, o_min, sh.split, sh.mbs, D,
+                                  recompute=sh.recompute))  # as that strategy packs it
     if allocs and len(sh.split) <= PERMUTE_UP_TO and every_split(L, len(sh.split)):
         # shallow pipelines of a short model: the same GPUs with the stages' replica mixes in
         # every other order (the bottleneck program ranks by compute; the sends, the fill and
