@@ -96,7 +96,8 @@ def test_killed_worker_survivors_continue_under_a_new_plan(tmp_path):
     assert len(res["losses"]) == STEPS
 
 
-def test_joining_worker_is_taken_in_without_restarting_the_others(tmp_path):
+def run_with_a_join(tmp_path, before_join=lambda: None):
+    """Two workers on ``pp``, a third added after step 3 (``before_join`` runs just before)."""
     ck, out = tmp_path / "ck", tmp_path / "out"
     out.mkdir()
     job = ElasticJob(TINY, pp, total_steps=STEPS, seq=SEQ, ckpt_dir=str(ck), every=2, keep=100,
@@ -106,9 +107,14 @@ def test_joining_worker_is_taken_in_without_restarting_the_others(tmp_path):
     def events(j):
         if "joined" not in state and past(j, 3):
             state["pids"] = {w: j.pid(w) for w in (0, 1)}
+            before_join()
             state["joined"] = j.add_worker()
 
-    res = job.run(2, events=events)
+    return job, job.run(2, events=events, timeout_s=120), state, ck, out
+
+
+def test_joining_worker_is_taken_in_without_restarting_the_others(tmp_path):
+    job, res, state, ck, out = run_with_a_join(tmp_path)
     last = res["reconfigurations"][-1]
     assert last["cause"] == f"worker {state['joined']} joined" and last["members"] == [0, 1, 2]
     assert last["new_plan"] == pp(3).summary()
@@ -272,19 +278,7 @@ def test_a_generation_that_fails_with_every_worker_alive_is_published_again(tmp_
         return real(directory)
 
     monkeypatch.setattr(elastic, "latest_checkpoint", flaky)
-    ck, out = tmp_path / "ck", tmp_path / "out"
-    out.mkdir()
-    job = ElasticJob(TINY, pp, total_steps=STEPS, seq=SEQ, ckpt_dir=str(ck), every=2, keep=100,
-                     out_dir=str(out))
-    state = {}
-
-    def events(j):
-        if "joined" not in state and past(j, 3):
-            state["pids"] = {w: j.pid(w) for w in (0, 1)}
-            armed.touch()
-            state["joined"] = j.add_worker()
-
-    res = job.run(2, events=events, timeout_s=120)
+    job, res, state, ck, out = run_with_a_join(tmp_path, armed.touch)
     causes = [r["cause"] for r in res["reconfigurations"]]
     assert causes[:2] == ["start", f"worker {state['joined']} joined"]
     assert len(causes) == 3 and "OSError: checkpoint unreadable (injected)" in causes[2]
