@@ -289,3 +289,27 @@ def test_a_generation_that_fails_with_every_worker_alive_is_published_again(tmp_
     assert len(res["losses"]) == STEPS
     k = last["resumed_from_step"]
     assert close(final_params(out), from_checkpoint(tmp_path, ck, k, pp(3), STEPS - k)) <= 1e-9
+
+
+def test_a_generation_that_cannot_start_stops_the_job_with_its_error(tmp_path, monkeypatch):
+    """Every start of the generation after a join fails (the workers cannot build their
+    stages): after a worker's starts run out it reports the error, the controller publishes the
+    generation again a few times, then stops the job with that error (no silent wait)."""
+    from shoal.runtime import elastic, pipeline
+
+    parent = os.getpid()
+    armed = tmp_path / "armed"
+    real = pipeline.Worker
+
+    def broken(*args, **kwargs):  # the workers are forked: they see this
+        if os.getpid() != parent and armed.exists():
+            raise ValueError("cannot build this stage (injected)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "Worker", broken)
+    monkeypatch.setattr(elastic, "JOIN_ATTEMPTS", 1)  # each start of a group can take seconds
+    started = time.time()
+    with pytest.raises(RuntimeError, match="cannot build this stage") as e:
+        run_with_a_join(tmp_path, armed.touch)
+    assert f"failed {elastic.MAX_RETRIES + 1} times in a row" in str(e.value)
+    assert time.time() - started < 100

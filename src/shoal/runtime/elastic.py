@@ -43,6 +43,7 @@ from shoal.specs.plan import TrainingPlan
 HEARTBEAT_S = 0.3
 # how long a survivor may wait on a peer that is gone before it gives up on the old group
 # (gloo fails at once when the peer's connection closes, else at this timeout)
+JOIN_ATTEMPTS = 5  # a worker's starts of one generation before it reports the generation failed
 MAX_RETRIES = 3  # a generation whose workers failed, all alive, is published again this often
 PG_TIMEOUT_S = float(os.environ.get("SHOAL_ELASTIC_TIMEOUT_S", "8"))
 
@@ -123,6 +124,7 @@ def worker_main(wid: int, port: int, model_json: str, seq: int, total_steps: int
     store.set(f"ready/{wid}", str(os.getpid()))
     directory = Path(ckpt_dir)
     seen = -1
+    starts: dict[int, int] = {}  # failed starts per generation
     while True:
         g = int(store.get("gen"))
         if store.check(["done"]):
@@ -179,7 +181,8 @@ def worker_main(wid: int, port: int, model_json: str, seq: int, total_steps: int
                 if rank == 0:
                     store.set("finished", str(g))
         except Exception:  # a peer left mid-step: wait for the controller's next generation
-            if not joined and int(store.get("gen")) == g:
+            starts[g] = starts.get(g, 0) + 1
+            if not joined and int(store.get("gen")) == g and starts[g] < JOIN_ATTEMPTS:
                 seen = -1  # a member was still leaving the old group: join this one again
             elif int(store.get("gen")) == g:
                 # no new generation to move to: tell the controller why this one stopped

@@ -516,9 +516,10 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
         # H2): the bottleneck program over every TP can choose allocations the estimate ranks
         # below it, and with it every plan that strategy costs is costed here too
         o_min = sailor.stage_options(space, sh.split, sh.mbs, sh.recompute, 0, 1)
-        a_min = fastest(o_min, D, avail, price, region_of, total=total, memo=memo,
+        a_min = fastest(o_min, D, avail, price, region_of, at_least=tau / slots(D, total)[0],
+                        total=total, memo=memo,
                         key=(sh.split, sh.mbs, sh.recompute, "smallest tp"),
-                        deadline=deadline) if o_min else None
+                        deadline=deadline) if o_min else None  # the pair's bound holds here too
         if a_min is not None and all(a_min.per_stage != a.per_stage for a in allocs):
             out.append(build_spec(space, a_min, o_min, sh.split, sh.mbs, D,
                                   recompute=sh.recompute))  # as that strategy packs it
