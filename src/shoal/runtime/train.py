@@ -3,6 +3,7 @@ plan's ranks (spawned on this machine with gloo, or under torchrun)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -162,7 +163,8 @@ class StoreHost:
 
 def _stop_host(stop_w: int, proc) -> None:
     # a byte, not only the close: processes forked since hold copies of the write end
-    os.write(stop_w, b"x")
+    with contextlib.suppress(OSError):  # the server is already gone
+        os.write(stop_w, b"x")
     os.close(stop_w)
     proc.join(timeout=10)
     if proc.is_alive():
