@@ -104,6 +104,9 @@ class Shape:
     split: tuple[tuple[int, int], ...]
     opts: tuple[tuple[Option, ...], ...]
     rebalance: bool
+    # the `sailor` strategy's options for this shape (each kind at its smallest fitting TP), on
+    # the shapes that strategy plans: balanced splits, its recompute setting
+    smallest: tuple[tuple[Option, ...], ...] | None = None
 
 
 class Bounds:
@@ -370,8 +373,20 @@ def _shapes(space: Space, mbs_values: list[int], max_stages: int | None):
                             and _fits_without_recompute(space, split, mbs, opts)):
                         yield False  # recompute only slows a shape that already fits
                         continue
+                    smallest = None
+                    if split == bal and recompute == sailor.recompute_of(problem):
+                        # per stage and kind, its smallest TP (the options list every fitting
+                        # TP from the smallest up)
+                        smallest = tuple(tuple(_first_per_kind(st)) for st in opts)
                     yield Shape(recompute, mbs, split, tuple(tuple(o) for o in opts),
-                                rebalance=P > 1 and split == bal)
+                                rebalance=P > 1 and split == bal, smallest=smallest)
+
+
+def _first_per_kind(options) -> list[Option]:
+    first: dict[int, Option] = {}
+    for o in options:
+        first.setdefault(o.kind, o)
+    return list(first.values())
 
 
 def _fits_without_recompute(space: Space, split, mbs: int, opts) -> bool:
@@ -510,16 +525,15 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
                 allocs = [*allocs, up]
     out = [build_spec(space, a, opts, sh.split, sh.mbs, D, recompute=sh.recompute, packing=pk)
            for a in allocs for pk in PACKINGS]
-    if (sh.recompute == sailor.recompute_of(space.problem)
-            and sh.split == balanced_split(L, len(sh.split))):
+    if sh.smallest is not None:
         # the `sailor` strategy's allocation of the pair (each kind at its smallest fitting TP,
         # H2): the bottleneck program over every TP can choose allocations the estimate ranks
         # below it, and with it every plan that strategy costs is costed here too
-        o_min = sailor.stage_options(space, sh.split, sh.mbs, sh.recompute, 0, 1)
+        o_min = [list(o) for o in sh.smallest]
         a_min = fastest(o_min, D, avail, price, region_of, at_least=tau / slots(D, total)[0],
                         total=total, memo=memo,
                         key=(sh.split, sh.mbs, sh.recompute, "smallest tp"),
-                        deadline=deadline) if o_min else None  # the pair's bound holds here too
+                        deadline=deadline)  # the pair's bound holds for these options too
         if a_min is not None and all(a_min.per_stage != a.per_stage for a in allocs):
             out.append(build_spec(space, a_min, o_min, sh.split, sh.mbs, D,
                                   recompute=sh.recompute))  # as that strategy packs it
