@@ -130,7 +130,7 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
         return None
     if not cheapest:
         # the scarcest GPUs by share of what is left, then by the weighting closest to binding
-        W = _weights(len(avail))
+        W = kind_weights(len(avail)).T
         for weigh in (None, W[:, int(np.argmax(load))]):
             found = _greedy(allowed, D, avail, region_of, tau, extra, weigh)
             if found is not None:
@@ -141,10 +141,10 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
 
 def _load(allowed: list[list[Option]], D: int, avail: np.ndarray, tau: float,
           extra: int) -> np.ndarray:
-    """Per weighting of the kinds (``_weights``), the GPUs the stages need at least over those
+    """Per weighting of the kinds (``kind_weights``), the GPUs the stages need at least over those
     the pool holds: above 1 under any weighting (a bound of the LP relaxation, through its
     dual) and no allocation fits."""
-    W = _weights(len(avail))
+    W = kind_weights(len(avail)).T
     need = np.zeros(W.shape[1])
     for al in allowed:
         under = np.min([o.tp * W[o.kind] for o in al if o.time_s <= tau], axis=0)
@@ -370,15 +370,24 @@ def _by_option(m: Model, use, allowed: list[list[Option]], D: int, price: np.nda
     return read
 
 
+WEIGHT_VALUES = (0, 1, 2, 4, 8)  # per-kind weights of the LP dual bounds ...
+WEIGHT_GRID_UP_TO = 4  # ... in every combination up to this many kinds (``kind_weights``)
+
+
 @cache
-def _weights(K: int) -> np.ndarray:
-    """(K, W) weightings of the kinds for ``_short``: every vector of 0, 1, 2, 4 and 8 when
-    kinds are few (TP degrees are powers of two), else each kind alone and all together."""
-    if K <= 4:
-        rows = [list(r) for r in itertools.product((0, 1, 2, 4, 8), repeat=K) if any(r)]
+def kind_weights(K: int) -> np.ndarray:
+    """(W, K) weightings of the kinds at which LP dual bounds on GPU counts are taken: every
+    vector of WEIGHT_VALUES per kind when kinds are few (TP degrees are powers of two, so for
+    two kinds these hold the dual's optimum), else every 0/1 vector, or each kind alone, all
+    but one, and all. Any nonnegative weights give a valid bound."""
+    if K <= WEIGHT_GRID_UP_TO:
+        grid = np.array(list(itertools.product(WEIGHT_VALUES, repeat=K)), dtype=float)
+    elif K <= 8:
+        grid = np.array(list(itertools.product((0.0, 1.0), repeat=K)))
     else:
-        rows = [*np.eye(K, dtype=int).tolist(), [1] * K]
-    return np.array(rows, dtype=np.int64).T
+        eye = np.eye(K)
+        grid = np.vstack([eye, 1 - eye, np.ones((1, K))])
+    return grid[grid.sum(axis=1) > 0]
 
 
 class PoolMemo:

@@ -37,6 +37,7 @@ from shoal.training.planners.allocate import (
     Option,
     OutOfTime,
     fastest,
+    kind_weights,
     slots,
     tradeoffs,
     upgraded,
@@ -49,8 +50,6 @@ ALL_SPLITS_UP_TO = 5  # pipeline depths whose every contiguous split is tried ..
 MAX_SPLITS = 120  # ... when there are at most this many
 PERMUTE_UP_TO = 5  # pipeline depths whose stage orders are permuted (when every split is tried)
 PACKINGS = ("stage", "chain", "pipeline")  # zone placements tried for each allocation
-DUAL_VALUES = (0.0, 1.0, 2.0, 4.0, 8.0)  # per-kind weights of the replica-count bound ...
-DUAL_FULL_UP_TO = 4  # ... in every combination up to this many kinds (Bounds._dual_weights)
 BATCH = 12  # (shape, degree) pairs allocated and costed per estimator call
 
 
@@ -161,7 +160,6 @@ class Bounds:
         self.zone_most = max(per_zone.values(), default=0)
         self.region_most = max(per_region.values(), default=0)
         self._sync: dict[tuple[int, int], np.ndarray] = {}
-        self._weights_cache: np.ndarray | None = None
 
     def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
         """(3, TPs): seconds per 2(D-1)/D of a stage's gradients over the fastest link of each
@@ -291,7 +289,8 @@ class Bounds:
     def _tau(self, t, tp, k, st, P: int, Ds: np.ndarray, joint: bool = True) -> np.ndarray:
         """Per degree, the smallest slowest-replica time the pool's GPU counts allow: in all,
         per stage (its D replicas in one region, H5), stages per region, and the GPUs all
-        stages' replicas take from each kind together (an LP dual bound, ``_dual_weights``)."""
+        stages' replicas take from each kind together (an LP dual bound, at
+        ``allocate.kind_weights``)."""
         taus = np.unique(t)
         ok = t[None, :] <= taus[:, None]  # (nT, O)
         K = len(self.avail)
@@ -322,7 +321,7 @@ class Bounds:
             cols, cnt = np.unique(c.transpose(1, 0, 2).reshape(P, -1), axis=0,
                                   return_counts=True)
             cu = cols.reshape(len(cols), nT, K)  # distinct stages (U, nT, K)
-            Wt = self._dual_weights()  # (M, K)
+            Wt = kind_weights(len(self.avail))  # (M, K)
             fin = np.isfinite(cu)
             prod = np.where(fin[None], Wt[:, None, None, :] * np.where(fin, cu, 0.0)[None], np.inf)
             den = (prod.min(axis=3) * cnt[None, :, None]).sum(axis=1)  # (M, nT)
@@ -337,23 +336,6 @@ class Bounds:
         feas &= np.where(np.isfinite(fit), fit, 0.0).sum(axis=0) >= P
         first = np.where(feas.any(axis=0), feas.argmax(axis=0), -1)
         return np.where(first >= 0, taus[np.maximum(first, 0)], np.inf)
-
-    def _dual_weights(self) -> np.ndarray:
-        """Kind weights at which ``_tau`` evaluates the LP dual bound: every vector of
-        DUAL_VALUES per kind when kinds are few (TP degrees are powers of two, so for two kinds
-        these hold the dual's optimum and the bound is the LP's), else every 0/1 vector, or
-        each kind alone, all but one, and all. Any weights give a valid bound."""
-        if self._weights_cache is None:
-            K = len(self.avail)
-            if K <= DUAL_FULL_UP_TO:
-                grid = np.array(list(itertools.product(DUAL_VALUES, repeat=K)), dtype=float)
-            elif K <= 8:
-                grid = np.array(list(itertools.product((0.0, 1.0), repeat=K)))
-            else:
-                eye = np.eye(K)
-                grid = np.vstack([eye, 1 - eye, np.ones((1, K))])
-            self._weights_cache = grid[grid.sum(axis=1) > 0]
-        return self._weights_cache
 
 
 def _shapes(space: Space, mbs_values: list[int], max_stages: int | None):
