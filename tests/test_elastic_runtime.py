@@ -18,6 +18,7 @@ from shoal.runtime.train import latest_checkpoint, spawn  # noqa: E402
 from shoal.specs.plan import TrainingPlan  # noqa: E402
 
 SEQ, STEPS = 16, 8
+JOIN_STEPS = 16
 
 
 def dp(n: int, total: int = 4) -> TrainingPlan:
@@ -97,11 +98,12 @@ def test_killed_worker_survivors_continue_under_a_new_plan(tmp_path):
 
 
 def run_with_a_join(tmp_path, before_join=lambda: None):
-    """Two workers on ``pp``, a third added after step 3 (``before_join`` runs just before)."""
+    """Two workers on ``pp`` for JOIN_STEPS, a third added after step 3 (``before_join`` runs
+    just before); long enough that the join lands before the last step."""
     ck, out = tmp_path / "ck", tmp_path / "out"
     out.mkdir()
-    job = ElasticJob(TINY, pp, total_steps=STEPS, seq=SEQ, ckpt_dir=str(ck), every=2, keep=100,
-                     out_dir=str(out))
+    job = ElasticJob(TINY, pp, total_steps=JOIN_STEPS, seq=SEQ, ckpt_dir=str(ck), every=2,
+                     keep=100, out_dir=str(out))
     state = {}
 
     def events(j):
@@ -121,7 +123,8 @@ def test_joining_worker_is_taken_in_without_restarting_the_others(tmp_path):
     assert {w: job.pid(w) for w in (0, 1)} == state["pids"]
     assert all(int(job.store.get(f"ready/{w}")) == state["pids"][w] for w in (0, 1))
     k = last["resumed_from_step"]
-    assert close(final_params(out), from_checkpoint(tmp_path, ck, k, pp(3), STEPS - k)) <= 1e-9
+    ref = from_checkpoint(tmp_path, ck, k, pp(3), JOIN_STEPS - k)
+    assert close(final_params(out), ref) <= 1e-9
 
 
 def _slow_writer(port, directory):
@@ -286,9 +289,10 @@ def test_a_generation_that_fails_with_every_worker_alive_is_published_again(tmp_
     last = res["reconfigurations"][-1]
     assert last["members"] == [0, 1, 2] and last["new_plan"] == pp(3).summary()
     assert {w: job.pid(w) for w in (0, 1)} == state["pids"]  # nobody was restarted
-    assert len(res["losses"]) == STEPS
+    assert len(res["losses"]) == JOIN_STEPS
     k = last["resumed_from_step"]
-    assert close(final_params(out), from_checkpoint(tmp_path, ck, k, pp(3), STEPS - k)) <= 1e-9
+    ref = from_checkpoint(tmp_path, ck, k, pp(3), JOIN_STEPS - k)
+    assert close(final_params(out), ref) <= 1e-9
 
 
 def test_a_generation_that_cannot_start_stops_the_job_with_its_error(tmp_path, monkeypatch):

@@ -186,7 +186,8 @@ def worker_main(wid: int, port: int, model_json: str, seq: int, total_steps: int
                 seen = -1  # a member was still leaving the old group: join this one again
             elif int(store.get("gen")) == g:
                 # no new generation to move to: tell the controller why this one stopped
-                store.set(f"g{g}/failed/{wid}", traceback.format_exc(limit=8))
+                store.set(f"g{g}/failed/{wid}",
+                          json.dumps([time.time(), traceback.format_exc(limit=8)]))
         finally:
             w = None  # drop the old groups' handles so their connections close now
             gc.collect()
@@ -366,13 +367,16 @@ class ElasticJob:
             return
         if now - self._failed_at <= self.heartbeat_timeout_s:
             return
-        error = self.store.get(f"g{self.gen}/failed/{failed[0]}").decode()
+        # the worker that failed first: the others' errors are mostly that it left
+        records = {w: json.loads(self.store.get(f"g{self.gen}/failed/{w}")) for w in failed}
+        first = min(failed, key=lambda w: records[w][0])
+        error = records[first][1]
         self._retries += 1
         if self._retries > MAX_RETRIES:
             raise RuntimeError(f"generation {self.gen} failed {self._retries} times in a row; "
-                               f"worker {failed[0]}:\n{error}")
+                               f"worker {first}, the first to fail:\n{error}")
         last = error.strip().splitlines()[-1] if error.strip() else "error"
-        self._publish(alive, f"worker {failed[0]} failed ({last}): retried", now)
+        self._publish(alive, f"worker {first} failed ({last}): retried", now)
 
     def _worth_it(self, old_n: int, new_n: int) -> bool:
         """Ask the plan chooser's switch policy (when it has one) whether more workers pay."""
