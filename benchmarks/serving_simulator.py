@@ -34,13 +34,28 @@ from shoal.serving.spec import parse_serving  # noqa: E402
 HELIX = {"iwrr": {"decode": 248.3, "tokens": 1176.7, "prompt_latency": 3.09,
                   "decode_latency": 1.46},
          "swarm": {"decode": 187.6}, "random": {"decode": 189.8}}
+# The engine's batch limits in Helix's runs of LLaMA-2-70B (its simulator's model files,
+# simulator/model_manager/llama2_70b/<type>/llama2_70b_<type>.py: prompt requests and tokens
+# per batch, decode tokens per batch by layers held), given to shoal's machines as they were
+# to Helix's simulator.
+HELIX_BATCH_70B = {
+    "A100": {"prompts": 3, "prompt_tokens": 6144, "decode": [480] * 9 + [450, 380, 300]},
+    "L4": {"prompts": 1, "prompt_tokens": 2048, "decode": [380] * 6 + [280]},
+    "T4": {"prompts": 1, "prompt_tokens": 2048, "decode": 300}}
+# Helix's offline runs of its baseline routers keep this many requests in flight (its max-flow
+# router is fed by expected KV use instead; examples/simulation/step3_run_simulation.py)
+HELIX_BASELINE_CONCURRENCY = 240
 
 
-def cluster(h: Path, cl: str, model: str | None):
-    return build_cluster(parse_serving(import_helix(
+def cluster(h: Path, cl: str, model: str | None, batch: dict | None = None):
+    doc = import_helix(
         cluster=h / "clusters" / cl, machines=h / "clusters" / "machine_profiles.ini",
         capacity=h / "node_capacity.json", model=model,
-        profiles=h / "profiles" / ("llama2_70b" if "70" in (model or "70") else "llama1_30b"))))
+        profiles=h / "profiles" / ("llama2_70b" if "70" in (model or "70") else "llama1_30b"))
+    for t, b in (batch or {}).items():
+        if t in doc["machines"]:
+            doc["machines"][t]["batch"] = b
+    return build_cluster(parse_serving(doc))
 
 
 def rss_mb() -> float:
@@ -48,25 +63,31 @@ def rss_mb() -> float:
 
 
 def fidelity(h: Path) -> dict:
-    c = cluster(h, "single24.ini", "llama-2-70b")
+    c = cluster(h, "single24.ini", "llama-2-70b", HELIX_BATCH_70B)
     pl = read_placement(h / "placements" / "single24-llama2-70b" / "ilp.ini", c)
     fl = max_flow(c, pl)
     lengths = workload.load_lengths(h / "traces" / "azure_conv_lengths.csv")
     out = {}
-    for router in ("iwrr", "swarm", "random"):
+    for name, router, conc in (("iwrr", "iwrr", None),
+                               ("swarm", "swarm", HELIX_BASELINE_CONCURRENCY),
+                               ("random", "random", HELIX_BASELINE_CONCURRENCY),
+                               ("iwrr_at_baseline_concurrency", "iwrr",
+                                HELIX_BASELINE_CONCURRENCY)):
         r = simulate(c, pl, fl, workload.offline(lengths, seed=0), router=router, warmup_s=60.0,
-                     duration_s=600.0)
-        row = {"decode_tokens_per_s": round(r.decode_tokens_per_s, 1),
+                     duration_s=600.0, concurrency=conc)
+        row = {"concurrency": "KV feeder" if conc is None else conc,
+               "in_flight_peak": r.in_flight_peak,
+               "decode_tokens_per_s": round(r.decode_tokens_per_s, 1),
                "tokens_per_s": round(r.tokens_per_s, 1),
                "prompt_latency_s": round(r.prompt_latency_s["mean"], 2),
                "decode_latency_s": round(r.decode_latency_s["mean"], 3),
                "wall_s": round(r.wall_s, 2), "events": r.events}
-        ref = HELIX[router]
+        ref = HELIX.get(name, {})
         row["vs_helix"] = {k: round(row[m] / ref[k] - 1, 3) for k, m in (
             ("decode", "decode_tokens_per_s"), ("tokens", "tokens_per_s"),
             ("prompt_latency", "prompt_latency_s"), ("decode_latency", "decode_latency_s"))
             if k in ref}
-        out[router] = row
+        out[name] = row
     # the same run on shoal's placements (max flow, and the decode objective)
     for name, kw in (("auto_max_flow", {}), ("auto_decode", {"objective": "decode",
                                                              "lengths": lengths})):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from shoal.serving.cluster import build_cluster
 from shoal.serving.flow import max_flow, valid
 from shoal.serving.placement import Placement, placement_from_json
 from shoal.serving.placers import baselines, milp, place, stages
-from shoal.serving.spec import parse_serving
+from shoal.serving.spec import Batch, parse_serving
 
 runner = CliRunner()
 
@@ -379,6 +380,48 @@ def test_offline_kv_admission_limits_the_requests_in_flight():
     assert r.kv_peak_fraction[0] == pytest.approx(8 * 5000 / cap)
 
 
+def test_offline_feeder_stops_at_the_high_water_and_concurrency_fixes_the_requests():
+    from shoal.serving.simulator import FEED_HIGH_WATER, kv_capacity, simulate
+    from shoal.serving.workload import offline
+
+    c = sim_cluster([{"machine": "m", "name": "a"}], kv_bytes=1e5)
+    pl = Placement(((0, 4),))
+    share = (100 + 25) * 4 / kv_capacity(c, pl)[0]  # one request's part of the cache: 1%
+    w = offline(np.array([[100, 25]] * 400), seed=0)
+    r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.0, duration_s=60.0)
+    # the feeder adds requests while at most 80% is expected in use (the node's own high water,
+    # 85%, is never reached): 81 in flight at most
+    assert r.in_flight_peak == int(FEED_HIGH_WATER / share + 1e-9) + 1 == 81
+    assert r.kv_peak_fraction[0] == pytest.approx(81 * share)
+    r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.0, duration_s=60.0, concurrency=10)
+    assert r.in_flight_peak == 10 and r.completed > 10
+    with pytest.raises(SpecError, match="concurrency"):
+        simulate(c, pl, max_flow(c, pl), w, concurrency=0)
+
+
+def test_batch_limits_of_a_machine():
+    from shoal.serving.simulator import batch_caps, simulate
+    from shoal.serving.workload import Workload
+
+    w = Workload(np.array([100, 100, 100]), np.array([1, 1, 1]), np.zeros(3), "three at once")
+    pl = Placement(((0, 4),))
+    lat = {}
+    for prompts in (None, 1):
+        c = sim_cluster([{"machine": "m", "name": "a"}])
+        if prompts is not None:
+            c = replace(c, batch=(Batch(prompts=prompts),))
+        r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.0, duration_s=None)
+        lat[prompts] = r.prompt_latency_s["mean"]
+    # the first starts alone (0.4 s), the other two then go together (4 layers x 200 ms, done
+    # at 1.2 s); one at a time: done at 0.4, 0.8 and 1.2 s (each plus the two 1 ms links)
+    assert lat[None] == pytest.approx((0.402 + 2 * 1.202) / 3, rel=1e-3)
+    assert lat[1] == pytest.approx(0.802, rel=1e-3)
+    c = replace(sim_cluster([{"machine": "m", "count": 3}]), batch=(
+        Batch(decode=[8, 6, 4]), Batch(decode=[8, 6, 4]), Batch(prompt_tokens=10, decode=5)))
+    caps = batch_caps(c, Placement(((0, 1), (0, 4), (1, 4))))
+    assert [x[1:] for x in caps] == [(4096, 8), (4096, 4), (10, 5)]  # a list past its end: last
+
+
 def test_workload_files_and_errors(tmp_path):
     from shoal.serving.workload import load_arrivals, load_lengths, online
 
@@ -410,6 +453,9 @@ def test_cli_simulate(tmp_path):
         assert key in doc
     assert doc["requests"]["completed"] == 30
     assert doc["prompt_latency_s"].keys() == {"mean", "p50", "p95"}
+    res = runner.invoke(app, ["serve", "simulate", "examples/llama2-70b-mixed.serving.yaml",
+                              "--mode", "online", "--concurrency", "5", "--json"])
+    assert res.exit_code != 0 and "--concurrency is for offline runs" in res.output
 
 
 def test_fewer_stages_at_a_lower_flow_and_the_decode_objective():

@@ -221,7 +221,11 @@ def simulate_cmd(
     placement: Annotated[Path | None, typer.Option(
         "--placement", help="placement JSON or Helix .ini (default: place with auto)")] = None,
     mode: Annotated[Mode, typer.Option(
-        help="offline: keep the cluster full; online: arrivals")] = Mode.offline,
+        help="offline: keep the cluster busy (Helix's KV feeder, or --concurrency); online: "
+             "arrivals")] = Mode.offline,
+    concurrency: Annotated[int | None, typer.Option(
+        "--concurrency", min=1, help="offline: this many requests in flight (as Helix runs its "
+                                     "baseline routers) instead of the KV feeder")] = None,
     router: Annotated[RouterName, typer.Option(help="per-request routing")] = RouterName.iwrr,
     lengths: Annotated[Path | None, typer.Option(
         "--lengths", help="CSV input_tokens,output_tokens (default: seeded synthetic lengths)")] = None,
@@ -251,6 +255,9 @@ def simulate_cmd(
 
     if output is not None:
         check_output(output, "--output")
+    if concurrency is not None and (mode is not Mode.offline or trace is not None):
+        raise SpecError("--concurrency is for offline runs (without --trace)",
+                        field="--concurrency", value=concurrency)
     cluster = _load(serving)
     placed = _placement(cluster, placement)
     if trace is not None:
@@ -275,7 +282,8 @@ def simulate_cmd(
             dur = duration
     if as_json:
         res = simulate(cluster, placed.placement, placed.flow, work, router=router.value,
-                       warmup_s=warmup, duration_s=dur, seed=seed, batching=batching)
+                       warmup_s=warmup, duration_s=dur, seed=seed, batching=batching,
+                       concurrency=concurrency)
     else:
         from rich.progress import Progress
 
@@ -288,7 +296,7 @@ def simulate_cmd(
 
             res = simulate(cluster, placed.placement, placed.flow, work, router=router.value,
                            warmup_s=warmup, duration_s=dur, seed=seed, progress=tick,
-                           batching=batching)
+                           batching=batching, concurrency=concurrency)
     doc = res.to_json(cluster.names)
     doc["max_flow_tokens_per_s"] = placed.flow.value
     doc["workload"] = work.source

@@ -40,6 +40,7 @@ class Cluster:
     memory: np.ndarray | None = None  # per node, bytes (nan when unknown)
     layer_bytes: float | None = None
     kv_bytes: float | None = None
+    batch: tuple = ()  # per node: its machine's spec.Batch (empty: the defaults)
 
     @property
     def n(self) -> int:
@@ -213,4 +214,5 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
         token_bytes=tok, activation_bytes=act, partial=spec.partial_inference,
         times=tuple(mm[m].times for m in machines),
         memory=np.array([mm[m].memory_bytes or np.nan for m in machines]),
-        layer_bytes=layer_b, kv_bytes=kv_b)
+        layer_bytes=layer_b, kv_bytes=kv_b,
+        batch=tuple(spec.machines[m].batch for m in machines))

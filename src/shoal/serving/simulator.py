@@ -10,12 +10,14 @@ time (FIFO) at its bandwidth, and the message arrives after the link's latency; 
 one activation per prompt token, a decode step one; a finished token goes back to the
 coordinator as a token id, which then sends the request's next step to its first node.
 
-Modes: ``offline`` keeps the cluster full (requests enter whenever the KV cache admits them,
-Helix's offline mode), ``online`` follows arrival times (requests the KV cache cannot admit wait
-at the coordinator, first come first served). Metrics are taken over the window after
-``warmup_s``: decode throughput (generated tokens/s), prompt + decode tokens/s, prompt latency
-(arrival or admission to first token) and decode latency per token (first to last token over the
-output tokens after the first), node utilisation and KV use.
+Modes: ``offline`` keeps the cluster busy as Helix's offline runs do (``FEED_INITIAL`` requests
+at the start, then one more after each prompt and each request completes while the expected KV
+use of the fullest layer is at most ``FEED_HIGH_WATER``; or, given ``concurrency``, that many
+requests in flight, one entering as one completes), ``online`` follows arrival times (requests
+the KV cache cannot admit wait at the coordinator, first come first served). Metrics are taken
+over the window after ``warmup_s``: decode throughput (generated tokens/s), prompt + decode
+tokens/s, prompt latency (arrival or admission to first token) and decode latency per token
+(first to last token over the output tokens after the first), node utilisation and KV use.
 """
 
 from __future__ import annotations
@@ -33,13 +35,16 @@ from shoal.serving.cluster import Cluster
 from shoal.serving.flow import Flow
 from shoal.serving.placement import Placement
 from shoal.serving.routing import ROUTERS, KVCache, Router, route_chain
+from shoal.serving.spec import Batch
 from shoal.serving.workload import Workload
 
 # Helix's admission settings (code, §9 of the notes): (high water, expected-output ratio)
 KV_SETTINGS = {"online": (0.9, 0.6), "offline": (0.85, 1.0)}
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of GPU memory it manages
-MAX_BATCH_TOKENS = 4096  # prompt tokens one batch takes at most (the rest wait for the next)
-MAX_BATCH_REQUESTS = 256  # decode steps one batch takes at most (vLLM's max_num_seqs)
+# Helix's offline feeder: requests at the start, then one more after each prompt and each
+# request completes while the expected KV use of the fullest layer is at most the high water
+FEED_INITIAL = 20
+FEED_HIGH_WATER = 0.8
 
 
 @dataclass
@@ -108,6 +113,20 @@ def kv_capacity(cluster: Cluster, pl: Placement) -> np.ndarray:
     return out
 
 
+def batch_caps(cluster: Cluster, pl: Placement) -> list[tuple[float, int, int]]:
+    """Per node: (prompts, prompt tokens, decode steps) one batch takes at most, from its
+    machine's ``batch`` limits (the decode limit at the node's layer count)."""
+    out = []
+    for i, r in enumerate(pl.ranges):
+        b = cluster.batch[i] if cluster.batch else Batch()
+        dec = b.decode
+        if isinstance(dec, list):
+            k = (r[1] - r[0]) if r else 1
+            dec = dec[min(k, len(dec)) - 1]
+        out.append((b.prompts or float("inf"), b.prompt_tokens, dec))
+    return out
+
+
 class _Clock:
     """Per-layer batch times of one node, as plain Python for the simulator's inner loop."""
 
@@ -140,12 +159,15 @@ BATCHING = ("vllm", "live")
 
 def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload, *,
              router: str = "iwrr", warmup_s: float = 60.0, duration_s: float | None = 600.0,
-             seed: int = 0, progress=None, batching: str = "vllm") -> SimResult:
+             seed: int = 0, progress=None, batching: str = "vllm",
+             concurrency: int | None = None) -> SimResult:
     """Simulate ``work`` on the placement; offline runs last ``warmup_s + duration_s`` of
     simulated time, online runs until every request is done (``duration_s``: stop earlier).
     ``batching``: ``vllm`` schedules as vLLM 0.4 (Helix's engine: prefill-only steps while
-    prompts wait, capped batches, one prefill over all their tokens), ``live`` as the workers
-    of ``shoal serve run``: everything queued, each request's step run on its own."""
+    prompts wait, batches capped by each machine's ``batch`` limits, one prefill over all their
+    tokens), ``live`` as the workers of ``shoal serve run``: everything queued, each request's
+    step run on its own. ``concurrency``: offline, that many requests in flight instead of the
+    KV feeder."""
     if router not in ROUTERS:
         raise SpecError("unknown router", field="--router", value=router, allowed=", ".join(ROUTERS))
     if batching not in BATCHING:
@@ -194,6 +216,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
     waiting: deque[int] = deque()
     next_req = 0
     iwrr = router == "iwrr"
+    caps = batch_caps(cluster, pl)
     inv_cap = (1.0 / R.cap_arr).tolist() if iwrr else []
     load = R.load
 
@@ -219,9 +242,10 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
 
     def start_batch(v: int, t: float) -> None:
         """What is queued, as vLLM 0.4 (Helix's engine) schedules it: when prompts wait, a
-        prefill step of whole prompts in arrival order while their tokens stay under a cap (at
-        least one), the decode steps waiting; otherwise one decode step of up to a request
-        cap. ``batching="live"``: everything queued, each prompt timed on its own."""
+        prefill step of whole prompts in arrival order while their number and tokens stay
+        under the node's caps (at least one), the decode steps waiting; otherwise one decode
+        step of up to its cap. ``batching="live"``: everything queued, each prompt timed on its
+        own."""
         nonlocal seq
         items = queue[v]
         take, rest = [], []
@@ -230,20 +254,23 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         ctx = 0
         solo = 0.0  # live batching: the prompts' times, each on its own
         prefill_only = capped and any(done[it[0]] == 0 for it in items)
+        max_p, max_pt, max_d = caps[v]
+        n_p = 0
         for it in items:
             r = it[0]
             if prefill_only and done[r] != 0:
                 rest.append(it)
                 continue
             if done[r] == 0:
-                if P + prompt[r] <= MAX_BATCH_TOKENS or not take or not capped:
+                if (P + prompt[r] <= max_pt and n_p < max_p) or not take or not capped:
                     P += prompt[r]
+                    n_p += 1
                     if not capped:
                         solo += clocks[v].layer_s(float(prompt[r]), 0, 0.0)
                     take.append(it)
                 else:
                     rest.append(it)
-            elif D < MAX_BATCH_REQUESTS or not capped:
+            elif max_d > D or not capped:
                 D += 1
                 ctx += prompt[r] + done[r]
                 take.append(it)
@@ -268,11 +295,23 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         first = chains[r][0]
         send(t, SRC, first, [(r, 0)], prompt[r] * tok_b, src_bw[first], src_lat[first])
 
-    def admit(t: float) -> None:
-        """Offline: fill the cluster; online: admit waiting requests in order."""
+    # per layer, the nodes holding it, each counted per layer it holds (Helix's bottleneck use)
+    per_layer = np.zeros((max((r[1] for r in pl.ranges if r), default=0), n))
+    for i, r in enumerate(pl.ranges):
+        if r is not None:
+            per_layer[r[0]:r[1], i] = 1.0 / (r[1] - r[0])
+    per_layer = per_layer[per_layer.sum(axis=1) > 0]
+    layer_total = np.maximum(per_layer @ kv.total, 1e-9)
+
+    def admit(t: float, count: int = 1) -> None:
+        """Offline: up to ``count`` requests while the fullest layer's expected KV use is under
+        the feeder's high water; online: admit waiting requests in order."""
         nonlocal next_req, waited
         if mode == "offline":
-            while next_req < N:
+            for _ in range(count):
+                if next_req >= N or (concurrency is None and ((per_layer @ kv.used) / layer_total)
+                                     .max() > FEED_HIGH_WATER):
+                    break
                 if not route(next_req):
                     waited += 1
                     break
@@ -284,8 +323,11 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
                     break
                 enter(t, waiting.popleft())
 
+    if concurrency is not None and (mode != "offline" or concurrency < 1):
+        raise SpecError("a fixed concurrency is for offline runs, at least 1", field="concurrency",
+                        value=concurrency)
     if mode == "offline":
-        admit(0.0)
+        admit(0.0, FEED_INITIAL if concurrency is None else concurrency)
         if in_flight == 0:
             raise InfeasibleError("no request can be admitted: the KV cache of the nodes on "
                                   "every chain is too small for one prompt",
@@ -327,10 +369,11 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         elif kind == 2:  # tokens back at the coordinator
             in_window = t >= warmup_s
             go: dict[int, list[tuple[int, int]]] = {}
-            finished = False
+            fed = 0
             for r, _ in items:
                 if done[r] == 0:
                     first_t[r] = t
+                    fed += concurrency is None
                     if in_window:
                         prompt_tokens += prompt[r]
                 done[r] += 1
@@ -341,7 +384,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
                     kv.release(chains[r][:-1], prompt[r])
                     in_flight -= 1
                     completed += 1
-                    finished = True
+                    fed += 1
                 else:
                     if iwrr:
                         for e in chain_edges[r]:
@@ -349,8 +392,8 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
                     go.setdefault(chains[r][0], []).append((r, 0))
             for u, grp in go.items():
                 send(t, SRC, u, grp, len(grp) * tok_b, src_bw[u], src_lat[u])
-            if finished:
-                admit(t)
+            if fed:
+                admit(t, fed)
         else:  # kind == 3: an arrival (online)
             if waiting or not route(v):
                 waiting.append(v)

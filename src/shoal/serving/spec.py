@@ -56,6 +56,21 @@ class ServingModel(BaseModel):
         return int(layers), float(act)
 
 
+class Batch(BaseModel):
+    """How much one batch of a node's engine takes (the simulator's; vLLM 0.4's defaults)."""
+
+    model_config = STRICT
+    prompts: PositiveInt | None = Field(
+        default=None, description="prompts one prefill batch takes at most (default: no limit "
+                                  "but the tokens)")
+    prompt_tokens: PositiveInt = Field(default=4096,
+                                       description="prompt tokens one prefill batch takes at most")
+    decode: PositiveInt | list[PositiveInt] = Field(
+        default=256, description="decode steps one batch takes at most; a list gives it per "
+                                 "number of layers the node holds (1, 2, ..., the last entry "
+                                 "for more)")
+
+
 class Machine(BaseModel):
     """A node type. Its capacity ``tokens_per_s[k-1]`` is T(k), the tokens per second a node
     sustains while holding k layers (Helix §4.4), for k = 1 .. ``max_layers``; without the
@@ -75,6 +90,8 @@ class Machine(BaseModel):
                                            description="the most layers a node may hold")
     tokens_per_s: list[float] | None = Field(
         default=None, description="T(k) for k = 1 .. max_layers, tokens/s")
+    batch: Batch = Field(default_factory=Batch, description="batch limits of the node's engine "
+                                                            "(request simulator)")
 
     @model_validator(mode="after")
     def _check(self):
