@@ -57,6 +57,7 @@ def serving_file(folder: Path, prof, names: list[str], lengths: np.ndarray) -> P
                   "coordinator": {"bandwidth": prof.link_bandwidth_Bps,
                                   "latency": prof.link_latency_s + prof.coordinator_s / 2}},
         "coordinator": {"region": "local"},
+        "host_cores": prof.host_cores,  # the workers share this machine's cores
         "capacity": {"prompt_tokens": float(lengths[:, 0].mean()),
                      "output_tokens": float(lengths[:, 1].mean())},
     }

@@ -422,6 +422,30 @@ def test_batch_limits_of_a_machine():
     assert [x[1:] for x in caps] == [(4096, 8), (4096, 4), (10, 5)]  # a list past its end: last
 
 
+def test_nodes_on_one_host_share_its_cores():
+    from shoal.serving.simulator import simulate
+    from shoal.serving.workload import Workload
+
+    pl = Placement(((0, 4), (0, 4)))  # two chains of one node each
+    w = Workload(np.array([100, 100, 50]), np.array([1, 1, 1]), np.array([0.0, 0.0, 1.0]), "3")
+    ends = {}
+    for cores in (None, 2, 1):
+        c = replace(sim_cluster([{"machine": "m", "count": 2}]), host_cores=cores)
+        r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.0, duration_s=None)
+        assert r.completed == 3
+        ends[cores] = r.prompt_latency_s["mean"]
+    # each prompt is 0.4 s of work; on one core the two at t=0 progress at half speed (0.8 s),
+    # and the third, alone, at full speed (0.2 s); the links add 2 ms to each
+    assert ends[None] == ends[2] == pytest.approx((0.402 * 2 + 0.202) / 3, rel=1e-3)
+    assert ends[1] == pytest.approx((0.802 * 2 + 0.202) / 3, rel=1e-3)
+    # a second prompt (0.2 s of work) 0.1 s after the first (0.4 s) on one core: the first
+    # runs alone for 0.1 s, both at half speed until the second is done at 0.5 s, then the
+    # first alone again to 0.6 s
+    w = Workload(np.array([100, 50]), np.array([1, 1]), np.array([0.0, 0.1]), "2")
+    r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.0, duration_s=None)
+    assert r.prompt_latency_s["mean"] == pytest.approx((0.602 + 0.402) / 2, rel=1e-3)
+
+
 def test_workload_files_and_errors(tmp_path):
     from shoal.serving.workload import load_arrivals, load_lengths, online
 

@@ -41,6 +41,7 @@ class Cluster:
     layer_bytes: float | None = None
     kv_bytes: float | None = None
     batch: tuple = ()  # per node: its machine's spec.Batch (empty: the defaults)
+    host_cores: int | None = None  # the nodes share one host of this many cores
 
     @property
     def n(self) -> int:
@@ -215,4 +216,4 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
         times=tuple(mm[m].times for m in machines),
         memory=np.array([mm[m].memory_bytes or np.nan for m in machines]),
         layer_bytes=layer_b, kv_bytes=kv_b,
-        batch=tuple(spec.machines[m].batch for m in machines))
+        batch=tuple(spec.machines[m].batch for m in machines), host_cores=spec.host_cores)

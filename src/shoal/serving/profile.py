@@ -10,12 +10,14 @@ other, so a decode batch of b takes b single-request steps, each with its own KV
 measured context; that is what is timed. The hop between processes (pickling the message,
 ZeroMQ, unpickling) is fitted as ``latency + bytes / bandwidth`` from a ping-pong, and the
 coordinator's own work on every token (embedding, output head, greedy choice) is measured too:
-``links.json`` gives both, to put in the serving file's ``links``.
+``links.json`` gives both, to put in the serving file's ``links``, and the cores the workers
+will share (the serving file's ``host_cores``).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -39,6 +41,7 @@ class ServingProfile:
     link_bandwidth_Bps: float  # of the hidden states in the message
     coordinator_s: float  # the coordinator's work per token (embedding, head, choice)
     activation_bytes: int  # bytes of one token's hidden state as the workers send it
+    host_cores: int  # cores this process may use: serve run's workers share them (host_cores)
 
     def write(self, out: Path) -> list[Path]:
         """The two Helix CSVs and ``links.json`` in ``out`` (created), each written whole."""
@@ -195,4 +198,5 @@ def measure(spec, *, reps: int = 5, seed: int = 0, dtype: str = "float32",
     px, pt, dx, dt, ctx = block_times(spec, reps=reps, seed=seed, dtype=dtype, context=context)
     lat, bw, per_token = link_times(spec.hidden_size, dtype=dtype)
     return ServingProfile(px, pt, dx, dt, ctx, lat, bw, coordinator_time(spec, seed=seed,
-                                                                          dtype=dtype), per_token)
+                                                                          dtype=dtype), per_token,
+                          len(os.sched_getaffinity(0)))

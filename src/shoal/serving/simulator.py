@@ -280,12 +280,44 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         dur = layers[v] * (clocks[v].layer_s(float(P), D, ctx / D if D else 0.0) if capped
                            else solo + clocks[v].layer_s(0.0, D, ctx / D if D else 0.0))
         busy[v] = True
-        lo, hi = max(t, warmup_s), min(t + dur, end)
-        if hi > lo:
-            busy_s[v] += hi - lo
         R.observe(v, dur, P + D)
-        heapq.heappush(heap, (t + dur, seq, 0, v, take))
-        seq += 1
+        if cores is None:
+            lo, hi = max(t, warmup_s), min(t + dur, end)
+            if hi > lo:
+                busy_s[v] += hi - lo
+            heapq.heappush(heap, (t + dur, seq, 0, v, (take, 0)))
+            seq += 1
+        else:
+            share(t)
+            running[v] = [dur, take]
+            reschedule(t)
+
+    # nodes sharing the host's cores: each of the k computing at once progresses at
+    # min(1, cores / k) of its own speed (processor sharing); a batch's end is moved whenever
+    # k changes (``version`` tells the events still current)
+    cores = cluster.host_cores
+    running: dict[int, list] = {}  # node -> [its own seconds of work left, the batch]
+    version = [0] * n
+    since = [0.0]
+
+    def share(t: float) -> None:
+        """Advance the running batches to ``t`` at the current rate."""
+        if running:
+            rate = min(1.0, cores / len(running))
+            lo, hi = max(since[0], warmup_s), min(t, end)
+            for u, job in running.items():
+                job[0] -= (t - since[0]) * rate
+                if hi > lo:
+                    busy_s[u] += hi - lo
+        since[0] = t
+
+    def reschedule(t: float) -> None:
+        nonlocal seq
+        rate = min(1.0, cores / len(running)) if running else 1.0
+        for u, (left, take) in running.items():
+            version[u] += 1
+            heapq.heappush(heap, (t + max(left, 0.0) / rate, seq, 0, u, (take, version[u])))
+            seq += 1
 
     def enter(t: float, r: int) -> None:
         nonlocal in_flight, peak_in_flight
@@ -353,6 +385,12 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
             if not busy[v]:
                 start_batch(v, t)
         elif kind == 0:  # node v finished a batch
+            items, ver = items
+            if cores is not None:
+                if ver != version[v]:
+                    continue  # moved since: the sharing changed
+                share(t)
+                del running[v]
             busy[v] = False
             R.queued[v] -= len(items)
             groups: dict[int, list[tuple[int, int]]] = {}
@@ -366,6 +404,8 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
                     send(t, v, u, grp, tokens * act_b, bw[v][u], lat[v][u])
             if queue[v]:
                 start_batch(v, t)
+            elif cores is not None:
+                reschedule(t)
         elif kind == 2:  # tokens back at the coordinator
             in_window = t >= warmup_s
             go: dict[int, list[tuple[int, int]]] = {}

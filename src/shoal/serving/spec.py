@@ -197,6 +197,10 @@ class ServingSpec(BaseModel):
     partial_inference: bool = Field(
         default=False, description="a node may start inside the previous node's layer range "
                                    "(computing only the layers it still lacks)")
+    host_cores: PositiveInt | None = Field(
+        default=None, description="the nodes are processes on one host with this many cores "
+                                  "(`shoal serve run` on one machine): more nodes computing at "
+                                  "once share them (request simulator); default: each has its own")
 
 
 def parse_serving(data: dict, *, file: str | None = None) -> ServingSpec:
