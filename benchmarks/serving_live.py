@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,9 @@ def run_one(name: str, ranges, load: float, prof, folder: Path, args) -> dict:
     wl.write_trace(sub / "trace.csv", work)
     sim = simulate(cl, pl, fl, wl.load_trace(sub / "trace.csv"), warmup_s=0.0, duration_s=None,
                    batching="live")
+    # the same without the shared cores (each worker as if it had its own)
+    own = simulate(replace(cl, host_cores=None), pl, fl, wl.load_trace(sub / "trace.csv"),
+                   warmup_s=0.0, duration_s=None, batching="live").to_json(cl.names)
     reqs = live.requests_from(work, MODEL, args.seed)
     with live.LiveServer(cl, pl, fl, MODEL, mode="online") as srv:
         srv.run(reqs, timeout_s=600)
@@ -100,11 +104,13 @@ def run_one(name: str, ranges, load: float, prof, folder: Path, args) -> dict:
            "max_flow_tokens_per_s": fl.value, "completed": real["requests"]["completed"]}
     for key, label in (("decode_throughput_tokens_per_s", "decode_tokens_per_s"),
                        ("tokens_per_s", "tokens_per_s")):
-        out[label] = {"measured": real[key], "simulated": s[key], "error": rel(s[key], real[key])}
+        out[label] = {"measured": real[key], "simulated": s[key], "error": rel(s[key], real[key]),
+                      "error_own_cores": rel(own[key], real[key])}
     for key in ("prompt_latency_s", "decode_latency_s"):
         for stat in ("mean", "p50"):
             m, v = real[key][stat], s[key][stat]
-            out[f"{key}_{stat}"] = {"measured": m, "simulated": v, "error": rel(v, m)}
+            out[f"{key}_{stat}"] = {"measured": m, "simulated": v, "error": rel(v, m),
+                                    "error_own_cores": rel(own[key][stat], m)}
     return out
 
 
