@@ -34,28 +34,18 @@ from shoal.serving.spec import parse_serving  # noqa: E402
 HELIX = {"iwrr": {"decode": 248.3, "tokens": 1176.7, "prompt_latency": 3.09,
                   "decode_latency": 1.46},
          "swarm": {"decode": 187.6}, "random": {"decode": 189.8}}
-# The engine's batch limits in Helix's runs of LLaMA-2-70B (its simulator's model files,
-# simulator/model_manager/llama2_70b/<type>/llama2_70b_<type>.py: prompt requests and tokens
-# per batch, decode tokens per batch by layers held), given to shoal's machines as they were
-# to Helix's simulator.
-HELIX_BATCH_70B = {
-    "A100": {"prompts": 3, "prompt_tokens": 6144, "decode": [480] * 9 + [450, 380, 300]},
-    "L4": {"prompts": 1, "prompt_tokens": 2048, "decode": [380] * 6 + [280]},
-    "T4": {"prompts": 1, "prompt_tokens": 2048, "decode": 300}}
 # Helix's offline runs of its baseline routers keep this many requests in flight (its max-flow
 # router is fed by expected KV use instead; examples/simulation/step3_run_simulation.py)
 HELIX_BASELINE_CONCURRENCY = 240
 
 
-def cluster(h: Path, cl: str, model: str | None, batch: dict | None = None):
-    doc = import_helix(
+def cluster(h: Path, cl: str, model: str | None):
+    # single24 (A100, L4, T4 with LLaMA-2-70B) gets the engine's batch limits Helix's simulator
+    # has (shoal.io.helix.ENGINE_BATCH); cluster42 has types it has none for here
+    return build_cluster(parse_serving(import_helix(
         cluster=h / "clusters" / cl, machines=h / "clusters" / "machine_profiles.ini",
         capacity=h / "node_capacity.json", model=model,
-        profiles=h / "profiles" / ("llama2_70b" if "70" in (model or "70") else "llama1_30b"))
-    for t, b in (batch or {}).items():
-        if t in doc["machines"]:
-            doc["machines"][t]["batch"] = b
-    return build_cluster(parse_serving(doc))
+        profiles=h / "profiles" / ("llama2_70b" if "70" in (model or "70") else "llama1_30b"))))
 
 
 def rss_mb() -> float:
@@ -63,7 +53,7 @@ def rss_mb() -> float:
 
 
 def fidelity(h: Path) -> dict:
-    c = cluster(h, "single24.ini", "llama-2-70b", HELIX_BATCH_70B)
+    c = cluster(h, "single24.ini", "llama-2-70b")
     pl = read_placement(h / "placements" / "single24-llama2-70b" / "ilp.ini", c)
     fl = max_flow(c, pl)
     lengths = workload.load_lengths(h / "traces" / "azure_conv_lengths.csv")

@@ -23,6 +23,14 @@ from shoal.serving.placement import Placement
 _UNITS = {"bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "B": 1.0, "KB": 1e3, "MB": 1e6,
           "GB": 1e9, "MilliSec": 1e-3, "Sec": 1.0, "MicroSec": 1e-6}
 _EXPR = re.compile(r"^\s*([-+0-9.eE]+)\s*(?:\*\s*([A-Za-z]+))?\s*$")
+# The engine's batch limits Helix's simulator gives each node type, per model (its model files,
+# simulator/model_manager/llama2_70b/<type>/llama2_70b_<type>.py: prompt requests and tokens per
+# batch; decode tokens per batch by layers held): the machines' ``batch`` on import
+ENGINE_BATCH = {
+    "llama-2-70b": {
+        "A100": {"prompts": 3, "prompt_tokens": 6144, "decode": [480] * 9 + [450, 380, 300]},
+        "L4": {"prompts": 1, "prompt_tokens": 2048, "decode": [380] * 6 + [280]},
+        "T4": {"prompts": 1, "prompt_tokens": 2048, "decode": 300}}}
 
 
 def _value(text: str, file: Path, field: str) -> float:
@@ -134,7 +142,8 @@ def import_helix(*, cluster: Path, machines: Path, capacity: Path, model: str | 
     """A serving document (as for ``serving.yaml``) from Helix's cluster, machine profile and
     node capacity files; ``profiles``: a folder with one ``<type>/`` (lower case) per node type
     holding Helix's ``prompt_bs2time.csv`` and ``decode_bs2time.csv`` (the request simulator's
-    layer times)."""
+    layer times). When Helix's simulator has engine batch limits for this model and every node
+    type (``ENGINE_BATCH``), the machines get them as their ``batch``."""
     types, links = read_cluster(cluster)
     nics = read_machines(machines)
     name, setting = _setting(read_json(capacity, "capacity file"), cluster, model, capacity)
@@ -165,6 +174,11 @@ def import_helix(*, cluster: Path, machines: Path, capacity: Path, model: str | 
                                         "decode_bs2time.csv")
             row["profile"] = str(d.resolve())
         mach[t] = row
+    # all node types or none (a cluster half on the defaults would match neither simulator)
+    limits = ENGINE_BATCH.get(str(mdl.get("name", name)).lower(), {})
+    if set(mach) <= set(limits):
+        for t, row in mach.items():
+            row["batch"] = limits[t]
     regions = _regions(len(types), links)
     pairs = []
     for (a, b), (bw, lat) in sorted(links.items()):
