@@ -447,6 +447,12 @@ def test_batch_limits_of_a_machine():
         Batch(decode=[8, 6, 4]), Batch(decode=[8, 6, 4]), Batch(prompt_tokens=10, decode=5)))
     caps = batch_caps(c, Placement(((0, 1), (0, 4), (1, 4))))
     assert [x[1:] for x in caps] == [(4096, 8), (4096, 4), (10, 5)]  # a list past its end: last
+    for bad, where in (({"decode": []}, "batch.decode"), ({"prompts": 0}, "batch.prompts")):
+        with pytest.raises(SpecError, match=where):
+            parse_serving({"model": {"layers": 4, "activation_bytes": 1000},
+                           "machines": {"m": {"max_layers": 1, "tokens_per_s": [1],
+                                              "batch": bad}},
+                           "nodes": [{"machine": "m"}]})
 
 
 def test_nodes_on_one_host_share_its_cores():

@@ -199,4 +199,5 @@ def measure(spec, *, reps: int = 5, seed: int = 0, dtype: str = "float32",
     lat, bw, per_token = link_times(spec.hidden_size, dtype=dtype)
     return ServingProfile(px, pt, dx, dt, ctx, lat, bw, coordinator_time(spec, seed=seed,
                                                                           dtype=dtype), per_token,
-                          len(os.sched_getaffinity(0)))
+                          len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                          else os.cpu_count() or 1)

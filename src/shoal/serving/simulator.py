@@ -358,6 +358,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
     if concurrency is not None and (mode != "offline" or concurrency < 1):
         raise SpecError("a fixed concurrency is for offline runs, at least 1", field="concurrency",
                         value=concurrency)
+    feeder = mode == "offline" and concurrency is None  # a finished prompt lets one more in
     if mode == "offline":
         admit(0.0, FEED_INITIAL if concurrency is None else concurrency)
         if in_flight == 0:
@@ -413,7 +414,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
             for r, _ in items:
                 if done[r] == 0:
                     first_t[r] = t
-                    fed += concurrency is None
+                    fed += feeder
                     if in_window:
                         prompt_tokens += prompt[r]
                 done[r] += 1

@@ -4,6 +4,7 @@ heterogeneous nodes (Helix §3: compute nodes, links, a coordinator)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -65,7 +66,7 @@ class Batch(BaseModel):
                                   "but the tokens)")
     prompt_tokens: PositiveInt = Field(default=4096,
                                        description="prompt tokens one prefill batch takes at most")
-    decode: PositiveInt | list[PositiveInt] = Field(
+    decode: PositiveInt | Annotated[list[PositiveInt], Field(min_length=1)] = Field(
         default=256, description="decode steps one batch takes at most; a list gives it per "
                                  "number of layers the node holds (1, 2, ..., the last entry "
                                  "for more)")
