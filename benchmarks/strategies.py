@@ -45,7 +45,7 @@ NET = {"defaults": {"same_zone": {"bandwidth": "100Gbps", "latency": "50us"},
                     "same_region": {"bandwidth": "25Gbps", "latency": "1ms"},
                     "cross_region": {"bandwidth": "5Gbps", "latency": "20ms"}}}
 ZORSE_JOB = {"optimizer": "adam", "precision": "mixed-fp16", "recompute": [True],
-             "zero_stage": [0, 1, 2, 3], "schedule": ["1f1b", "gpipe"]}
+             "zero_stage": [0, 1, 2, 3], "schedule": ["1f1b", "gpipe", "zorse"]}
 REF_STAGES = 12  # deepest pipelines espresso-ref enumerates
 PRICES = {"A100-40GB": 3.67, "V100-16GB": 2.48, "A10G": 1.006, "T4": 0.35}
 

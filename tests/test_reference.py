@@ -38,7 +38,8 @@ def test_reference_covers_nested_models():
                     "## `network.defaults.<class>.wan`", "## `constraints.deadline`"):
         assert heading in text
     assert text.count("## `model`") == 2  # the two mapping forms of `model`
-    assert "| `schedule` | list of \"1f1b\" \\| \"gpipe\" | `[\"1f1b\", \"gpipe\"]` |" in text
+    assert ("| `schedule` | list of \"1f1b\" \\| \"gpipe\" \\| \"zorse\" | `[\"1f1b\", \"gpipe\"]` |"
+            in text)
     assert "| `checkpoint_interval` | time > 0 (e.g. \"50ms\") | `600.0` |" in text
     assert "| `global_batch` | int > 0 | required |" in text
     assert "## `stages[].replicas[]`" in markdown_reference("plan")

@@ -76,7 +76,8 @@ def estimate(
     problem = load_problem(scenario)
     tplan = load_plan(plan)
     est = run_estimate(problem, tplan, file=str(plan))
-    if timeline is not None or as_json:
+    tl_doc = None
+    if timeline is not None or (as_json and tplan.schedule != "zorse"):
         from shoal.training.schedule import timeline_json
 
         tl_doc = timeline_json(problem, tplan)
@@ -85,7 +86,7 @@ def estimate(
 
         draw_timeline_doc(tl_doc, timeline)
     if as_json:
-        typer.echo(json.dumps(est.to_json() | {"timeline": tl_doc}))
+        typer.echo(json.dumps(est.to_json() | ({"timeline": tl_doc} if tl_doc else {})))
         return
     out = _out()
     out.print(_stage_table(est))
@@ -180,7 +181,7 @@ def plan(
     t = _table(f"Best plans ({result.objective}, {result.stats.strategy})",
                ["#", "it/s", "tokens/s", "$/iter"]
                + ([f"$ for {slo.iterations:,} it", f"time for {slo.iterations:,} it"] if slo else [])
-               + ["GPUs", "stages", "pipelines", "mbs", "stages: GPU(TP) x replicas"],
+               + ["GPUs", "stages", "pipelines", "mbs", "schedule", "stages: GPU(TP) x replicas"],
                left=("stages: GPU(TP) x replicas",))
     tokens = problem.job.global_batch * problem.job.seq_len
     for i, c in enumerate(result.ranked):
@@ -189,7 +190,8 @@ def plan(
                   fmt_seconds(c.iteration_time_s * slo.iterations)] if slo else [])
         t.add_row(str(i + 1), f"{c.throughput_iters_per_s:.4g}", f"{tokens * c.throughput_iters_per_s:,.0f}",
                   f"{c.cost_usd:.4g}", *total, str(c.num_gpus), str(len(p.stages)),
-                  str(len(p.stages[0].replicas)), str(p.microbatch_size), p.summary())
+                  str(len(p.stages[0].replicas)), str(p.microbatch_size),
+                  p.schedule + (f" x{p.ministages}" if p.schedule == "zorse" else ""), p.summary())
     out.print(t)
     if slo:
         out.print(f"SLO: {slo.iterations:,} iterations within {fmt_seconds(slo.within)}")

@@ -26,6 +26,7 @@ class GPU:
     gpus_per_node: int
     price_usd_per_h: float | None
     bf16: bool = True  # has bf16 tensor cores (Volta and Turing do not)
+    host_bw_Bps: float = 16e9  # per direction to the host's memory (CPU offload)
 
 
 def _read(name: str) -> dict:
@@ -91,6 +92,7 @@ def gpus() -> Registry:
             gpus_per_node=int(e["gpus_per_node"]),
             price_usd_per_h=e.get("price_usd_per_h"),
             bf16="flops_bf16_dense" in e,
+            host_bw_Bps=units.parse_bandwidth(e["host_link_bandwidth"]),
         )
         reg.add(name, gpu, list(e.get("aliases", [])))
     reg.add("cpu", _CPU, ["CPU"])
@@ -98,7 +100,7 @@ def gpus() -> Registry:
 
 
 # CPU processes for runtime tests: a nominal desktop core (no vendor datasheet applies).
-_CPU = GPU("cpu", 8e9, 1e11, 1e11, 2e10, 1e10, 4, None)
+_CPU = GPU("cpu", 8e9, 1e11, 1e11, 2e10, 1e10, 4, None, host_bw_Bps=2e10)
 
 
 @cache

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from shoal import catalog
-from shoal.estimate import general, kernel
+from shoal.estimate import general, kernel, ministage
 from shoal.estimate.encode import encode_specs, to_spec
 from shoal.estimate.tables import CostTables, build_tables, default_tp_values
 from shoal.estimate.validate import validate_plan
@@ -109,10 +109,14 @@ def run_specs(problem: Problem, tb: CostTables, specs: list) -> dict[str, np.nda
     pipelines are redone one by one through the event simulation (``general``)."""
     out = run_kernel(problem, tb, encode_specs(tb, specs))
     for i, sp in enumerate(specs):
-        if general.is_pipelines(sp):
+        if ministage.is_ministage(sp):
+            one = ministage.apply(problem, tb, sp, run_kernel(problem, tb, encode_specs(tb, [sp]),
+                                                               detail=True))
+        elif general.is_pipelines(sp):
             continue
-        one = general.apply(problem, tb, sp, run_kernel(problem, tb, encode_specs(tb, [sp]),
-                                                         detail=True))
+        else:
+            one = general.apply(problem, tb, sp, run_kernel(problem, tb, encode_specs(tb, [sp]),
+                                                             detail=True))
         for k in ("iteration_time_s", "cost_compute_usd", "cost_egress_usd", "oom"):
             out[k][i] = one[k][0]
         S, R = one["peak_bytes"].shape[1:]
@@ -133,7 +137,9 @@ def estimate(problem: Problem, plan: TrainingPlan, *, file: str | None = None,
     tb = tables or tables_for(problem, [plan.microbatch_size])
     spec = to_spec(plan)
     out = run_kernel(problem, tb, encode_specs(tb, [spec]), detail=True)
-    if not general.is_pipelines(spec):
+    if ministage.is_ministage(spec):
+        out = ministage.apply(problem, tb, spec, out)
+    elif not general.is_pipelines(spec):
         out = general.apply(problem, tb, spec, out)
     return _readable(problem, plan, tb, out)
 

@@ -16,9 +16,22 @@ StageSpec = tuple[int, int, tuple[ReplicaSpec, ...]]
 PlanSpec = tuple[int, str, bool, int, tuple[StageSpec, ...]]
 
 
+def schedule_key(schedule: str, ministages: int = 1) -> str:
+    """A spec's schedule field: the schedule, with the zorse schedule's ministages ("zorse:4")."""
+    return f"zorse:{ministages}" if schedule == "zorse" else schedule
+
+
+def parse_schedule(key: str) -> tuple[str, int]:
+    """(schedule, ministages) of a spec's schedule field."""
+    if key.startswith("zorse:"):
+        return "zorse", int(key.split(":", 1)[1])
+    return key, 1
+
+
 def to_spec(plan: TrainingPlan) -> PlanSpec:
     reg = catalog.gpus()
-    return (plan.microbatch_size, plan.schedule, plan.recompute, plan.zero_stage, tuple(
+    key = schedule_key(plan.schedule, plan.ministages)
+    return (plan.microbatch_size, key, plan.recompute, plan.zero_stage, tuple(
         (st.layers[0], st.layers[1], tuple((reg.canonical(r.gpu), r.tp, r.zone, r.microbatches)
                                            for r in st.replicas))
         for st in plan.stages))

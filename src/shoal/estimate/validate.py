@@ -43,6 +43,20 @@ def validate_plan(problem: Problem, plan: TrainingPlan, file: str | None = None)
     if plan.schedule not in job.schedule:
         raise SpecError("schedule not allowed by the job", file=file, field="schedule",
                         value=plan.schedule, allowed=str(job.schedule))
+    if plan.schedule == "zorse":
+        if not plan.recompute or plan.zero_stage != 2:
+            raise SpecError("the zorse schedule checkpoints every layer boundary and runs ZeRO-2",
+                            file=file, field="schedule", value=plan.schedule,
+                            allowed="zorse with recompute: true and zero_stage: 2, or 1f1b / gpipe")
+        for i, st in enumerate(plan.stages):
+            if st.layers[1] - st.layers[0] < plan.ministages:
+                raise SpecError("a stage holds fewer layers than the plan's ministages", file=file,
+                                field=f"stages.{i}.layers", value=list(st.layers),
+                                allowed=f"at least {plan.ministages} layers (ministages)")
+    elif plan.ministages != 1:
+        raise SpecError("ministages apply to the zorse schedule only", file=file,
+                        field="ministages", value=plan.ministages,
+                        allowed="1, or schedule: zorse")
     if job.microbatch_sizes and plan.microbatch_size not in job.microbatch_sizes:
         raise SpecError("microbatch size not allowed by the job", file=file,
                         field="microbatch_size", value=plan.microbatch_size,

@@ -66,6 +66,10 @@ def layout(plan: TrainingPlan, spec: ModelSpec) -> Layout:
         raise SpecError("unsupported by the runtime: ZeRO-3 (the estimator and planners model "
                         "it; the runtime shards optimizer state and gradients only)",
                         field="zero_stage", value=plan.zero_stage, allowed="0, 1 or 2")
+    if plan.schedule == "zorse":
+        raise SpecError("unsupported by the runtime: the zorse schedule (ministages with host "
+                        "offload; the estimator and planners model it)", field="schedule",
+                        value=plan.schedule, allowed="1f1b or gpipe")
     n_layers = spec.num_layers + 2
     edges = [st.layers for st in plan.stages]
     if edges[0][0] != 0 or edges[-1][1] != n_layers or any(

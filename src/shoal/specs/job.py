@@ -27,9 +27,10 @@ class JobSpec(BaseModel):
         default=[0], description="ZeRO stages the planner may choose (0 = none; 3 also shards weights; "
                                 "one value or a list)"
     )
-    schedule: list[Literal["1f1b", "gpipe"]] = Field(
+    schedule: list[Literal["1f1b", "gpipe", "zorse"]] = Field(
         default=["1f1b", "gpipe"],
-        description="pipeline schedules the planner may choose (one value or a list)"
+        description="pipeline schedules the planner may choose (one value or a list); zorse "
+                    "(ministages with host offload) needs recompute and ZeRO stage 2 allowed"
     )
     microbatch_sizes: list[PositiveInt] | None = Field(
         default=None, description="microbatch sizes the planner may use; default powers of two"

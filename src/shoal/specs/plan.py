@@ -107,8 +107,13 @@ class TrainingPlan(BaseModel):
                                                       description="format version")
     microbatch_size: PositiveInt = Field(
         description="sequences per microbatch; must divide job.global_batch")
-    schedule: Literal["1f1b", "gpipe"] = Field(
-        default="1f1b", description="pipeline schedule; must be allowed by job.schedule")
+    schedule: Literal["1f1b", "gpipe", "zorse"] = Field(
+        default="1f1b", description="pipeline schedule; must be allowed by job.schedule. "
+        "zorse: each stage's layers in `ministages` chunks taken round-robin over the stages, "
+        "every microbatch through one chunk before the next (GPipe order), ZeRO-2 inside a stage "
+        "with the chunks not in use and the layer-boundary activations offloaded to host memory")
+    ministages: PositiveInt = Field(
+        default=1, description="chunks per stage under the zorse schedule (1 for the others)")
     recompute: bool = Field(default=False, description="activation recompute for this plan; must "
                                                        "be allowed by job.recompute")
     zero_stage: Literal[0, 1, 2, 3] = Field(

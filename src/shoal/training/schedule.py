@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shoal.errors import SpecError
 from shoal.estimate import general
 from shoal.estimate.api import run_kernel, tables_for
 from shoal.estimate.encode import encode, to_spec
@@ -108,6 +109,10 @@ def simulate(problem: Problem, plan: TrainingPlan, *, validate: bool = True) -> 
     """Event-simulate one iteration of ``plan`` with the estimator's operation durations."""
     if validate:
         validate_plan(problem, plan)
+    if plan.schedule == "zorse":
+        raise SpecError("no timeline for the zorse schedule (its estimate has the stage "
+                        "breakdown)", field="schedule", value=plan.schedule,
+                        allowed="1f1b or gpipe")
     tb = tables_for(problem, [plan.microbatch_size])
     o = run_kernel(problem, tb, encode(tb, [plan]), detail=True)
     spec = to_spec(plan)

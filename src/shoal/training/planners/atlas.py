@@ -163,7 +163,7 @@ def search(ev, space, objective: str, mbs_values: list[int], max_stages: int | N
                 m_total = job.global_batch // mbs
                 for recompute in sorted(set(job.recompute), reverse=True):
                     for zero in _zero_stages(job.zero_stage):
-                        for schedule in job.schedule:
+                        for schedule in (x for x in job.schedule if x != "zorse"):
                             specs += _layouts(space, gpu, dcs, kinds, zone0, ranges, mbs, m_total,
                                               recompute, zero, schedule, bandwidth,
                                               len(regions) > 1)

@@ -11,7 +11,7 @@ import numpy as np
 
 from shoal.errors import InfeasibleError
 from shoal.estimate.api import run_specs, tables_for
-from shoal.estimate.encode import PlanSpec
+from shoal.estimate.encode import PlanSpec, parse_schedule
 from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
 from shoal.specs.job import Constraints
@@ -22,9 +22,11 @@ MEMO_MAX = 50_000  # plan estimates an Evaluator's memo keeps
 
 
 def to_plan(spec: PlanSpec) -> TrainingPlan:
-    mbs, schedule, recompute, zero, stages = spec
+    mbs, key, recompute, zero, stages = spec
+    schedule, ministages = parse_schedule(key)
     return TrainingPlan.model_validate({
         "microbatch_size": mbs, "schedule": schedule, "recompute": recompute, "zero_stage": zero,
+        **({"ministages": ministages} if ministages != 1 else {}),
         "stages": [{"layers": [a, b], "replicas": [
             {"gpu": g, "tp": tp, "zone": z, "microbatches": m} for g, tp, z, m in reps]}
             for a, b, reps in stages]})

@@ -29,9 +29,11 @@ Choices and limits:
   pace of its share. Zorse assigns the i-th finished microbatch to the GPU with the i-th most
   work left; with steady per-GPU rates both keep every GPU's queue in step with its share, and
   the static deal is what the runtime executes and the estimator simulates.
-- Not modelled: ministage interleaving with CPU offload of idle ministages and of boundary
-  activations, and per-ministage optimizer steps (Zorse §4.1). A plan that only fits with them
-  is reported out of memory here.
+- The zorse schedule (Zorse §4.1: ministages taken round-robin over the groups, GPipe order,
+  idle ministages, optimizer state and boundary activations in host memory;
+  ``shoal.estimate.ministage``), where the job allows it (``schedule: zorse`` with recompute and
+  ZeRO-2): every partition's plan also at each ministage count of MINISTAGES its shortest group
+  allows, and at one layer per ministage there.
 """
 
 from __future__ import annotations
@@ -41,13 +43,14 @@ from functools import lru_cache
 
 import numpy as np
 
-from shoal.estimate import general
+from shoal.estimate import general, ministage
 from shoal.estimate.api import run_kernel
-from shoal.estimate.encode import encode_specs
+from shoal.estimate.encode import encode_specs, schedule_key
 from shoal.training.planners.common import Evaluator, PlanSpec
 from shoal.training.planners.space import Space
 
 SAME_TYPE_BONUS = 1.01
+MINISTAGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # tried under the zorse schedule
 MESSAGE = 64e6  # bytes at which link bandwidths are compared
 
 
@@ -210,6 +213,15 @@ def build(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: 
     return (mbs, schedule, recompute, zero, tuple(stages))
 
 
+def _with_ministages(sp: PlanSpec) -> list[PlanSpec]:
+    """The plan under the zorse schedule at every ministage count of MINISTAGES its shortest
+    stage allows, and at one layer per ministage there (more ministages hold less on the GPU
+    and wait more on the host link)."""
+    fewest = min(b - a for a, b, _ in sp[4])
+    counts = sorted({v for v in MINISTAGES if v <= fewest} | {fewest})
+    return [(sp[0], schedule_key("zorse", v), *sp[2:]) for v in counts]
+
+
 def _cannot_fit(space: Space, sp: PlanSpec) -> bool:
     """True when some GPU of the plan cannot hold its stage even with one microbatch in flight
     at TP 1 (a lower bound of its memory): the plan is out of memory without simulating it."""
@@ -246,9 +258,14 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
         for recompute in sorted(set(job.recompute), reverse=True):
             for zero in _zero_stages(job.zero_stage):
                 for schedule in job.schedule:
+                    if schedule == "zorse" and not (recompute and zero == 2):
+                        continue  # ministages checkpoint every layer and run ZeRO-2
                     for mbs in mbs_values:
                         sp = build(space, vertices, parts[k], mbs, recompute, zero, schedule, memo)
                         if sp is None:
+                            continue
+                        if schedule == "zorse":
+                            specs += _with_ministages(sp)
                             continue
                         if _cannot_fit(space, sp):
                             ev.stats.oom += 1
@@ -270,7 +287,8 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
     for i in np.argsort(t_low, kind="stable"):
         # memory needs no simulation: a plan out of memory is counted, not simulated
         one = {k: v[i:i + 1] for k, v in out.items() if isinstance(v, np.ndarray) and len(v) == B}
-        general.memory(problem, space.tb, specs[i], one)
+        (ministage if ministage.is_ministage(specs[i]) else general).memory(
+            problem, space.tb, specs[i], one)
         if one["oom"][0]:
             ev.stats.oom += 1
             ev.stats.candidates_costed += 1
