@@ -156,3 +156,27 @@ def test_the_runtime_and_the_timeline_refuse_the_zorse_schedule():
     with pytest.raises(SpecError) as e:
         simulate(problem(), plan(2))
     assert e.value.field == "schedule"
+
+
+def test_one_gpu_is_weights_in_compute_and_the_update_by_hand():
+    data = copy.deepcopy(BASE)
+    data["pool"]["regions"]["east"]["zones"]["east-a"]["gpus"] = {"A100-40GB": 1}
+    data["pool"]["gpus_per_node"] = {"A100-40GB": 1}
+    pb = build_problem(parse_scenario(data, file="z.yaml"), file="z.yaml")
+    p = TrainingPlan.model_validate({
+        "microbatch_size": 1, "schedule": "zorse", "ministages": 1, "recompute": True,
+        "zero_stage": 2, "stages": [{"layers": [0, 14], "replicas": [
+            {"gpu": "A100-40GB", "zone": "east-a", "microbatches": 16}]}]})
+    tb = tables_for(pb, [1])
+    g, host = tb.gi("A100-40GB"), pb.gpus["A100-40GB"].host_bw_Bps
+    c = pb.timing.compute_scale
+    f = (tb.cum_f[g, 0, 0, -1] - tb.cum_f[g, 0, 0, 0]) * c
+    b = (tb.cum_b[g, 0, 0, -1] - tb.cum_b[g, 0, 0, 0]) * c + f  # the forward again (recompute)
+    io = (tb.cum_act_rc[0, -1] - tb.cum_act_rc[0, 0]) / host
+    params = tb.cum_params[-1]
+    weights_in = params * 2.0 / host  # fp16 weights
+    grads_out = params * (2 * 12.0 + 2.0) / host  # optimizer state in and out, new weights out
+    upd = tb.cum_u[g, 0, -1] - tb.cum_u[g, 0, 0]
+    want = weights_in + 16 * (max(f, io) + max(b, io)) + grads_out + upd
+    assert estimate(pb, p).iteration_time_s == pytest.approx(want + pb.timing.step_overhead_s,
+                                                            rel=1e-9)

@@ -21,10 +21,11 @@ compute: an operation takes at least that transfer.
 Weights (Table 2's Zorse row: two ministages materialised, shards in host memory). A ministage's
 weights come in before its forwards and again before its backwards: its shard over the host link,
 then an all-gather over the stage's ring (half a ring all-reduce, the kernel's ring formula).
-The stage's communication runs one transfer at a time; the weights of ministage k may come in
-once ministage k - 2 is done (two buffers: the current and the next). The last ministage stays
+Weights come in one ministage at a time; those of ministage k may come in once ministage k - 2
+is done (two buffers: the current and the next). The last ministage stays
 for its backwards. After a ministage's backwards its gradients are reduce-scattered over the
-ring (half an all-reduce), its shard's optimizer state (fp32 weights and moments, kept in host
+ring (half an all-reduce; gradients go out one ministage at a time, beside the weights coming
+in), its shard's optimizer state (fp32 weights and moments, kept in host
 memory with the weight shards) comes in over the host link, the shard is updated on the GPU (the
 stage's update time over its replicas, ZeRO-2) and goes back with the new weights; one
 ministage's update overlaps the next one's backwards. The iteration ends when every stage has
@@ -104,7 +105,8 @@ def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
                 act_io[s][j, k] = ((tb.cum_act_rc[ti, e1] - tb.cum_act_rc[ti, e0]) * mbs
                                    / host[s][j])
     # hand-offs: stage s -> s + 1 inside a round, the last stage -> stage 0 between rounds
-    nxt_hop = [_hop(problem, tb, mi, stages[s][2], stages[(s + 1) % S][2]) for s in range(S)]
+    nxt_hop = [_hop(problem, tb, mi, stages[s][2], stages[(s + 1) % S][2]) if S > 1
+               else np.zeros((len(stages[0][2]),) * 2) for s in range(S)]  # one stage: no hand-off
     # per stage and ministage: weights in (host shard, then all-gather), gradients out
     # (reduce-scatter), and the shard's update
     fetch = np.zeros((S, V))
@@ -132,7 +134,7 @@ def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
             upd[s, k] = float(u.max()) / d
     # ---- event simulation ----------------------------------------------------------------
     free = [np.zeros(len(reps)) for _, _, reps in stages]
-    comm = np.zeros(S)  # the stage's communication is free from
+    comm = np.zeros(S)  # weights come in to the stage from
     ms_end_f = np.zeros((S, V))
     ms_end_b = np.zeros((S, V))
     ready = np.zeros((S, V))
@@ -197,11 +199,10 @@ def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
     done = np.zeros(S)
     sync_s = np.zeros(S)
     for s in range(S):
-        opt_free = 0.0
+        out_free = opt_free = 0.0
         for k in range(V - 1, -1, -1):
-            start = max(comm[s], ms_end_b[s, k])
-            comm[s] = start + rs[s, k]
-            opt_free = max(opt_free, comm[s]) + upd[s, k]
+            out_free = max(out_free, ms_end_b[s, k]) + rs[s, k]
+            opt_free = max(opt_free, out_free) + upd[s, k]
         done[s] = opt_free
         sync_s[s] = fetch[s].sum() * 2 - fetch[s, V - 1] + rs[s].sum()
     T = float(done.max() + tc.step_overhead_s)
