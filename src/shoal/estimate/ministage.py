@@ -229,7 +229,7 @@ def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
     zones = [np.array([tb.zones.index(r[2]) for r in reps]) for _, _, reps in stages]
     for s in range(S):
         s2 = (s + 1) % S
-        rounds = V if s + 1 < S else V - 1  # hand-offs out of stage s per microbatch
+        rounds = V if s + 1 < S else (V - 1 if S > 1 else 0)  # hand-offs out of s per microbatch
         if rounds:
             per = tb.egress_per_byte[zones[s][own[s]], zones[s2][own[s2]]].sum()
             eg += 2.0 * msg * rounds * float(per)
