@@ -26,7 +26,9 @@ class GPU:
     gpus_per_node: int
     price_usd_per_h: float | None
     bf16: bool = True  # has bf16 tensor cores (Volta and Turing do not)
-    host_bw_Bps: float = 16e9  # per direction to the host's memory (CPU offload)
+    # per direction to the host's memory (CPU offload); every catalog entry gives its own, this
+    # default (PCIe Gen3 x16, as gpus.yaml halves it) is for GPUs built in code
+    host_bw_Bps: float = 16e9
 
 
 def _read(name: str) -> dict:

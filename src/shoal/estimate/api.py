@@ -106,7 +106,8 @@ def run_kernel(problem: Problem, tb: CostTables, batch: kernel.Batch, detail: bo
 
 def run_specs(problem: Problem, tb: CostTables, specs: list) -> dict[str, np.ndarray]:
     """``run_kernel`` over compact plan specs of any shape: plans that are not a set of
-    pipelines are redone one by one through the event simulation (``general``)."""
+    pipelines are redone one by one through the event simulation (``general``), and plans
+    under the zorse schedule through theirs (``ministage``)."""
     out = run_kernel(problem, tb, encode_specs(tb, specs))
     for i, sp in enumerate(specs):
         if ministage.is_ministage(sp):
