@@ -132,20 +132,22 @@ def simulate(spec: PlanSpec, fwd: np.ndarray, bwd: np.ndarray, hop: list[np.ndar
     return np.array(free), busy
 
 
+def hop(problem: Problem, tb: CostTables, mbs: int, src, dst) -> np.ndarray:
+    """(R_src, R_dst) seconds of one microbatch's transfer from each replica of a stage
+    (``src``: its replica specs) to each of another's, as the kernel computes a pipeline send
+    (the sender's TP sets the link's flows)."""
+    ga, za, ta = (np.array([tb.gi(r[0]) for r in src]), np.array([tb.zones.index(r[2]) for r in src]),
+                  np.array([tb.ti(r[1]) for r in src]))
+    gb, zb = np.array([tb.gi(r[0]) for r in dst]), np.array([tb.zones.index(r[2]) for r in dst])
+    lid = tb.link_id(ga[:, None], za[:, None], gb[None, :], zb[None, :], ta[:, None])
+    return np.asarray(p2p_s(tb, problem.timing, tb.mi(mbs), lid), dtype=float)
+
+
 def hops(problem: Problem, tb: CostTables, spec: PlanSpec) -> list[np.ndarray]:
-    """Per stage boundary: seconds of one microbatch's transfer between every replica pair, as
-    the kernel computes a pipeline send (the sender's TP sets the link's flows)."""
-    tc = problem.timing
-    mi = tb.mi(spec[0])
+    """Per stage boundary: ``hop`` from every replica of stage s to every replica of s + 1."""
     stages = spec[4]
-    idx = [(np.array([tb.gi(r[0]) for r in reps]), np.array([tb.zones.index(r[2]) for r in reps]),
-            np.array([tb.ti(r[1]) for r in reps])) for _, _, reps in stages]
-    out = []
-    for s in range(len(stages) - 1):
-        (ga, za, ta), (gb, zb, _) = idx[s], idx[s + 1]
-        lid = tb.link_id(ga[:, None], za[:, None], gb[None, :], zb[None, :], ta[:, None])
-        out.append(p2p_s(tb, tc, mi, lid))
-    return out
+    return [hop(problem, tb, spec[0], stages[s][2], stages[s + 1][2])
+            for s in range(len(stages) - 1)]
 
 
 def egress(tb: CostTables, spec: PlanSpec) -> float:

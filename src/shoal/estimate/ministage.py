@@ -42,7 +42,8 @@ from __future__ import annotations
 import numpy as np
 
 from shoal.estimate.encode import PlanSpec, parse_schedule
-from shoal.estimate.kernel import p2p_s, ring_allreduce_s
+from shoal.estimate.general import hop
+from shoal.estimate.kernel import ring_allreduce_s
 from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
 from shoal.specs.plan import owners as plan_owners
@@ -59,18 +60,6 @@ def edges(a: int, b: int, V: int) -> list[int]:
     for k in range(V):
         out.append(out[-1] + q + (1 if k < r else 0))
     return out
-
-
-def _hop(problem: Problem, tb: CostTables, mi: int, src, dst) -> np.ndarray:
-    """(R_src, R_dst) seconds of one microbatch's transfer between the replicas of two stages
-    (the sender's TP sets the link's flows)."""
-    ga = np.array([tb.gi(r[0]) for r in src])
-    za = np.array([tb.zones.index(r[2]) for r in src])
-    ta = np.array([tb.ti(r[1]) for r in src])
-    gb = np.array([tb.gi(r[0]) for r in dst])
-    zb = np.array([tb.zones.index(r[2]) for r in dst])
-    lid = tb.link_id(ga[:, None], za[:, None], gb[None, :], zb[None, :], ta[:, None])
-    return np.asarray(p2p_s(tb, problem.timing, mi, lid), dtype=float)
 
 
 def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
@@ -105,7 +94,7 @@ def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
                 act_io[s][j, k] = ((tb.cum_act_rc[ti, e1] - tb.cum_act_rc[ti, e0]) * mbs
                                    / host[s][j])
     # hand-offs: stage s -> s + 1 inside a round, the last stage -> stage 0 between rounds
-    nxt_hop = [_hop(problem, tb, mi, stages[s][2], stages[(s + 1) % S][2]) if S > 1
+    nxt_hop = [hop(problem, tb, mbs, stages[s][2], stages[(s + 1) % S][2]) if S > 1
                else np.zeros((len(stages[0][2]),) * 2) for s in range(S)]  # one stage: no hand-off
     # per stage and ministage: weights in (host shard, then all-gather), gradients out
     # (reduce-scatter), and the shard's update
