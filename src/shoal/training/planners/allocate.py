@@ -21,7 +21,7 @@ import numpy as np
 
 from shoal.mip import Model
 
-_BIG = np.iinfo(np.int64).max
+_BIG = np.int64(1) << 60  # no allocation (the dynamic program's fronts)
 MEMO_POOLS = 6  # pools remembered per PoolMemo key
 DP_KINDS = 2  # up to this many kinds the program is the dynamic program, above it a MIP
 # the MIPs are small and mostly solved at the root: HiGHS's feasibility-jump heuristic took
@@ -74,17 +74,6 @@ def _combos(opts: tuple[Option, ...], D: int, region_of: tuple[int, ...], K: int
             (fa, _), (sl, ns) = sorted(combo, key=lambda x: x[0].time_s)
             t_fast[c], t_slow[c], n_slow[c] = fa.time_s, sl.time_s, ns
     return combos, use, t_fast, t_slow, n_slow
-
-
-def _prune(U: np.ndarray) -> np.ndarray:
-    """Indices of the usage vectors (one or two kinds) that no other vector dominates (no more
-    of every kind), of equal ones the first in (first kind, second kind) order."""
-    if U.shape[1] == 1:
-        return np.array([int(np.argmin(U[:, 0]))])
-    order = np.lexsort((U[:, 1], U[:, 0]))
-    u1 = U[order, 1]
-    prev_min = np.minimum.accumulate(np.concatenate([[_BIG], u1[:-1]]))
-    return order[u1 < prev_min]
 
 
 def slots(D: int, total: int | None) -> tuple[float, int]:
@@ -218,35 +207,50 @@ def _solve_dp(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.
               region_of: list[int], tau: float, relax: float, extra: int,
               deadline: float | None) -> Allocation | None:
     """``_solve`` for one or two kinds: a dynamic program over the stages that keeps, after
-    each, the usage vectors no other dominates."""
+    each, the GPU-usage pairs no other dominates, held as one array: per count ``u`` of the
+    first kind's GPUs, the fewest of the second kind an allocation of the stages so far takes
+    with exactly ``u`` of the first (a large number where none does, or where that pair is
+    dominated). Each stage is a min-plus convolution of the array with the stage's combos. Of
+    equal pairs it keeps the one whose earlier stages take the fewest of the first kind, then
+    the first combo; of equally cheap allocations, the one with the fewest of the first kind."""
     K = len(avail)
-    U = np.zeros((1, K), dtype=np.int64)
+    A, B = int(avail[0]), int(avail[1]) if K > 1 else 0
+    u = np.arange(A + 1)
+    fewest = np.full(A + 1, _BIG)
+    fewest[0] = 0
     back: list[tuple[np.ndarray, np.ndarray, list]] = []
     for al in allowed:
         if deadline is not None and time.perf_counter() > deadline:
             raise OutOfTime
         combos, CU, ok_c = _stage_combos(al, D, region_of, K, tau, relax, extra)
-        CU = np.where(ok_c[:, None], CU, _BIG // 4)
-        new = (U[:, None, :] + CU[None, :, :]).reshape(-1, K)
-        fits = new[:, 0] <= avail[0]
-        for k in range(1, K):
-            fits &= new[:, k] <= avail[k]
-        ok = np.nonzero(fits)[0]
-        if len(ok) == 0:
+        if K == 1:
+            CU = np.concatenate([CU, np.zeros_like(CU)], axis=1)
+        sel = np.nonzero(ok_c & (CU[:, 0] <= A) & (CU[:, 1] <= B))[0]
+        if len(sel) == 0:
             return None
-        new = new[ok]
-        keep = _prune(new)
-        parent, combo = np.divmod(ok[keep], len(combos))
-        U = new[keep]
-        back.append((parent, combo, combos))
+        sel = sel[np.lexsort((sel, -CU[sel, 0]))]
+        ca, cb = CU[sel, 0], CU[sel, 1]
+        prev = u[None, :] - ca[:, None]  # (combos, A + 1): first-kind GPUs before this stage
+        vals = np.where(prev >= 0, fewest[np.maximum(prev, 0)], _BIG) + cb[:, None]
+        pick = vals.argmin(axis=0)
+        fewest = vals[pick, u]
+        # dominated pairs (no fewer of the second kind than a pair with fewer of the first)
+        before = np.minimum.accumulate(np.concatenate([[_BIG], fewest[:-1]]))
+        fewest[(fewest > B) | (fewest >= before)] = _BIG
+        if not (fewest < _BIG).any():
+            return None
+        back.append((sel[pick], ca[pick], combos))
+    at = np.nonzero(fewest < _BIG)[0]
+    U = np.stack([at, fewest[at]], axis=1)[:, :K]
     best = int(np.argmin(U @ price))
+    usage = tuple(int(x) for x in U[best])
     per_stage = []
-    idx = best
-    for parent, combo, combos in reversed(back):
-        per_stage.append(tuple((o.kind, o.tp, n) for o, n in combos[combo[idx]]))
-        idx = parent[idx]
+    x = usage[0]
+    for combo, ca, combos in reversed(back):
+        per_stage.append(tuple((o.kind, o.tp, n) for o, n in combos[combo[x]]))
+        x -= int(ca[x])
     per_stage.reverse()
-    return Allocation(tuple(per_stage), tuple(int(x) for x in U[best]), tau)
+    return Allocation(tuple(per_stage), usage, tau)
 
 
 def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
