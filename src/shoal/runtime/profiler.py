@@ -5,8 +5,9 @@ time of point-to-point sends and all-reduces against message size through torch.
 All ``procs`` processes run the measurements at once (TP groups of the measured degree side by
 side), so the numbers include the contention a plan with that many processes meets (on a CPU,
 processes share cores). Each layer is timed alone, then all layers are scaled by one factor per
-column so they add up to the time of the whole layer list run as one stage. Rank 0 writes a shoal profile (``shoal/profile@1``, GPU type ``cpu`` or
-the CUDA device's) with the network measurements beside it.
+column so they add up to the time of the whole layer list run as one stage. Rank 0 writes a
+shoal profile (``shoal/profile@1``, GPU type ``cpu`` or the CUDA device's) with the network
+measurements beside it.
 """
 
 from __future__ import annotations
