@@ -109,6 +109,43 @@ def test_fastest_is_the_smallest_bound_met(seed, form, monkeypatch):
             assert float(np.asarray(got.usage) @ price) == pytest.approx(cheapest, rel=1e-9)
 
 
+@pytest.mark.parametrize("K", [1, 2])
+@pytest.mark.parametrize("seed", range(4))
+def test_fronts_kept_for_a_larger_pool_answer_smaller_pools_as_fresh_programs(K, seed):
+    """One memo whose program fronts are computed for a large pool, asked about smaller pools
+    in turn (and at other bounds): the same allocations, bottlenecks and trade-offs as
+    programs run from scratch on each pool."""
+    from shoal.training.planners.allocate import tradeoffs
+
+    rng = np.random.default_rng(300 + seed)
+    reused = 0
+    for _ in range(6):
+        P, D = int(rng.integers(1, 5)), int(rng.integers(1, 6))
+        stages = random_stages(rng, K, P)
+        price = rng.uniform(0.5, 3.0, size=K)
+        region_of = [0, int(rng.integers(0, 2))][:K]
+        total = int(rng.integers(D, 4 * D + 1))
+        big = rng.integers(D, 6 * D + 4, size=K)
+        memo = PoolMemo()
+        memo.fronts.raise_ceiling(big)
+        first = fastest(stages, D, big, price, region_of, total=total)
+        tight = big if first is None else np.array(first.usage)  # no GPU to spare
+        for step in range(6):
+            avail = {0: big, 1: tight}.get(step, np.array([int(rng.integers(0, b + 1))
+                                                           for b in big]))
+            at_least = float(rng.choice([0.0, 0.0, 0.6]))
+            shared = PoolMemo()  # a fresh allocation memo, the fronts shared
+            shared.fronts = memo.fronts
+            kept = sum(len(v) for v in memo.fronts._fronts.values())
+            for fn in (fastest, tradeoffs):
+                want = fn(stages, D, avail, price, region_of, at_least=at_least, total=total)
+                got = fn(stages, D, avail, price, region_of, at_least=at_least, total=total,
+                         memo=shared, key=("shape",))
+                assert got == want
+            reused += step > 0 and kept > 0
+    assert reused  # later pools did find fronts kept
+
+
 def test_a_deadline_stops_the_program_and_nothing_is_remembered():
     stages = random_stages(np.random.default_rng(0), 3, 3)
     avail, price = np.array([8, 8, 8]), np.array([1.0, 2.0, 3.0])

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
@@ -206,24 +207,52 @@ def _greedy(allowed: list[list[Option]], D: int, avail: np.ndarray, region_of: l
 def _solve_dp(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
               region_of: list[int], tau: float, relax: float, extra: int,
               deadline: float | None) -> Allocation | None:
-    """``_solve`` for one or two kinds: a dynamic program over the stages that keeps, after
-    each, the GPU-usage pairs no other dominates, held as one array: per count ``u`` of the
-    first kind's GPUs, the fewest of the second kind an allocation of the stages so far takes
-    with exactly ``u`` of the first (a large number where none does, or where that pair is
+    """``_solve`` for one or two kinds: the dynamic program of ``_dp_front``, the cheapest GPU
+    usage on its last front (of equally cheap ones, the fewest of the first kind), and the
+    stages' combos traced back from it."""
+    K = len(avail)
+    back: list[tuple[np.ndarray, np.ndarray, list]] = []
+    A, B = int(avail[0]), int(avail[1]) if K > 1 else 0
+    front = _dp_front(allowed, D, A, B, region_of, tau, relax, extra, deadline, back)
+    usage = None if front is None else _cheapest(front, avail, price)
+    return None if usage is None else _trace(back, usage, tau)
+
+
+def _trace(back: list[tuple[np.ndarray, np.ndarray, list]], usage: tuple[int, ...],
+           tau: float) -> Allocation:
+    """The allocation reaching ``usage`` on ``_dp_front``'s last front, from its choices."""
+    per_stage = []
+    x = usage[0]
+    for combo, ca, combos in reversed(back):
+        per_stage.append(tuple((o.kind, o.tp, n) for o, n in combos[combo[x]]))
+        x -= int(ca[x])
+    per_stage.reverse()
+    return Allocation(tuple(per_stage), usage, tau)
+
+
+def _dp_front(allowed: list[list[Option]], D: int, A: int, B: int, region_of: list[int],
+              tau: float, relax: float, extra: int, deadline: float | None,
+              back: list | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """A dynamic program over the stages that keeps, after each, the GPU-usage pairs no other
+    dominates, held as one array: per count ``u`` of the first kind's GPUs (at most ``A``), the
+    fewest of the second kind (at most ``B``) an allocation of the stages so far takes with
+    exactly ``u`` of the first (a large number where none does, or where that pair is
     dominated). Each stage is a min-plus convolution of the array with the stage's combos. Of
     equal pairs it keeps the one whose earlier stages take the fewest of the first kind, then
-    the first combo; of equally cheap allocations, the one with the fewest of the first kind."""
-    K = len(avail)
-    A, B = int(avail[0]), int(avail[1]) if K > 1 else 0
+    the first combo. Returns the last front as (first-kind counts, ascending; second-kind
+    counts, descending), or None when it is empty; appends to ``back`` each stage's choices.
+
+    Counts enter only as caps: a pair of the front at caps (A, B) is one of the front at any
+    larger caps, reached through the same choices, so a front computed for a pool answers
+    every smaller pool (``Fronts``)."""
     u = np.arange(A + 1)
     fewest = np.full(A + 1, _BIG)
     fewest[0] = 0
-    back: list[tuple[np.ndarray, np.ndarray, list]] = []
     for al in allowed:
         if deadline is not None and time.perf_counter() > deadline:
             raise OutOfTime
-        combos, CU, ok_c = _stage_combos(al, D, region_of, K, tau, relax, extra)
-        if K == 1:
+        combos, CU, ok_c = _stage_combos(al, D, region_of, len(region_of), tau, relax, extra)
+        if CU.shape[1] == 1:
             CU = np.concatenate([CU, np.zeros_like(CU)], axis=1)
         sel = np.nonzero(ok_c & (CU[:, 0] <= A) & (CU[:, 1] <= B))[0]
         if len(sel) == 0:
@@ -239,18 +268,32 @@ def _solve_dp(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.
         fewest[(fewest > B) | (fewest >= before)] = _BIG
         if not (fewest < _BIG).any():
             return None
-        back.append((sel[pick], ca[pick], combos))
-    at = np.nonzero(fewest < _BIG)[0]
-    U = np.stack([at, fewest[at]], axis=1)[:, :K]
-    best = int(np.argmin(U @ price))
-    usage = tuple(int(x) for x in U[best])
-    per_stage = []
-    x = usage[0]
-    for combo, ca, combos in reversed(back):
-        per_stage.append(tuple((o.kind, o.tp, n) for o, n in combos[combo[x]]))
-        x -= int(ca[x])
-    per_stage.reverse()
-    return Allocation(tuple(per_stage), usage, tau)
+        if back is not None:
+            back.append((sel[pick], ca[pick], combos))
+    at = np.flatnonzero(fewest < _BIG)
+    return at, fewest[at]
+
+
+def _cheapest(front: tuple[np.ndarray, np.ndarray], avail: np.ndarray,
+              price: np.ndarray) -> tuple[int, ...] | None:
+    """The cheapest usage of ``front`` (``_dp_front``'s) within ``avail``; of equally cheap
+    ones, the fewest of the first kind."""
+    run = _cheapest_at(front, *_caps(avail))
+    if run is None:
+        return None
+    at, vals = front
+    U = np.stack([at[run], vals[run]], axis=1)[:, :len(avail)]
+    return tuple(int(x) for x in U[int(np.argmin(U @ price))])
+
+
+def _cheapest_at(front: tuple[np.ndarray, np.ndarray], A: int, B: int) -> slice | None:
+    """The pairs of ``front`` within caps (A, B): first-kind counts ascend and second-kind
+    counts descend, so they are a run (None when empty)."""
+    at, vals = front
+    hi = int(np.searchsorted(at, A, side="right"))
+    if hi == 0 or vals[hi - 1] > B:
+        return None
+    return slice(int(np.searchsorted(-vals, -B, side="left")), hi)
 
 
 def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
@@ -406,6 +449,7 @@ class PoolMemo:
 
     def __init__(self) -> None:
         self._d: dict[tuple, list[tuple[np.ndarray, list[Allocation]]]] = {}
+        self.fronts = Fronts()
 
     def get(self, key: tuple, avail: np.ndarray, at_least: float = 0.0) -> list[Allocation] | None:
         for pool, res in self._d.get(key, ()):
@@ -422,6 +466,63 @@ class PoolMemo:
         entries = self._d.setdefault(key, [])
         entries.append((avail.copy(), res))
         del entries[:-MEMO_POOLS]
+
+
+class Fronts:
+    """The dynamic program's last fronts (``_dp_front``), per program (stage options, degree,
+    microbatches) and bound, each computed at the largest pool its memo has served
+    (``ceiling``), so that a smaller pool's program is read off it (``_cheapest``); and the
+    allocations traced back from them, per (program, bound, usage): the combos on the way to a
+    pair of the front are the same at any caps that hold it. One or two kinds only (the MIP's
+    programs are not kept)."""
+
+    def __init__(self) -> None:
+        self.ceiling: np.ndarray | None = None
+        self._fronts: dict[tuple, dict[float, tuple[int, int, tuple | None]]] = {}
+        self._allocs: dict[tuple, Allocation] = {}
+
+    def raise_ceiling(self, avail: np.ndarray) -> None:
+        """Programs are computed for pools of up to ``avail`` GPUs per kind from now on."""
+        avail = np.asarray(avail, dtype=np.int64)
+        self.ceiling = avail.copy() if self.ceiling is None else np.maximum(self.ceiling, avail)
+
+    def usage(self, key: tuple, tau: float, avail: np.ndarray, price: np.ndarray,
+              front: Callable[[int, int], tuple[np.ndarray, np.ndarray] | None]
+              ) -> tuple[int, ...] | None:
+        """The cheapest usage within ``avail`` of program ``key`` under ``tau``, from its front
+        at the ceiling (``front(A, B)`` computes it at those caps when it is not kept)."""
+        A, B = _caps(avail)
+        kept = self._fronts.setdefault(key, {})
+        got = kept.get(tau)
+        if got is None or got[0] < A or got[1] < B:
+            cap = self.ceiling if self.ceiling is not None else avail
+            cA, cB = max(A, int(cap[0])), max(B, int(cap[1])) if len(avail) > 1 else 0
+            got = kept[tau] = (cA, cB, front(cA, cB))
+        return None if got[2] is None else _cheapest(got[2], avail, price)
+
+    def known(self, key: tuple, avail: np.ndarray) -> dict[float, bool]:
+        """Per bound whose front is kept at caps holding ``avail``: whether an allocation of
+        program ``key`` within ``avail`` meets it (nothing is computed)."""
+        A, B = _caps(avail)
+        out = {}
+        for tau, (cA, cB, f) in self._fronts.get(key, {}).items():
+            if cA >= A and cB >= B:
+                out[tau] = f is not None and _cheapest_at(f, A, B) is not None
+        return out
+
+    def allocation(self, key: tuple, usage: tuple[int, ...],
+                   solve: Callable[[], Allocation | None]) -> Allocation | None:
+        """The allocation of program ``key`` with ``usage``, traced once (``solve``)."""
+        got = self._allocs.get((key, usage))
+        if got is None:
+            got = solve()
+            if got is not None:
+                self._allocs[(key, got.usage)] = got
+        return got
+
+
+def _caps(avail: np.ndarray) -> tuple[int, int]:
+    return int(avail[0]), int(avail[1]) if len(avail) > 1 else 0
 
 
 def _memoised(memo: PoolMemo | None, key: tuple | None, avail: np.ndarray, at_least: float,
@@ -445,16 +546,92 @@ def fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np
     ``at_least``: a known lower bound on that time (a caller's relaxation); the bisection over
     the stage times starts there. ``memo``, ``key``: see PoolMemo. Raises OutOfTime once past
     ``deadline`` (``time.perf_counter`` seconds)."""
+    prog = _Program(stage_opts, D, avail, price, region_of, total, deadline, memo, key)
     got = _memoised(memo, None if key is None else ("fastest", D, total, *key), avail, at_least,
-                    lambda: [a] if (a := _fastest(stage_opts, D, avail, price, region_of,
-                                                  at_least, total, deadline)) else [])
+                    lambda: [a] if (a := _fastest(prog, at_least)) else [])
     return got[0] if got else None
 
 
-def _fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-             region_of: list[int], at_least: float, total: int | None,
-             deadline: float | None = None) -> Allocation | None:
-    relax, _ = slots(D, total)
+@dataclass
+class _Program:
+    """One allocation problem at any bound ``tau``: ``solve(tau)`` is ``_solve``'s allocation
+    and ``usage(tau)`` its GPU usage, both read from the memo's ``Fronts`` when there is one
+    (one or two kinds)."""
+
+    stage_opts: list[list[Option]]
+    D: int
+    avail: np.ndarray
+    price: np.ndarray
+    region_of: list[int]
+    total: int | None
+    deadline: float | None
+    memo: PoolMemo | None = None
+    key: tuple | None = None
+    _solved: dict[tuple[float, bool], Allocation | None] = field(default_factory=dict)
+    _back: dict[float, list] = field(default_factory=dict)  # choices of the fronts computed
+
+    @property
+    def fronts(self) -> Fronts | None:
+        if self.memo is None or self.key is None or len(self.avail) > DP_KINDS:
+            return None
+        return self.memo.fronts
+
+    def _solve(self, tau: float, cheapest: bool = True) -> Allocation | None:
+        if (tau, cheapest) not in self._solved:
+            self._solved[(tau, cheapest)] = _solve(
+                self.stage_opts, self.D, self.avail, self.price, self.region_of, tau,
+                self.total, self.deadline, cheapest)
+        return self._solved[(tau, cheapest)]
+
+    def _front(self, tau: float, A: int, B: int) -> tuple[np.ndarray, np.ndarray] | None:
+        relax, extra = slots(self.D, self.total)
+        allowed = [_allowed(opts, tau, relax) for opts in self.stage_opts]
+        back = self._back[tau] = []
+        return _dp_front(allowed, self.D, A, B, self.region_of, tau, relax, extra,
+                         self.deadline, back)
+
+    def usage(self, tau: float) -> tuple[int, ...] | None:
+        """The usage of ``solve(tau)`` (under three kinds or more, of any allocation under
+        ``tau``: a feasibility test)."""
+        fronts = self.fronts
+        if fronts is None:
+            a = self._solve(tau, cheapest=len(self.avail) <= DP_KINDS)
+            return None if a is None else a.usage
+        return fronts.usage((*self.key, self.D, self.total), tau, self.avail, self.price,
+                            lambda A, B: self._front(tau, A, B))
+
+    def known(self) -> dict[float, bool]:
+        """``Fronts.known`` for this program (nothing without fronts)."""
+        fronts = self.fronts
+        return {} if fronts is None else fronts.known((*self.key, self.D, self.total),
+                                                     self.avail)
+
+    def solve(self, tau: float) -> Allocation | None:
+        fronts = self.fronts
+        if fronts is None:
+            return self._solve(tau)
+        use = self.usage(tau)
+        if use is None:
+            return None
+        return fronts.allocation((*self.key, self.D, self.total, tau), use,
+                                 lambda: self._traced(tau, use, fronts))
+
+    def _traced(self, tau: float, use: tuple[int, ...], fronts: Fronts) -> Allocation:
+        """The allocation with ``use`` under ``tau``, traced back through the choices of a
+        front at caps holding the pool (the same at any such caps)."""
+        if tau not in self._back:
+            cap = self.avail if fronts.ceiling is None else np.maximum(self.avail,
+                                                                       fronts.ceiling)
+            self._front(tau, *_caps(cap))
+        return _trace(self._back[tau], use, tau)
+
+
+def _fastest(prog: _Program, at_least: float) -> Allocation | None:
+    """The bisection over the stage times asks only whether a bound can be met (the fronts
+    answer that for one or two kinds, the MIP stops at a first allocation); the cheapest
+    allocation is found once, at the bound found."""
+    relax, _ = slots(prog.D, prog.total)
+    stage_opts = prog.stage_opts
     taus = sorted({t for opts in stage_opts for o in opts for t in (o.time_s, o.time_s / relax)})
     if not taus:
         return None
@@ -463,22 +640,31 @@ def _fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: n
     lo = int(np.searchsorted(taus, floor - 1e-15 * max(floor, 1.0)))
     hi = len(taus) - 1
     lo = min(lo, hi)  # a bound above every stage time: the answer does not depend on it
-    # the bisection only asks whether a bound can be met: the MIP stops at a first allocation,
-    # and the cheapest is found once, at the bound found (the program finds it every time)
-    cheapest = len(avail) <= DP_KINDS
-    best = _solve(stage_opts, D, avail, price, region_of, taus[hi], total, deadline, cheapest)
-    if best is None:
+    # bounds whose fronts are kept narrow the bisection (feasibility is monotone in the bound)
+    index = {t: i for i, t in enumerate(taus)}
+    klo, khi = lo, hi + 1  # above the last bound kept infeasible; the first kept feasible
+    for t, ok in prog.known().items():
+        i = index.get(t, -1)
+        if lo <= i <= hi:
+            if ok:
+                khi = min(khi, i)
+            else:
+                klo = max(klo, i + 1)
+    if khi <= hi and klo <= khi:
+        lo, hi = klo, khi  # the bound at hi is met
+    elif khi > hi:
+        if klo > hi or prog.usage(taus[hi]) is None:
+            return None  # not even the largest bound is met
+        lo = klo
+    elif prog.usage(taus[hi]) is None:  # kept fronts that disagree: they are not used
         return None
     while lo < hi:
         mid = (lo + hi) // 2
-        a = _solve(stage_opts, D, avail, price, region_of, taus[mid], total, deadline, cheapest)
-        if a is not None:
-            hi, best = mid, a
+        if prog.usage(taus[mid]) is not None:
+            hi = mid
         else:
             lo = mid + 1
-    if not cheapest:
-        best = _solve(stage_opts, D, avail, price, region_of, taus[hi], total, deadline)
-    return best
+    return prog.solve(taus[hi])
 
 
 def tradeoffs(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
@@ -488,24 +674,24 @@ def tradeoffs(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: 
     """Cheapest allocations under several bottleneck bounds, from the fastest feasible up:
     the time-cost trade-offs of one plan shape. ``memo``, ``key``: see PoolMemo; ``deadline``:
     see ``fastest``."""
+    prog = _Program(stage_opts, D, avail, price, region_of, total, deadline, memo, key)
     return _memoised(memo, None if key is None else ("tradeoffs", D, total, levels, *key), avail,
-                     at_least, lambda: _tradeoffs(stage_opts, D, avail, price, region_of, levels,
-                                                  at_least, total, deadline))
+                     at_least, lambda: _tradeoffs(prog, levels, at_least))
 
 
-def _tradeoffs(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-               region_of: list[int], levels: int, at_least: float,
-               total: int | None, deadline: float | None = None) -> list[Allocation]:
-    best = _fastest(stage_opts, D, avail, price, region_of, at_least, total, deadline)
+def _tradeoffs(prog: _Program, levels: int, at_least: float) -> list[Allocation]:
+    best = _fastest(prog, at_least)
     if best is None:
         return []
-    relax, _ = slots(D, total)
-    taus = sorted({t for opts in stage_opts for o in opts for t in (o.time_s, o.time_s / relax)
-                   if t >= best.bottleneck_s})
+    relax, _ = slots(prog.D, prog.total)
+    taus = sorted({t for opts in prog.stage_opts for o in opts
+                   for t in (o.time_s, o.time_s / relax) if t >= best.bottleneck_s})
     pick = sorted(set(np.linspace(0, len(taus) - 1, min(levels, len(taus))).round().astype(int)))
     out = [best]
     for i in pick[1:]:
-        a = _solve(stage_opts, D, avail, price, region_of, taus[i], total, deadline)
+        if prog.fronts is not None and prog.usage(taus[i]) in (None, out[-1].usage):
+            continue  # the same usage as the last: not traced back
+        a = prog.solve(taus[i])
         if a is not None and a.usage != out[-1].usage:
             out.append(a)
     return out

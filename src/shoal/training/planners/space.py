@@ -90,6 +90,9 @@ class Space:
         self.alloc_memo, self.spec_memo = memos.setdefault(
             (tuple(self.kinds), self.prices, tuple(max(self.kind_tps[k], default=0)
                                                    for k in self.kinds)), (PoolMemo(), {}))
+        # the allocation programs' fronts are computed for the largest pool the memo serves
+        self.alloc_memo.fronts.raise_ceiling(
+            np.array([self.avail[k] for k in self.kinds], dtype=np.int64))
 
     def zone_pools(self) -> list[tuple[str, np.ndarray]]:
         """When the GPUs are in more than one zone: per zone, its GPUs per kind (0 for kinds
