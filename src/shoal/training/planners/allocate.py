@@ -8,6 +8,9 @@ kinds by Sailor's dynamic program over stages on the GPUs still free (keeping af
 the GPU-usage vectors that no other dominates), with three kinds or more, where those sets grow
 to thousands of vectors per stage, by a MIP over the same choices. The smallest feasible ``tau``
 is found by bisection over the distinct stage times (feasibility is monotone in ``tau``).
+
+Pool sizes enter the dynamic program only as caps, so a ``PoolMemo`` keeps each program's last
+front computed for the largest pool it serves (``Fronts``) and answers smaller pools from it.
 """
 
 from __future__ import annotations
