@@ -503,13 +503,13 @@ class Fronts:
             got = kept[tau] = (cA, cB, front(cA, cB))
         return None if got[2] is None else _cheapest(got[2], avail, price)
 
-    def known(self, key: tuple, avail: np.ndarray) -> dict[float, bool]:
-        """Per bound whose front is kept at caps holding ``avail``: whether an allocation of
-        program ``key`` within ``avail`` meets it (nothing is computed)."""
+    def known(self, key: tuple, avail: np.ndarray, lo: float, hi: float) -> dict[float, bool]:
+        """Per bound in [lo, hi] whose front is kept at caps holding ``avail``: whether an
+        allocation of program ``key`` within ``avail`` meets it (nothing is computed)."""
         A, B = _caps(avail)
         out = {}
         for tau, (cA, cB, f) in self._fronts.get(key, {}).items():
-            if cA >= A and cB >= B:
+            if lo <= tau <= hi and cA >= A and cB >= B:
                 out[tau] = f is not None and _cheapest_at(f, A, B) is not None
         return out
 
@@ -603,11 +603,11 @@ class _Program:
         return fronts.usage((*self.key, self.D, self.total), tau, self.avail, self.price,
                             lambda A, B: self._front(tau, A, B))
 
-    def known(self) -> dict[float, bool]:
+    def known(self, lo: float, hi: float) -> dict[float, bool]:
         """``Fronts.known`` for this program (nothing without fronts)."""
         fronts = self.fronts
         return {} if fronts is None else fronts.known((*self.key, self.D, self.total),
-                                                     self.avail)
+                                                     self.avail, lo, hi)
 
     def solve(self, tau: float) -> Allocation | None:
         fronts = self.fronts
@@ -646,7 +646,7 @@ def _fastest(prog: _Program, at_least: float) -> Allocation | None:
     # bounds whose fronts are kept narrow the bisection (feasibility is monotone in the bound)
     index = {t: i for i, t in enumerate(taus)}
     klo, khi = lo, hi + 1  # above the last bound kept infeasible; the first kept feasible
-    for t, ok in prog.known().items():
+    for t, ok in prog.known(taus[lo], taus[hi]).items():
         i = index.get(t, -1)
         if lo <= i <= hi:
             if ok:
