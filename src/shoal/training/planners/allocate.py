@@ -609,11 +609,12 @@ class _Program:
         return {} if fronts is None else fronts.known((*self.key, self.D, self.total),
                                                      self.avail, lo, hi)
 
-    def solve(self, tau: float) -> Allocation | None:
+    def solve(self, tau: float, use: tuple[int, ...] | None = None) -> Allocation | None:
+        """``_solve``'s allocation under ``tau`` (``use``: its usage, when already read)."""
         fronts = self.fronts
         if fronts is None:
             return self._solve(tau)
-        use = self.usage(tau)
+        use = use or self.usage(tau)
         if use is None:
             return None
         return fronts.allocation((*self.key, self.D, self.total, tau), use,
@@ -692,9 +693,10 @@ def _tradeoffs(prog: _Program, levels: int, at_least: float) -> list[Allocation]
     pick = sorted(set(np.linspace(0, len(taus) - 1, min(levels, len(taus))).round().astype(int)))
     out = [best]
     for i in pick[1:]:
-        if prog.fronts is not None and prog.usage(taus[i]) in (None, out[-1].usage):
+        use = prog.usage(taus[i]) if prog.fronts is not None else None
+        if prog.fronts is not None and use in (None, out[-1].usage):
             continue  # the same usage as the last: not traced back
-        a = prog.solve(taus[i])
+        a = prog.solve(taus[i], use)
         if a is not None and a.usage != out[-1].usage:
             out.append(a)
     return out
