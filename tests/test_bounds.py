@@ -5,13 +5,18 @@ stage; plans with other replicas are not the shape's)."""
 
 from __future__ import annotations
 
+from collections import Counter
+from functools import cache
+
 import numpy as np
 import pytest
 from tests.test_planners import SMALL_PROBLEMS, small_problem
 
-from shoal.estimate.api import tables_for
+from shoal.estimate.api import run_specs, tables_for
 from shoal.training.planners import sailor, search
-from shoal.training.planners.auto import Bounds, Shape
+from shoal.training.planners.allocate import Allocation
+from shoal.training.planners.auto import PACKINGS, Bounds, Shape, Worth
+from shoal.training.planners.build import build_spec, shares
 from shoal.training.planners.space import Kind, Space, mbs_options
 
 CASES = [*SMALL_PROBLEMS[1:],
@@ -20,29 +25,106 @@ CASES = [*SMALL_PROBLEMS[1:],
          ({"us-central1-a": (2, 2), "us-central1-b": (0, 2)}, 2, 1024, 8, 2)]
 
 
+@cache
+def _exhaustive(case: int):
+    pb = small_problem(*CASES[case])
+    return pb, search(pb, strategy="exhaustive", top_k=10 ** 7)
+
+
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_no_plan_beats_its_bound(case):
-    pb = small_problem(*CASES[case])
-    res = search(pb, strategy="exhaustive", top_k=10 ** 7)
+    pb, res = _exhaustive(case)
     assert len(res.ranked) > 10
     space = Space(pb, tables_for(pb, mbs_options(pb)))
     avail, price, region_of = sailor.arrays(space)
     bounds = Bounds(space, avail, price, region_of)
     checked = 0
+    shapes, cut = {}, {}
     for c in res.ranked:
         mbs, _, recompute, _, stages = c.spec
         split = tuple((a, b) for a, b, _ in stages)
         D = len(stages[0][2])
         if any(len(reps) != D for _, _, reps in stages):
             continue
-        opts = sailor.stage_options(space, split, mbs, recompute, 0, 1, all_tp=True)
-        if opts is None or any(
+        if (mbs, recompute, split) not in shapes:
+            opts = sailor.stage_options(space, split, mbs, recompute, 0, 1, all_tp=True)
+            shapes[(mbs, recompute, split)] = opts and Shape(
+                recompute, mbs, split, tuple(tuple(o) for o in opts), rebalance=False)
+        sh = shapes[(mbs, recompute, split)]
+        if not sh or any(
                 (space.kinds.index(Kind(g, "us-central1")), tp) not in {(o.kind, o.tp) for o in st}
-                for (_, _, reps), st in zip(stages, opts, strict=True) for g, tp, _, _ in reps):
+                for (_, _, reps), st in zip(stages, sh.opts, strict=True) for g, tp, _, _ in reps):
             continue  # a replica outside the shape's options (they count every microbatch in flight)
-        sh = Shape(recompute, mbs, split, tuple(tuple(o) for o in opts), rebalance=False)
-        T, C, _ = bounds(sh, np.array([D]), pb.job.global_batch // mbs)
+        if (sh, D) not in cut:
+            cut[(sh, D)] = bounds(sh, np.array([D]), pb.job.global_batch // mbs)
+        T, C, _, _ = cut[(sh, D)]
         assert T[0] <= c.iteration_time_s * (1 + 1e-9), (c.spec, T[0], c.iteration_time_s)
         assert C[0] <= c.cost_usd * (1 + 1e-9), (c.spec, C[0], c.cost_usd)
         checked += 1
     assert checked > 10
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_no_plan_of_an_allocation_beats_its_floors(case):
+    """The search skips allocations (and programs) whose floors cannot beat the incumbent:
+    every plan ``build_spec`` makes of an allocation of the exhaustive space, in every zone
+    packing, takes at least the allocation's floor and the floor of a program bottleneck as
+    slow as the allocation's, in time and in cost."""
+    pb, res = _exhaustive(case)
+    tb = tables_for(pb, mbs_options(pb))
+    space = Space(pb, tb)
+    avail, price, region_of = sailor.arrays(space)
+    bounds = Bounds(space, avail, price, region_of)
+    allocs = {}
+    for c in res.ranked:
+        mbs, _, recompute, _, stages = c.spec
+        split = tuple((a, b) for a, b, _ in stages)
+        D = len(stages[0][2])
+        if any(len(reps) != D for _, _, reps in stages):
+            continue
+        per_stage = tuple(
+            tuple((k, tp, n) for (k, tp), n in sorted(Counter(
+                (space.kinds.index(Kind(g, "us-central1")), tp) for g, tp, _, _ in reps).items()))
+            for _, _, reps in stages)
+        allocs[(mbs, recompute, split, D, per_stage)] = None
+    floors, specs = [], []  # per allocation: its two floors and the range of its plans
+    shapes, worths = {}, {}
+    for mbs, recompute, split, D, per_stage in allocs:
+        if (mbs, recompute, split) not in shapes:
+            opts = sailor.stage_options(space, split, mbs, recompute, 0, 1, all_tp=True)
+            shapes[(mbs, recompute, split)] = opts and Shape(
+                recompute, mbs, split, tuple(tuple(o) for o in opts), rebalance=False)
+        sh = shapes[(mbs, recompute, split)]
+        if not sh or any((k, tp) not in {(o.kind, o.tp) for o in st}
+                         for mix, st in zip(per_stage, sh.opts, strict=True)
+                         for k, tp, _ in mix):
+            continue
+        opts = [list(o) for o in sh.opts]
+        total = pb.job.global_batch // mbs
+        if (sh, D) not in worths:
+            after = bounds(sh, np.array([D]), total)[3][0]
+            worths[(sh, D)] = Worth("max-throughput", np.inf, float(after),
+                                    pb.timing.step_overhead_s, price, bounds.option_times(sh))
+        worth = worths[(sh, D)]
+        a = Allocation(per_stage, (0,) * len(avail), 0.0)
+        built = [sp for pk in PACKINGS
+                 if (sp := build_spec(space, a, opts, split, mbs, D, recompute=recompute,
+                                      packing=pk)) is not None]
+        if not built:
+            continue
+        # the allocation program's bottleneck of ``a``: its busiest replica's compute per
+        # microbatch of the busiest pipelines
+        comp = np.array([np.sort(np.repeat([next(o.time_s for o in st if (o.kind, o.tp) == (k, tp))
+                                            for k, tp, _ in mix], [n for _, _, n in mix]))[::-1]
+                         for mix, st in zip(per_stage, opts, strict=True)])
+        tau = float((np.asarray(shares(total, D)) * comp.max(axis=0)).max()) / -(-total // D)
+        floors.append((per_stage, worth.plan_floor(a, D, total), worth.program_floor(tau, D, total),
+                       slice(len(specs), len(specs) + len(built))))
+        specs += built
+    out = run_specs(pb, tb, specs)
+    T, usd = out["iteration_time_s"], out["cost_compute_usd"] + out["cost_egress_usd"]
+    for per_stage, plan, program, at in floors:
+        for floor_t, floor_usd in (plan, program):
+            assert (floor_t <= T[at] * (1 + 1e-9)).all(), (per_stage, floor_t, T[at])
+            assert (floor_usd <= usd[at] * (1 + 1e-9)).all(), (per_stage, floor_usd, usd[at])
+    assert len(floors) > 10

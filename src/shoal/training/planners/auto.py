@@ -42,7 +42,7 @@ from shoal.training.planners.allocate import (
     tradeoffs,
     upgraded,
 )
-from shoal.training.planners.build import build_spec
+from shoal.training.planners.build import build_spec, shares
 from shoal.training.planners.common import Evaluator, score
 from shoal.training.planners.space import Space, balanced_split
 
@@ -160,6 +160,7 @@ class Bounds:
         self.zone_most = max(per_zone.values(), default=0)
         self.region_most = max(per_region.values(), default=0)
         self._sync: dict[tuple[int, int], np.ndarray] = {}
+        self._times: dict[int, tuple[Shape, list]] = {}
 
     def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
         """(3, TPs): seconds per 2(D-1)/D of a stage's gradients over the fastest link of each
@@ -192,8 +193,6 @@ class Bounds:
         tb, tc = self.space.tb, self.tc
         P = len(sh.split)
         mi = tb.mi(sh.mbs)
-        p2p = self.p2p_min[mi]  # a send by a neighbour of unknown TP
-        rf = tc.recv_fraction
         D = Ds.astype(float)
         n_hi, n_lo = np.ceil(total / D), np.floor(total / D)
         tmin, fmin, bmin, upd = (np.empty(P) for _ in range(4))
@@ -208,12 +207,7 @@ class Bounds:
             k = np.array([o.kind for o in opts])
             tp = np.array([o.tp for o in opts], dtype=float)
             ti = np.array([tb.ti(o.tp) for o in opts])
-            # sends and blocking receives as the kernel adds them to forward and backward: the
-            # activations this replica sends (and its wait for the gradients back) go over
-            # its own TP's flows, those from the stage before over the neighbour's
-            own = p2p if loose else self.p2p_tp[mi, ti]
-            f_extra = own * (s < P - 1) + p2p * rf * (s > 0)
-            b_extra = p2p * (s > 0) + own * rf * (s < P - 1)
+            f_extra, b_extra = self._sends(s, P, mi, ti, loose)
             g = self.gi[k]
             f = (tb.cum_f[g, ti, mi, b] - tb.cum_f[g, ti, mi, a]) * tc.compute_scale
             t_c = np.array([o.time_s for o in opts])
@@ -269,7 +263,39 @@ class Bounds:
         C = np.maximum(T * D * rate.sum(),
                        total * busy_c.sum() + D * (rate[:, None] * (pre[:, None] + tail)).sum(axis=0))
         C = np.where(np.isfinite(T), C, np.inf)
-        return T, C, tau
+        return T, C, tau, tail_min + tc.step_overhead_s
+
+    def _sends(self, s: int, P: int, mi: int, ti: np.ndarray, loose: bool = False):
+        """(forward, backward) seconds per microbatch that stage ``s``'s replicas of TP
+        indices ``ti`` spend on sends and blocking receives, over the fastest links, as the
+        kernel adds them: the activations a replica sends (and its wait for the gradients
+        back) go over its own TP's flows (``loose``: any TP's), those from the stage before
+        over the neighbour's (any TP's)."""
+        p2p = self.p2p_min[mi]
+        own = p2p if loose else self.p2p_tp[mi, ti]
+        rf = self.tc.recv_fraction
+        return (own * (s < P - 1) + p2p * rf * (s > 0),
+                p2p * (s > 0) + own * rf * (s < P - 1))
+
+    def option_times(self, sh: Shape) -> _OptionTimes:
+        """Per stage of ``sh``, per (kind, TP) option: its forward and backward per
+        microbatch with the least sends and receives (``_sends``); and what bounds every
+        allocation of the shape (``_OptionTimes``)."""
+        got = self._times.get(id(sh))
+        if got is None or got[0] is not sh:
+            tb, P = self.space.tb, len(sh.split)
+            mi = tb.mi(sh.mbs)
+            times, sends, rate = [], [], 0.0
+            for s, opts in enumerate(sh.opts):
+                ti = np.array([tb.ti(o.tp) for o in opts])
+                f, b = self._sends(s, P, mi, ti)
+                t_c = np.array([o.time_s for o in opts])
+                t = t_c + f + b
+                times.append({(o.kind, o.tp): float(x) for o, x in zip(opts, t, strict=True)})
+                sends.append(float((t - t_c).min()))
+                rate += min(self.price_s[o.kind] * o.tp for o in opts)
+            got = self._times[id(sh)] = (sh, _OptionTimes(times, min(sends), rate))
+        return got[1]
 
     def _weights(self, sh: Shape) -> np.ndarray:
         """Per kind, 1 / (its mean GPU-seconds per stage and microbatch); 0 for kinds that fit
@@ -402,14 +428,15 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
         if len(Ds) == 0:
             ev.stats.pruned += 1
             continue
-        T, C, tau = bounds(sh, Ds, total)
+        T, C, tau, after = bounds(sh, Ds, total)
         ok = np.isfinite(T)
         ev.stats.pruned += int((~ok).sum())
         shapes.append(sh)
-        rows.append((np.full(int(ok.sum()), len(shapes) - 1), Ds[ok], T[ok], C[ok], tau[ok]))
+        rows.append((np.full(int(ok.sum()), len(shapes) - 1), Ds[ok], T[ok], C[ok], tau[ok],
+                     after[ok]))
     if not shapes:
         return
-    sid, Ds, T, C, tau = (np.concatenate(x) for x in zip(*rows, strict=True))
+    sid, Ds, T, C, tau, after = (np.concatenate(x) for x in zip(*rows, strict=True))
     keep = np.ones(len(sid), dtype=bool)  # the constraints, on the bounds
     if cons.min_iters_per_s is not None:
         keep &= 1.0 / cons.min_iters_per_s >= T
@@ -423,7 +450,8 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
         # Sailor's walk up the data-parallel degree of single-stage plans is quick and lands
         # near the cheapest plan: an incumbent that prunes most of the cost bounds at once
         sailor.search(ev, space, objective, mbs_values, max_stages)
-    run = _BranchAndBound(ev, space, shapes, sid, Ds, tau, avail, price, region_of)
+    run = _BranchAndBound(ev, space, bounds, shapes, sid, Ds, tau, after, avail, price,
+                          region_of)
     run(keep, _key(T, C, objective), objective, lambda: ev.incumbent)
     if not ev.feasible and not keep.all():
         # the constraints cut every plan: find the fastest (cheapest) plans anyway, so the
@@ -438,9 +466,9 @@ class _BranchAndBound:
     """Takes (shape, degree) pairs by increasing bound, allocates and costs them in batches,
     and stops when the next bound cannot beat the best plan so far."""
 
-    def __init__(self, ev, space, shapes, sid, Ds, tau, avail, price, region_of):
-        self.ev, self.space, self.shapes = ev, space, shapes
-        self.sid, self.Ds, self.tau = sid, Ds, tau
+    def __init__(self, ev, space, bounds, shapes, sid, Ds, tau, after, avail, price, region_of):
+        self.ev, self.space, self.bounds, self.shapes = ev, space, bounds, shapes
+        self.sid, self.Ds, self.tau, self.after = sid, Ds, tau, after
         self.avail, self.price, self.region_of = avail, price, region_of
 
     def __call__(self, mask: np.ndarray, key: np.ndarray, objective: str, best) -> None:
@@ -469,9 +497,13 @@ class _BranchAndBound:
                 while (j < len(idx) and j < i + BATCH and key[idx[j]] < bar
                        and (j == i or not ev.out_of_time())):
                     e = idx[j]
-                    specs += _specs(self.space, self.shapes[self.sid[e]], int(self.Ds[e]),
+                    sh = self.shapes[self.sid[e]]
+                    worth = Worth(objective, bar, float(self.after[e]),
+                                   self.space.problem.timing.step_overhead_s, self.price,
+                                   self.bounds.option_times(sh))
+                    specs += _specs(self.space, sh, int(self.Ds[e]),
                                     float(self.tau[e]), self.avail, self.price, self.region_of,
-                                    levels, L, ev.allocation_deadline())
+                                    levels, L, ev.allocation_deadline(), worth)
                     j += 1
             except OutOfTime:
                 cut = ev.stats.truncated = True
@@ -490,10 +522,93 @@ def _key(T: np.ndarray, C: np.ndarray, objective: str) -> np.ndarray:
     return T * C
 
 
+@dataclass(frozen=True)
+class _OptionTimes:
+    """A shape's option times with their least sends (``Bounds.option_times``), the least
+    sends per microbatch of any replica (``send_s``) and the least USD/s of one replica of
+    every stage (``rate_usd_s``)."""
+
+    times: list[dict[tuple[int, int], float]]
+    send_s: float
+    rate_usd_s: float
+
+
+@dataclass(frozen=True)
+class Worth:
+    """Whether an allocation may beat the incumbent (score ``bar`` under ``objective``).
+    Whatever its zones, a plan of allocation ``a`` takes at least ``pipeline_floor_s`` over
+    its options' times with the least sends (``shape.times``) plus ``after_s`` (the pair's
+    least gradient sync and update, and the step overhead), and pays at least that long for
+    its GPUs at their cheapest zone's price (``plan_floor``). A plan of another split than the
+    pair's is given its options' compute times and counts the step overhead only
+    (``overhead_s``)."""
+
+    objective: str
+    bar: float
+    after_s: float
+    overhead_s: float
+    price_h: np.ndarray
+    shape: _OptionTimes
+
+    def __call__(self, a: Allocation, D: int, total: int,
+                 other_split: list[list[Option]] | None = None) -> bool:
+        return not np.isfinite(self.bar) or self.below(*self.plan_floor(a, D, total, other_split))
+
+    def beyond(self, tau: float, D: int, total: int) -> bool:
+        """True when no allocation the allocation program could give on the pair's split
+        with a bottleneck of ``tau`` or more can beat the incumbent (``program_floor``)."""
+        return np.isfinite(self.bar) and not self.below(*self.program_floor(tau, D, total))
+
+    def plan_floor(self, a: Allocation, D: int, total: int,
+                   other_split: list[list[Option]] | None = None) -> tuple[float, float]:
+        """(seconds, USD) per iteration that any plan of ``a`` takes at least."""
+        if other_split is None:
+            t = pipeline_floor_s(a, self.shape.times, D, total) + self.after_s
+        else:
+            times = [{(o.kind, o.tp): o.time_s for o in oo} for oo in other_split]
+            t = pipeline_floor_s(a, times, D, total) + self.overhead_s
+        usd_s = sum(self.price_h[k] * tp * n for st in a.per_stage for k, tp, n in st) / 3600
+        return t, t * usd_s
+
+    def program_floor(self, tau: float, D: int, total: int) -> tuple[float, float]:
+        """(seconds, USD) per iteration that a plan of the pair's split takes at least when
+        its allocation has a bottleneck of ``tau`` or more as the allocation program counts it
+        (``allocate._solve``): its pipelines share ``total`` microbatches as ``build.shares``
+        does, so some replica runs n_hi of them for n_hi tau of compute or more, and at
+        least n_lo with their sends."""
+        n_hi, n_lo = -(-total // D), total // D
+        t = n_hi * tau + n_lo * self.shape.send_s + self.after_s
+        return t, t * D * self.shape.rate_usd_s
+
+    def below(self, t: float, usd: float) -> bool:
+        """Whether lower bounds ``t`` (iteration seconds) and ``usd`` (per iteration) leave
+        room to beat the incumbent."""
+        key = _key(np.array([t]), np.array([usd]), self.objective)[0]
+        return bool(key < self.bar * (1 + 1e-9))
+
+
+def pipeline_floor_s(a: Allocation, times: list[dict[tuple[int, int], float]], D: int,
+                     total: int) -> float:
+    """The least time any plan of allocation ``a`` takes in one pipeline, given per stage a
+    lower bound on each (kind, TP) replica's time per microbatch. Pipeline j holds the j-th
+    slowest replica of every stage (``build_spec``) and runs m = ``shares(total, D)[j]``
+    microbatches: its stage b starts after the stages before it have run the first
+    microbatch forward, runs all m, and the stages before it run the last one backward after
+    it, so the pipeline takes at least sum_{s<b} t_s + m t_b."""
+    per = []
+    for st, time_of in zip(a.per_stage, times, strict=True):
+        per.append(np.sort(np.repeat([time_of[(k, tp)] for k, tp, _ in st],
+                                     [n for _, _, n in st]))[::-1])
+    t = np.array(per)  # (stages, pipelines)
+    m = np.asarray(shares(total, D))
+    return float((np.cumsum(t, axis=0) - t + m[None, :] * t).max())
+
+
 def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of, levels: int,
-           L: int, deadline: float | None = None) -> list:
+           L: int, deadline: float | None = None, worth: Worth | None = None) -> list:
     """Plans of one (shape, degree) pair: its allocations, each in every zone packing, and
-    their variants. Raises OutOfTime once an allocation passes ``deadline``."""
+    their variants; allocations ``worth`` says cannot beat the incumbent are not built. Raises
+    OutOfTime once an allocation passes ``deadline``."""
     opts = [list(o) for o in sh.opts]
     total = space.problem.job.global_batch // sh.mbs
     memo, key = space.alloc_memo, (sh.split, sh.mbs, sh.recompute)
@@ -505,18 +620,28 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
         for up in (upgraded(allocs[0], opts, avail), upgraded(allocs[0], opts, avail, region_of)):
             if all(up.per_stage != a.per_stage for a in allocs):
                 allocs = [*allocs, up]
+
+    def ok(a: Allocation) -> bool:
+        return worth is None or worth(a, D, total)
+
+    # the program's allocations on some of the options or fewer GPUs are no faster than the
+    # fastest on all of them: none where it has none, none worth building beyond the bar
+    fastest_s = allocs[0].bottleneck_s if allocs else np.inf
+    variants = bool(allocs) and (worth is None or not worth.beyond(fastest_s, D, total))
+
     out = [build_spec(space, a, opts, sh.split, sh.mbs, D, recompute=sh.recompute, packing=pk)
-           for a in allocs for pk in PACKINGS]
-    if sh.smallest is not None:
+           for a in allocs if ok(a) for pk in PACKINGS]
+    if sh.smallest is not None and variants:
         # the `sailor` strategy's allocation of the pair (each kind at its smallest fitting TP,
         # H2): the bottleneck program over every TP can choose allocations the estimate ranks
         # below it, and with it every plan that strategy costs is costed here too
         o_min = [list(o) for o in sh.smallest]
-        a_min = fastest(o_min, D, avail, price, region_of, at_least=tau / slots(D, total)[0],
+        a_min = fastest(o_min, D, avail, price, region_of, at_least=fastest_s,
                         total=total, memo=memo,
                         key=(sh.split, sh.mbs, sh.recompute, "smallest tp"),
-                        deadline=deadline)  # the pair's bound holds for these options too
-        if a_min is not None and all(a_min.per_stage != a.per_stage for a in allocs):
+                        deadline=deadline)
+        if (a_min is not None and all(a_min.per_stage != a.per_stage for a in allocs)
+                and ok(a_min)):
             out.append(build_spec(space, a_min, o_min, sh.split, sh.mbs, D,
                                   recompute=sh.recompute))  # as that strategy packs it
     if allocs and len(sh.split) <= PERMUTE_UP_TO and every_split(L, len(sh.split)):
@@ -528,25 +653,28 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
             for perm in dict.fromkeys(itertools.permutations(a.per_stage)):
                 if perm != a.per_stage and all({(k, tp) for k, tp, _ in mix} <= f
                                                for mix, f in zip(perm, fits, strict=True)):
-                    out.append(build_spec(space, Allocation(perm, a.usage, a.bottleneck_s),
-                                          opts, sh.split, sh.mbs, D, recompute=sh.recompute))
+                    ap = Allocation(perm, a.usage, a.bottleneck_s)
+                    if ok(ap):
+                        out.append(build_spec(space, ap, opts, sh.split, sh.mbs, D,
+                                              recompute=sh.recompute))
     if sh.rebalance and allocs:
         new = rebalanced(space, allocs[0], opts, L, sh.mbs, sh.recompute)
         if new != sh.split and min(b - a for a, b in new) > 0:
             o2 = sailor.stage_options(space, new, sh.mbs, sh.recompute, 0, 1, all_tp=True)
             a2 = fastest(o2, D, avail, price, region_of, total=total, memo=memo,
                          key=(new, sh.mbs, sh.recompute), deadline=deadline) if o2 else None
-            if a2 is not None:
+            if a2 is not None and (worth is None or worth(a2, D, total, other_split=o2)):
                 out.append(build_spec(space, a2, o2, new, sh.mbs, D, recompute=sh.recompute))
     # the allocation pools the zones of a region (H6) and ranks replicas by compute alone, so
     # on a pool spread over zones it may take a faster GPU in another zone where the estimate,
     # with the sends and egress across zones, prefers the same plan inside one zone
     need = D * sum(min(o.tp for o in st) for st in opts)
-    for z, zavail in space.zone_pools():
+    for z, zavail in space.zone_pools() if variants else ():
         if zavail.sum() >= need:
-            a3 = fastest(opts, D, zavail, price, region_of, total=total, memo=memo, key=key,
-                         deadline=deadline)
-            if a3 is not None:
-                out.append(build_spec(space, upgraded(a3, opts, zavail), opts, sh.split, sh.mbs,
-                                      D, recompute=sh.recompute, packing="chain", home=z))
+            a3 = fastest(opts, D, zavail, price, region_of, at_least=fastest_s, total=total,
+                         memo=memo, key=key, deadline=deadline)
+            a3 = None if a3 is None else upgraded(a3, opts, zavail)
+            if a3 is not None and ok(a3):
+                out.append(build_spec(space, a3, opts, sh.split, sh.mbs, D,
+                                      recompute=sh.recompute, packing="chain", home=z))
     return [s for s in out if s is not None]
