@@ -18,7 +18,11 @@ The search: (when minimising cost, Sailor's single-stage walk first, for an incu
 (shape, degree) pair gets a lower bound on iteration time and on $/iteration
 that holds for any allocation of the pool (see ``Bounds``). Pairs are taken cheapest bound
 first; each is given its allocation by the stage dynamic program and costed by the estimator in
-batches; the search stops when the next bound cannot beat the best plan found. Only the bounds
+batches; the search stops when the next bound cannot beat the best plan found. Inside a pair,
+an allocation whose pipelines cannot beat the best plan found (``Worth``: each pipeline's
+replicas run their microbatches at their option times with the least sends, plus the pair's
+least sync and update) is not built, and when the program's fastest bottleneck already cannot,
+neither are the variants the program would give on fewer options or fewer GPUs. Only bounds
 cut the space, so on it the result is the same as costing every pair.
 """
 
