@@ -33,7 +33,7 @@ class Reuse:
     min_tp: dict = field(default_factory=dict)
     estimates: dict = field(default_factory=dict)  # plan -> its estimate (Evaluator.memo)
     splits: dict = field(default_factory=dict)  # Zorse's partitions of a node list
-    memos: dict = field(default_factory=dict)  # allocations and placements (Space.alloc_memo)
+    memos: dict = field(default_factory=dict)  # allocations, placements, re-splits (Space)
 
 
 STRATEGIES = {"auto": auto.search, "sailor": sailor.search, "espresso": espresso.search,

@@ -76,12 +76,22 @@ def splits_for(L: int, P: int) -> list[tuple[tuple[int, int], ...]]:
 def rebalanced(space: Space, alloc: Allocation, opts: list[list[Option]], L: int, mbs: int,
                recompute: bool) -> tuple[tuple[int, int], ...]:
     """Layers re-split so each stage's slowest replica type takes about equal time: the linear
-    partition of the layer list minimising the slowest stage (dynamic program over cuts)."""
-    P = len(alloc.per_stage)
+    partition of the layer list minimising the slowest stage (dynamic program over cuts),
+    kept per (GPU, TP) of the stages (``Space.resplits``)."""
     slow = []
     for st, o in zip(alloc.per_stage, opts, strict=True):
         k, tp, _ = max(st, key=lambda x: next(op.time_s for op in o if op.kind == x[0] and op.tp == x[1]))
         slow.append((space.kinds[k].gpu, tp))
+    key = (tuple(slow), L, mbs, recompute)
+    if key not in space.resplits:
+        space.resplits[key] = _linear_partition(space, slow, L, mbs, recompute)
+    return space.resplits[key]
+
+
+def _linear_partition(space: Space, slow: list[tuple[str, int]], L: int, mbs: int,
+                      recompute: bool) -> tuple[tuple[int, int], ...]:
+    """The split of L layers over stages of these (GPU, TP) minimising the slowest stage."""
+    P = len(slow)
     cum = [space.tb.cum_step(g, tp, mbs, recompute) for g, tp in slow]
     # best[i][j]: smallest max stage time placing layers [0, j) on stages 0..i
     best = np.full((P, L + 1), np.inf)
