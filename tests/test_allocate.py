@@ -86,8 +86,9 @@ def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed, form, 
 @pytest.mark.parametrize("form", ["combo", "option"])
 @pytest.mark.parametrize("seed", range(6))
 def test_fastest_is_the_smallest_bound_met(seed, form, monkeypatch):
-    """``fastest`` (a bisection of feasibility tests, the cheapest at the end) against every
-    bound tried in turn, with three kinds (the MIP)."""
+    """``fastest`` (a search over feasibility tests, the cheapest at the end) against every
+    bound tried in turn, with three kinds (the MIP), from no bound and from every bound up to
+    the answer."""
     monkeypatch.setattr(allocate, "COMBO_COLUMNS_PER_OPTION", FORMS[form])
     rng = np.random.default_rng(100 + seed)
     regions = [0, 1, 1] if form == "combo" else [0, 0, 0]  # the combo form is for regions
@@ -107,6 +108,14 @@ def test_fastest_is_the_smallest_bound_met(seed, form, monkeypatch):
             assert got.bottleneck_s == want
             cheapest = every_allocation(stages, D, avail, price, regions, want, total)[0]
             assert float(np.asarray(got.usage) @ price) == pytest.approx(cheapest, rel=1e-9)
+        # from any bound at or below the answer (a caller's), the search gallops up from it
+        # and finds the same allocation
+        for t in taus:
+            if want is not None and t > want:
+                break
+            again = fastest(stages, D, avail, price, regions, at_least=t, total=total)
+            assert (again is None) == (got is None)
+            assert again is None or again == got
 
 
 @pytest.mark.parametrize("K", [1, 2])

@@ -663,9 +663,12 @@ class _Program:
 
 
 def _fastest(prog: _Program, at_least: float) -> Allocation | None:
-    """The bisection over the stage times asks only whether a bound can be met (the fronts
+    """The search over the stage times asks only whether a bound can be met (the fronts
     answer that for one or two kinds, the MIP stops at a first allocation); the cheapest
-    allocation is found once, at the bound found."""
+    allocation is found once, at the bound found. It bisects, except from a caller's bound
+    (``at_least``), where the answer mostly is or is a few bounds above: that bound is tried
+    first, then bounds 1, 3, 7, ... above it until one is met, then the bisection narrows the
+    last step. Feasibility is monotone in the bound, so the answer is the same either way."""
     relax, _ = slots(prog.D, prog.total)
     stage_opts = prog.stage_opts
     taus = sorted({t for opts in stage_opts for o in opts for t in (o.time_s, o.time_s / relax)})
@@ -689,9 +692,23 @@ def _fastest(prog: _Program, at_least: float) -> Allocation | None:
     if khi <= hi and klo <= khi:
         lo, hi = klo, khi  # the bound at hi is met
     elif khi > hi:
-        if klo > hi or prog.usage(taus[hi]) is None:
+        if klo > hi:
             return None  # not even the largest bound is met
         lo = klo
+        near = at_least > 0.0  # a caller's bound: the answer is mostly at it or a few above
+        if near and lo < hi and prog.usage(taus[lo]) is not None:
+            return prog.solve(taus[lo])
+        if prog.usage(taus[hi]) is None:
+            return None  # not even the largest bound is met
+        # from a caller's bound, gallop up from the first bound, then bisect
+        step = 1
+        while near and lo < hi:
+            probe = min(lo + step, hi)
+            if probe == hi or prog.usage(taus[probe]) is not None:
+                hi = probe
+                break
+            lo, step = probe, 2 * step
+        lo += 1 if near and lo < hi else 0
     elif prog.usage(taus[hi]) is None:  # kept fronts that disagree: they are not used
         return None
     while lo < hi:
