@@ -31,15 +31,10 @@ def _exhaustive(case: int):
     return pb, search(pb, strategy="exhaustive", top_k=10 ** 7)
 
 
-@pytest.mark.parametrize("case", range(len(CASES)))
-def test_no_plan_beats_its_bound(case):
-    pb, res = _exhaustive(case)
-    assert len(res.ranked) > 10
-    space = Space(pb, tables_for(pb, mbs_options(pb)))
-    avail, price, region_of = sailor.arrays(space)
-    bounds = Bounds(space, avail, price, region_of)
-    checked = 0
-    shapes, cut = {}, {}
+def _shape_plans(space: Space, res):
+    """The exhaustive plans that are plans of one of ``auto``'s shapes (one data-parallel degree
+    for every stage, every replica among the shape's options): (plan, shape, degree)."""
+    shapes: dict = {}
     for c in res.ranked:
         mbs, _, recompute, _, stages = c.spec
         split = tuple((a, b) for a, b, _ in stages)
@@ -55,8 +50,21 @@ def test_no_plan_beats_its_bound(case):
                 (space.kinds.index(Kind(g, "us-central1")), tp) not in {(o.kind, o.tp) for o in st}
                 for (_, _, reps), st in zip(stages, sh.opts, strict=True) for g, tp, _, _ in reps):
             continue  # a replica outside the shape's options (they count every microbatch in flight)
+        yield c, sh, D
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_no_plan_beats_its_bound(case):
+    pb, res = _exhaustive(case)
+    assert len(res.ranked) > 10
+    space = Space(pb, tables_for(pb, mbs_options(pb)))
+    avail, price, region_of = sailor.arrays(space)
+    bounds = Bounds(space, avail, price, region_of)
+    checked = 0
+    cut: dict = {}
+    for c, sh, D in _shape_plans(space, res):
         if (sh, D) not in cut:
-            cut[(sh, D)] = bounds(sh, np.array([D]), pb.job.global_batch // mbs)
+            cut[(sh, D)] = bounds(sh, np.array([D]), pb.job.global_batch // sh.mbs)
         T, C, _, _ = cut[(sh, D)]
         assert T[0] <= c.iteration_time_s * (1 + 1e-9), (c.spec, T[0], c.iteration_time_s)
         assert C[0] <= c.cost_usd * (1 + 1e-9), (c.spec, C[0], c.cost_usd)
@@ -75,32 +83,18 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
     space = Space(pb, tb)
     avail, price, region_of = sailor.arrays(space)
     bounds = Bounds(space, avail, price, region_of)
-    allocs = {}
-    for c in res.ranked:
-        mbs, _, recompute, _, stages = c.spec
-        split = tuple((a, b) for a, b, _ in stages)
-        D = len(stages[0][2])
-        if any(len(reps) != D for _, _, reps in stages):
-            continue
+    allocs: dict = {}
+    for c, sh, D in _shape_plans(space, res):
         per_stage = tuple(
             tuple((k, tp, n) for (k, tp), n in sorted(Counter(
                 (space.kinds.index(Kind(g, "us-central1")), tp) for g, tp, _, _ in reps).items()))
-            for _, _, reps in stages)
-        allocs[(mbs, recompute, split, D, per_stage)] = None
+            for _, _, reps in c.spec[4])
+        allocs[(sh, D, per_stage)] = None
     floors, specs = [], []  # per allocation: its two floors and the range of its plans
-    shapes, worths = {}, {}
-    for mbs, recompute, split, D, per_stage in allocs:
-        if (mbs, recompute, split) not in shapes:
-            opts = sailor.stage_options(space, split, mbs, recompute, 0, 1, all_tp=True)
-            shapes[(mbs, recompute, split)] = opts and Shape(
-                recompute, mbs, split, tuple(tuple(o) for o in opts), rebalance=False)
-        sh = shapes[(mbs, recompute, split)]
-        if not sh or any((k, tp) not in {(o.kind, o.tp) for o in st}
-                         for mix, st in zip(per_stage, sh.opts, strict=True)
-                         for k, tp, _ in mix):
-            continue
+    worths: dict = {}
+    for sh, D, per_stage in allocs:
         opts = [list(o) for o in sh.opts]
-        total = pb.job.global_batch // mbs
+        total = pb.job.global_batch // sh.mbs
         if (sh, D) not in worths:
             after = bounds(sh, np.array([D]), total)[3][0]
             worths[(sh, D)] = Worth("max-throughput", np.inf, float(after),
@@ -108,8 +102,8 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
         worth = worths[(sh, D)]
         a = Allocation(per_stage, (0,) * len(avail), 0.0)
         built = [sp for pk in PACKINGS
-                 if (sp := build_spec(space, a, opts, split, mbs, D, recompute=recompute,
-                                      packing=pk)) is not None]
+                 if (sp := build_spec(space, a, opts, sh.split, sh.mbs, D,
+                                      recompute=sh.recompute, packing=pk)) is not None]
         if not built:
             continue
         # the allocation program's bottleneck of ``a``: its busiest replica's compute per
