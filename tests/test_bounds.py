@@ -122,3 +122,23 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
             assert (floor_t <= T[at] * (1 + 1e-9)).all(), (per_stage, floor_t, T[at])
             assert (floor_usd <= usd[at] * (1 + 1e-9)).all(), (per_stage, floor_usd, usd[at])
     assert len(floors) > 10
+
+
+@pytest.mark.parametrize("objective", ["max-throughput", "min-cost", "max-throughput-per-dollar"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_the_floors_keep_the_best_plan_and_the_front(case, objective, monkeypatch):
+    """Skipping allocations by their floors leaves the best plan and the throughput-cost front
+    of a search as they are with every allocation built."""
+    pb = small_problem(*CASES[case])
+
+    def outcome():
+        res = search(pb, objective=objective, top_k=1)
+        return (res.ranked[0].spec,
+                [(c.iteration_time_s, c.cost_usd) for c in res.pareto], res.stats.candidates_costed)
+
+    best, front, costed = outcome()
+    monkeypatch.setattr(Worth, "__call__", lambda self, *a, **k: True)
+    monkeypatch.setattr(Worth, "beyond", lambda self, *a, **k: False)
+    best_all, front_all, costed_all = outcome()
+    assert (best, front) == (best_all, front_all)
+    assert costed <= costed_all

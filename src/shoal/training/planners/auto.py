@@ -19,17 +19,19 @@ The search: (when minimising cost, Sailor's single-stage walk first, for an incu
 that holds for any allocation of the pool (see ``Bounds``). Pairs are taken cheapest bound
 first; each is given its allocation by the stage dynamic program and costed by the estimator in
 batches; the search stops when the next bound cannot beat the best plan found. Inside a pair,
-an allocation whose pipelines cannot beat the best plan found (``Worth``: each pipeline's
-replicas run their microbatches at their option times with the least sends, plus the pair's
-least sync and update) is not built, and when the program's fastest bottleneck already cannot,
-neither are the variants the program would give on fewer options or fewer GPUs. Only bounds
-cut the space, so on it the result is the same as costing every pair.
+an allocation whose pipelines can neither beat the best plan found nor join the throughput-cost
+front of the plans found (``Worth``: each pipeline's replicas run their microbatches at their
+option times with the least sends, plus the pair's least sync and update) is not built, and when
+the program's fastest bottleneck already cannot, neither are the variants the program would give
+on fewer options or fewer GPUs. Only bounds cut the space, so on it the result is the same as
+costing every pair, and inside the pairs taken so is the front.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -514,7 +516,7 @@ class _BranchAndBound:
                     sh = self.shapes[self.sid[e]]
                     worth = Worth(objective, bar, float(self.after[e]),
                                    self.space.problem.timing.step_overhead_s, self.price,
-                                   self.bounds.option_times(sh))
+                                   self.bounds.option_times(sh), ev.dominated)
                     specs += _specs(self.space, sh, int(self.Ds[e]),
                                     float(self.tau[e]), self.avail, self.price, self.region_of,
                                     levels, L, ev.allocation_deadline(), worth)
@@ -549,7 +551,9 @@ class _OptionTimes:
 
 @dataclass(frozen=True)
 class Worth:
-    """Whether an allocation may beat the incumbent (score ``bar`` under ``objective``).
+    """Whether an allocation may beat the incumbent (score ``bar`` under ``objective``) or
+    join the throughput-cost front of the plans found (``dominated``: whether a plan found
+    takes at most given seconds and USD per iteration).
     Whatever its zones, a plan of allocation ``a`` takes at least ``pipeline_floor_s`` over
     its options' times with the least sends (``shape.times``) plus ``after_s`` (the pair's
     least gradient sync and update, and the step overhead), and pays at least that long for
@@ -563,6 +567,7 @@ class Worth:
     overhead_s: float
     price_h: np.ndarray
     shape: _OptionTimes
+    dominated: Callable[[float, float], bool] = lambda t, usd: False
 
     def __call__(self, a: Allocation, D: int, total: int,
                  other_split: list[list[Option]] | None = None) -> bool:
@@ -596,9 +601,9 @@ class Worth:
 
     def below(self, t: float, usd: float) -> bool:
         """Whether lower bounds ``t`` (iteration seconds) and ``usd`` (per iteration) leave
-        room to beat the incumbent."""
+        room to beat the incumbent or to join the front."""
         key = _key(np.array([t]), np.array([usd]), self.objective)[0]
-        return bool(key < self.bar * (1 + 1e-9))
+        return bool(key < self.bar * (1 + 1e-9)) or not self.dominated(t, usd)
 
 
 def pipeline_floor_s(a: Allocation, times: list[dict[tuple[int, int], float]], D: int,

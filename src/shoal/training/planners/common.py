@@ -3,6 +3,7 @@ the Pareto front, and the search statistics."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -108,6 +109,10 @@ class Evaluator:
         self.deadline: float | None = None  # perf_counter time after which the search stops
         self.max_pairs: int | None = None  # (shape, degree) pairs a bounded search allocates
         self.incumbent: Candidate | None = None  # best feasible plan so far under the objective
+        # the feasible plans' (seconds, USD) per iteration that no other beats in both: by
+        # time ascending, so by cost descending
+        self._front_t: list[float] = []
+        self._front_c: list[float] = []
 
     def _within_quotas(self, sp: PlanSpec) -> bool:
         used: dict[str, int] = {}
@@ -179,7 +184,24 @@ class Evaluator:
         if self.incumbent is None or (score(cand, self.objective)
                                       < score(self.incumbent, self.objective)):
             self.incumbent = cand
+        self._onto_front(cand.iteration_time_s, cand.cost_usd)
         return True
+
+    def dominated(self, t: float, usd: float) -> bool:
+        """True when a feasible plan found so far takes at most ``t`` seconds and ``usd``
+        per iteration: a plan taking at least both is on no throughput-cost front."""
+        i = bisect.bisect_right(self._front_t, t)
+        return i > 0 and self._front_c[i - 1] <= usd
+
+    def _onto_front(self, t: float, usd: float) -> None:
+        if self.dominated(t, usd):
+            return
+        i = bisect.bisect_left(self._front_t, t)
+        j = i
+        while j < len(self._front_t) and self._front_c[j] >= usd:
+            j += 1  # slower (or as fast) and no cheaper: off the front
+        self._front_t[i:j] = [t]
+        self._front_c[i:j] = [usd]
 
 
 def meets(c: Candidate, cons: Constraints) -> bool:
