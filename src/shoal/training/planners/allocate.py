@@ -91,7 +91,8 @@ def slots(D: int, total: int | None) -> tuple[float, int]:
 
 
 def _alike(stage_opts: list[list[Option]]) -> list[int]:
-    """Per stage, the first stage with the same options (stages of equal layers often are)."""
+    """Per stage, the first stage with equal options (equal times too: stage times come from
+    prefix sums over the layers, so stages of equal layer counts may still differ)."""
     first: list[int] = []
     reps: list[int] = []
     for i, opts in enumerate(stage_opts):
