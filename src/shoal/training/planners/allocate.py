@@ -90,29 +90,6 @@ def slots(D: int, total: int | None) -> tuple[float, int]:
     return ((lo + 1) / lo if extra else 1.0), extra
 
 
-def _alike(stage_opts: list[list[Option]]) -> list[int]:
-    """Per stage, the first stage with equal options (equal times too: stage times come from
-    prefix sums over the layers, so stages of equal layer counts may still differ)."""
-    first: list[int] = []
-    reps: list[int] = []
-    for i, opts in enumerate(stage_opts):
-        j = next((r for r in reps if stage_opts[r] == opts), i)
-        if j == i:
-            reps.append(i)
-        first.append(j)
-    return first
-
-
-def _allowed_per_stage(stage_opts: list[list[Option]], tau: float, relax: float,
-                       alike: list[int] | None = None) -> list[list[Option]]:
-    """``_allowed`` of every stage; stages alike (``_alike``) share one list."""
-    alike = _alike(stage_opts) if alike is None else alike
-    out: list[list[Option]] = []
-    for i, j in enumerate(alike):
-        out.append(_allowed(stage_opts[i], tau, relax) if j == i else out[j])
-    return out
-
-
 def _allowed(opts: list[Option], tau: float, relax: float) -> list[Option]:
     """A stage's options under the bound: per GPU kind only its smallest TP under ``tau`` (for
     the busiest pipelines) and under ``tau * relax`` (for the others), as a larger one uses
@@ -135,7 +112,7 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
     Each stage mixes at most two options, all of one region. With ``cheapest`` False, any
     such allocation (a feasibility test). Raises OutOfTime once past ``deadline``."""
     relax, extra = slots(D, total)
-    allowed = _allowed_per_stage(stage_opts, tau, relax)
+    allowed = [_allowed(opts, tau, relax) for opts in stage_opts]
     # a stage whose every option is over the bound has no replica for the busiest pipelines
     if any(all(o.time_s > tau for o in al) for al in allowed):
         return None
@@ -274,25 +251,19 @@ def _dp_front(allowed: list[list[Option]], D: int, A: int, B: int, region_of: li
     u = np.arange(A + 1)
     fewest = np.full(A + 2, _BIG)  # the last entry stays _BIG: where a combo takes too many
     fewest[0] = 0
-    stage: dict[int, tuple] = {}  # per list of allowed options (stages alike share one)
     for al in allowed:
         if deadline is not None and time.perf_counter() > deadline:
             raise OutOfTime
-        got = stage.get(id(al))
-        if got is None:
-            combos, CU, ok_c = _stage_combos(al, D, region_of, len(region_of), tau, relax,
-                                             extra)
-            if CU.shape[1] == 1:
-                CU = np.concatenate([CU, np.zeros_like(CU)], axis=1)
-            sel = np.nonzero(ok_c & (CU[:, 0] <= A) & (CU[:, 1] <= B))[0]
-            if len(sel) == 0:
-                return None
-            sel = sel[np.lexsort((sel, -CU[sel, 0]))]
-            ca, cb = CU[sel, 0], CU[sel, 1]
-            prev = u[None, :] - ca[:, None]  # (combos, A + 1): first-kind GPUs before it
-            got = stage[id(al)] = (combos, sel, ca, cb[:, None], np.where(prev >= 0, prev, A + 1))
-        combos, sel, ca, cb, prev = got
-        vals = fewest[prev] + cb
+        combos, CU, ok_c = _stage_combos(al, D, region_of, len(region_of), tau, relax, extra)
+        if CU.shape[1] == 1:
+            CU = np.concatenate([CU, np.zeros_like(CU)], axis=1)
+        sel = np.nonzero(ok_c & (CU[:, 0] <= A) & (CU[:, 1] <= B))[0]
+        if len(sel) == 0:
+            return None
+        sel = sel[np.lexsort((sel, -CU[sel, 0]))]
+        ca, cb = CU[sel, 0], CU[sel, 1]
+        prev = u[None, :] - ca[:, None]  # (combos, A + 1): first-kind GPUs before this stage
+        vals = fewest[np.where(prev >= 0, prev, A + 1)] + cb[:, None]
         pick = vals.argmin(axis=0)
         front = vals[pick, u]
         # dominated pairs (no fewer of the second kind than a pair with fewer of the first)
@@ -602,7 +573,6 @@ class _Program:
     key: tuple | None = None
     _solved: dict[tuple[float, bool], Allocation | None] = field(default_factory=dict)
     _back: dict[float, list] = field(default_factory=dict)  # choices of the fronts computed
-    _alike: list[int] | None = None  # ``_alike`` of the stages
 
     @property
     def fronts(self) -> Fronts | None:
@@ -619,9 +589,7 @@ class _Program:
 
     def _front(self, tau: float, A: int, B: int) -> tuple[np.ndarray, np.ndarray] | None:
         relax, extra = slots(self.D, self.total)
-        if self._alike is None:
-            self._alike = _alike(self.stage_opts)
-        allowed = _allowed_per_stage(self.stage_opts, tau, relax, self._alike)
+        allowed = [_allowed(opts, tau, relax) for opts in self.stage_opts]
         back = self._back[tau] = []
         return _dp_front(allowed, self.D, A, B, self.region_of, tau, relax, extra,
                          self.deadline, back)
