@@ -15,6 +15,7 @@ front computed for the largest pool it serves (``Fronts``) and answers smaller p
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ DP_KINDS = 2  # up to this many kinds the program is the dynamic program, above 
 # about half of their time (one-off timing over 300 of them, the same optima without it)
 MIP_OPTIONS = {"mip_heuristic_run_feasibility_jump": False}
 COMBO_COLUMNS_PER_OPTION = 4  # how the MIP's form is chosen (``_solve_mip``)
+COMBO_CACHE = 16_384  # stages' combos kept (``_combos``)
 
 
 class OutOfTime(Exception):
@@ -53,31 +55,74 @@ class Allocation:
     bottleneck_s: float
 
 
+class Mixes:
+    """A stage's combos as arrays: combo ``c`` puts ``na[c]`` replicas on option ``ia[c]`` and
+    the rest on option ``ib[c]`` (-1: all on ``ia[c]``); ``self[c]`` is ((option, count), ...)."""
+
+    __slots__ = ("opts", "ia", "ib", "na", "D")
+
+    def __init__(self, opts: tuple[Option, ...], ia: np.ndarray, ib: np.ndarray, na: np.ndarray,
+                 D: int):
+        self.opts, self.ia, self.ib, self.na, self.D = opts, ia, ib, na, D
+
+    def __len__(self) -> int:
+        return len(self.ia)
+
+    def __getitem__(self, c: int) -> tuple[tuple[Option, int], ...]:
+        a, b, n = int(self.ia[c]), int(self.ib[c]), int(self.na[c])
+        if b < 0:
+            return ((self.opts[a], n),)
+        return ((self.opts[a], n), (self.opts[b], self.D - n))
+
+
 @cache
+def _mix_layout(kind_tp: tuple[tuple[int, int], ...], D: int, region_of: tuple[int, ...],
+                K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The combos of options with these (kind, TP), in order: per region (in the order its
+    first option comes), each option alone, then with each later option of the region at 1 to
+    D - 1 replicas on the first. (ia, ib, na, usage matrix (combos, K))."""
+    by_region: dict[int, list[int]] = {}
+    for i, (k, _) in enumerate(kind_tp):
+        by_region.setdefault(region_of[k], []).append(i)
+    ia, ib, na = [], [], []
+    counts = np.arange(1, D)
+    for ros in by_region.values():
+        for j, a in enumerate(ros):
+            ia.append(np.array([a]))
+            ib.append(np.array([-1]))
+            na.append(np.array([D]))
+            for b in ros[j + 1:]:
+                ia.append(np.full(D - 1, a))
+                ib.append(np.full(D - 1, b))
+                na.append(counts)
+    IA, IB, NA = (np.concatenate([np.zeros(0, np.int64), *x]).astype(np.int64)
+                  for x in (ia, ib, na))
+    kinds = np.array([k for k, _ in kind_tp], dtype=np.int64)
+    tps = np.array([tp for _, tp in kind_tp], dtype=np.int64)
+    use = np.zeros((len(IA), K), dtype=np.int64)
+    rows = np.arange(len(IA))
+    np.add.at(use, (rows, kinds[IA]), NA * tps[IA])
+    two = IB >= 0
+    np.add.at(use, (rows[two], kinds[IB[two]]), (D - NA[two]) * tps[IB[two]])
+    for arr in (IA, IB, NA, use):
+        arr.flags.writeable = False
+    return IA, IB, NA, use
+
+
+@functools.lru_cache(maxsize=COMBO_CACHE)
 def _combos(opts: tuple[Option, ...], D: int, region_of: tuple[int, ...], K: int):
     """Ways to give a stage D replicas from options of one region, mixing at most two options:
-    (list of combos as ((option, count), ...), usage matrix (combos, K))."""
-    by_region: dict[int, list[Option]] = {}
-    for o in opts:
-        by_region.setdefault(region_of[o.kind], []).append(o)
-    combos: list[tuple[tuple[Option, int], ...]] = []
-    for ros in by_region.values():
-        for i, a in enumerate(ros):
-            combos.append(((a, D),))
-            for b in ros[i + 1:]:
-                combos.extend(((a, na), (b, D - na)) for na in range(1, D))
-    use = np.zeros((len(combos), K), dtype=np.int64)
-    # per combo: the faster option's time, the slower one's, and how many replicas are slower
-    t_fast, t_slow, n_slow = np.zeros(len(combos)), np.zeros(len(combos)), np.zeros(len(combos))
-    for c, combo in enumerate(combos):
-        for o, n in combo:
-            use[c, o.kind] += n * o.tp
-        if len(combo) == 1:
-            t_fast[c] = t_slow[c] = combo[0][0].time_s
-        else:
-            (fa, _), (sl, ns) = sorted(combo, key=lambda x: x[0].time_s)
-            t_fast[c], t_slow[c], n_slow[c] = fa.time_s, sl.time_s, ns
-    return combos, use, t_fast, t_slow, n_slow
+    (the combos (``Mixes``), usage matrix (combos, K), and per combo the faster option's time,
+    the slower one's, and how many replicas are on the slower)."""
+    IA, IB, NA, use = _mix_layout(tuple((o.kind, o.tp) for o in opts), D, region_of, K)
+    t = np.array([o.time_s for o in opts])
+    two = IB >= 0
+    ta, tb = t[IA], t[np.where(two, IB, IA)]
+    # of two equally fast options the first counts as the faster
+    swap = ta > tb
+    t_fast, t_slow = np.minimum(ta, tb), np.maximum(ta, tb)
+    n_slow = np.where(two, np.where(swap, NA, D - NA), 0).astype(float)
+    return Mixes(opts, IA, IB, NA, D), use, t_fast, t_slow, n_slow
 
 
 def slots(D: int, total: int | None) -> tuple[float, int]:

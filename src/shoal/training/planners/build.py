@@ -53,23 +53,36 @@ def _build(space: Space, alloc: Allocation, stage_opts: list[list[Option]],
     used: dict[tuple[str, str], int] = {}
     stages = []
     for (a, b), opts, st in zip(split, stage_opts, alloc.per_stage, strict=True):
-        reps = []
-        for k, tp, n in st:
-            t = next(o.time_s for o in opts if o.kind == k and o.tp == tp)
-            reps += [(t, k, tp)] * n
-        reps.sort(key=lambda x: -x[0])
-        out = []
-        for j, (_, k, tp) in enumerate(reps):
+        # slowest replicas first (of equally fast ones, the allocation's order)
+        runs = sorted(((next(o.time_s for o in opts if o.kind == k and o.tp == tp), k, tp, n)
+                       for k, tp, n in st), key=lambda r: -r[0])
+        zones: list[str] = []
+        for _, k, tp, n in runs:
             kind = space.kinds[k]
-            if packing == "stage":
-                prefer = out[-1][2] if out else home
-            elif packing == "chain":  # the stage's zone so far, else where the last one began
-                prefer = out[-1][2] if out else (stages[-1][2][0][2] if stages else home)
+            if packing == "pipeline":
+                for j in range(len(zones), len(zones) + n):
+                    z = space.place(kind, tp, used, stages[-1][2][j][2] if stages else None)
+                    if z is None:
+                        return None
+                    zones.append(z)
+                continue
+            if zones:
+                prefer = zones[-1]
+            elif packing == "chain":  # the zone where the last stage began
+                prefer = stages[-1][2][0][2] if stages else home
             else:
-                prefer = stages[-1][2][j][2] if stages else None
-            z = space.place(kind, tp, used, prefer)
-            if z is None:
-                return None
-            out.append((kind.gpu, tp, z, m[j]))
-        stages.append((a, b, tuple(out)))
+                prefer = home
+            left = n
+            while left:  # as many as fit in the zone placed in, then the next
+                z = space.place(kind, tp, used, prefer)
+                if z is None:
+                    return None
+                more = min(left - 1, (space.free(kind, z, used)) // tp)
+                used[(kind.gpu, z)] += more * tp
+                zones += [z] * (more + 1)
+                left -= more + 1
+                prefer = z
+        reps = [(space.kinds[k].gpu, tp) for _, k, tp, n in runs for _ in range(n)]
+        stages.append((a, b, tuple((g, tp, z, m[j]) for j, ((g, tp), z)
+                                   in enumerate(zip(reps, zones, strict=True)))))
     return (mbs, schedule, recompute, zero, tuple(stages))

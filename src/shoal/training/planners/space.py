@@ -133,6 +133,10 @@ class Space:
                 return tp
         return None
 
+    def free(self, kind: Kind, zone: str, used: dict[tuple[str, str], int]) -> int:
+        """GPUs of ``kind``'s type left in ``zone`` after ``used``."""
+        return dict(self.zones_of[kind]).get(zone, 0) - used.get((kind.gpu, zone), 0)
+
     def place(self, kind: Kind, tp: int, used: dict[tuple[str, str], int],
               prefer: str | None = None) -> str | None:
         """A zone of ``kind``'s region with ``tp`` free GPUs of its type (a TP group stays in
