@@ -5,6 +5,7 @@ stage; plans with other replicas are not the shape's)."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from functools import cache
 
@@ -33,13 +34,15 @@ def _exhaustive(case: int):
 
 def _shape_plans(space: Space, res):
     """The exhaustive plans that are plans of one of ``auto``'s shapes (one data-parallel degree
-    for every stage, every replica among the shape's options): (plan, shape, degree)."""
+    for every stage, every replica among the shape's options, at most two options a stage, as
+    the allocation program mixes): (plan, shape, degree)."""
     shapes: dict = {}
     for c in res.ranked:
         mbs, _, recompute, _, stages = c.spec
         split = tuple((a, b) for a, b, _ in stages)
         D = len(stages[0][2])
-        if any(len(reps) != D for _, _, reps in stages):
+        if any(len(reps) != D or len({(g, tp) for g, tp, _, _ in reps}) > 2
+               for _, _, reps in stages):
             continue
         if (mbs, recompute, split) not in shapes:
             opts = sailor.stage_options(space, split, mbs, recompute, 0, 1, all_tp=True)
@@ -98,7 +101,8 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
         if (sh, D) not in worths:
             after = bounds(sh, np.array([D]), total)[3][0]
             worths[(sh, D)] = Worth("max-throughput", np.inf, float(after),
-                                    pb.timing.step_overhead_s, price, bounds.option_times(sh))
+                                    pb.timing.step_overhead_s, price, bounds.option_times(sh),
+                                    tails=functools.partial(bounds.tails, sh.split, D=D))
         worth = worths[(sh, D)]
         a = Allocation(per_stage, (0,) * len(avail), 0.0)
         built = [sp for pk in PACKINGS

@@ -29,6 +29,7 @@ costing every pair, and inside the pairs taken so is the front.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -128,8 +129,12 @@ class Bounds:
     """Lower bounds on the iteration time and $/iteration of any plan of a shape with D
     pipelines, whatever GPUs of the pool it is given. With n = total microbatches:
 
-    - tail_s(D): a stage's gradient all-reduce over the fastest link of the problem plus its
-      fastest update; every worker's compute ends at least min_s tail_s before the iteration does;
+    - tail_s(D): a stage's gradient all-reduce plus its fastest update; every worker's compute
+      ends at least min_s tail_s before the iteration does. The all-reduce takes at least its
+      ring over the fastest link of the problem its replicas can span, and (on a shape whose
+      splits are not redone) over the fastest hops of the one or two options it may mix
+      (``_option_sync``): the bound holds for plans whose stages mix at most two options, as
+      every allocation of ``allocate`` and its variants does;
     - the slowest replica, tau(D), is at least the smallest stage time for which the pool holds
       enough GPUs: per stage from the kinds fast enough, per region, and for all stages at once
       (the GPUs their replicas take from each kind: an LP relaxation, bounded through its dual);
@@ -177,6 +182,9 @@ class Bounds:
         self.region_most = max(per_region.values(), default=0)
         self._sync: dict[tuple[int, int], np.ndarray] = {}
         self._times: dict[int, tuple[Shape, list]] = {}
+        self._tails: dict[tuple, float] = {}
+        self._hops: dict[tuple, float] = {}
+        self._option_rings: dict[tuple, np.ndarray] = {}
 
     def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
         """(3, TPs): seconds per 2(D-1)/D of a stage's gradients over the fastest link of each
@@ -252,6 +260,9 @@ class Bounds:
         ring = np.take_along_axis(ring_s, span, axis=1)  # (P, nD)
         sync = np.where(D[None, :] > 1, ((2 * (D - 1) / D)[None, :] * ring
                                          + 2 * (D - 1)[None, :] * self.lat_min) * tc.sync_scale, 0.0)
+        if not loose:
+            sync = np.maximum(sync, np.array([self._option_sync(ab, opts, Ds)
+                                              for ab, opts in zip(sh.split, sh.opts, strict=True)]))
         tail = sync + upd[:, None]  # (P, nD)
         tail_min = tail.min(axis=0)
         work = (total * busy_w.sum() + D * (pre * idle_w).sum()) / max(float(y @ self.avail), 1e-300)
@@ -281,6 +292,96 @@ class Bounds:
         C = np.where(np.isfinite(T), C, np.inf)
         return T, C, tau, tail_min + tc.step_overhead_s
 
+    def _option_sync(self, ab: tuple[int, int], opts: tuple[Option, ...],
+                     Ds: np.ndarray) -> np.ndarray:
+        """Per degree in ``Ds``, the least seconds the gradient ring all-reduce of a stage over
+        layers ``ab`` takes when its D replicas are of one or two of its options ``opts``, as
+        every allocation ``auto`` builds mixes (``tails`` counts the hops): on one option o,
+        when the pool holds D replicas of it, every hop is o -> o; on two, o1 and o2 (of one
+        region, holding D replicas together), the ring has a hop o1 -> o2 and one o2 -> o1.
+        Each hop over its fastest link between any zones of its kinds (``_hop_s``).
+        """
+        n = int(Ds.max())
+        key = (ab, opts)
+        got = self._option_rings.get(key)
+        if got is None or len(got) < n:
+            a, b = ab
+            D = np.arange(1, n + 1)
+            hold = [np.floor(self.avail[o.kind] / o.tp) for o in opts]  # replicas of each
+            got = np.full(n, np.inf)
+            for i, o in enumerate(opts):
+                got = np.where(hold[i] >= D, np.minimum(got, self._hop_s(a, b, D, o.kind, o.tp,
+                                                                         o.kind)), got)
+                for j in range(i + 1, len(opts)):
+                    o2 = opts[j]
+                    if self.region_of[o.kind] != self.region_of[o2.kind]:
+                        continue
+                    if o2.kind == o.kind:  # at least one replica on each, the rest on the smaller TP
+                        room = np.where((D - 1) * min(o.tp, o2.tp) + max(o.tp, o2.tp)
+                                        <= self.avail[o.kind], D, 0)
+                    else:
+                        room = np.where((hold[i] >= 1) & (hold[j] >= 1), hold[i] + hold[j], 0)
+                    ring = np.maximum(self._hop_s(a, b, D, o.kind, o.tp, o2.kind),
+                                      self._hop_s(a, b, D, o2.kind, o2.tp, o.kind))
+                    got = np.where((D >= 2) & (room >= D), np.minimum(got, ring), got)
+            got = np.where(D > 1, np.where(np.isfinite(got), got, 0.0), 0.0)
+            self._option_rings[key] = got
+        return got[Ds - 1]
+
+    def tails(self, split: tuple[tuple[int, int], ...], per_stage, D: int) -> np.ndarray:
+        """Per stage of an allocation (``Allocation.per_stage``, D replicas a stage) on the
+        layer ranges ``split``: the least seconds its gradient ring all-reduce and then its
+        slowest replica's update take, whatever zones the replicas get. The ring joins
+        consecutive replicas, each option's together (``build_spec``): a hop from each option
+        to another (any, when the stage mixes more than two), and one inside an option of two
+        replicas or more. A hop takes at least its fastest link between any zones of its two kinds,
+        and the ring is as slow as its slowest hop (``kernel.ring_allreduce_s``)."""
+        tb = self.space.tb
+        out = np.empty(len(split))
+        for s, ((a, b), st) in enumerate(zip(split, per_stage, strict=True)):
+            key = (a, b, D, st)
+            got = self._tails.get(key)
+            if got is None:
+                upd = max(float(tb.cum_u[self.gi[k], tb.ti(tp), b] - tb.cum_u[self.gi[k],
+                                                                              tb.ti(tp), a])
+                          for k, tp, _ in st)
+                sync = 0.0
+                for k, tp, n in st if D > 1 else ():
+                    # the hop out of this option's last replica, to another option's, and
+                    # between its own replicas
+                    out_s = [self._hop_s(a, b, D, k, tp, k2) for k2, tp2, _ in st
+                             if (k2, tp2) != (k, tp)]
+                    if out_s:
+                        sync = max(sync, min(out_s))
+                    if n > 1 or not out_s:
+                        sync = max(sync, self._hop_s(a, b, D, k, tp, k))
+                got = self._tails[key] = sync + upd
+            out[s] = got
+        return out
+
+    def _hop_s(self, a: int, b: int, D, k: int, tp: int, k2: int):
+        """The least seconds a ring all-reduce of D members over layers [a, b) takes when one
+        of its hops goes from a replica of kind ``k`` (TP ``tp``) to one of kind ``k2``, over
+        its fastest link between any zones of the two kinds (``kernel.ring_allreduce_s``; D:
+        a number, or an array of them)."""
+        key = (a, b, k, tp, k2)
+        got = self._hops.get(key)
+        if got is None:
+            sp, tb = self.space, self.space.tb
+            za = [tb.zones.index(z) for z, _ in sp.zones_of[sp.kinds[k]]]
+            zb = [tb.zones.index(z) for z, _ in sp.zones_of[sp.kinds[k2]]]
+            rid = np.array([tb.link_id(self.gi[k], x, self.gi[k2], y, tb.ti(tp))
+                            for x in za for y in zb], dtype=np.int64)
+            nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * sp.grad_b
+            div = tb.flat_div.take(rid)
+            # per link: seconds per byte-volume unit (2(D-1)/D of the bytes) and per hop
+            got = self._hops[key] = (nbytes / (div * bandwidth(tb.flat_curve[rid], nbytes / div)),
+                                     tb.flat_lat.take(rid))
+        x, lat = got
+        d = np.asarray(D, dtype=float)[..., None]
+        t = ((2.0 * (d - 1) / d) * x + 2.0 * (d - 1) * lat).min(axis=-1) * self.tc.sync_scale
+        return float(t) if np.ndim(D) == 0 else t
+
     def _sends(self, s: int, P: int, mi: int, ti: np.ndarray, loose: bool = False):
         """(forward, backward) seconds per microbatch that stage ``s``'s replicas of TP
         indices ``ti`` spend on sends and blocking receives, over the fastest links, as the
@@ -301,16 +402,17 @@ class Bounds:
         if got is None or got[0] is not sh:
             tb, P = self.space.tb, len(sh.split)
             mi = tb.mi(sh.mbs)
-            times, sends, rate = [], [], 0.0
+            times, compute, sends, rate = [], [], [], 0.0
             for s, opts in enumerate(sh.opts):
                 ti = np.array([tb.ti(o.tp) for o in opts])
                 f, b = self._sends(s, P, mi, ti)
                 t_c = np.array([o.time_s for o in opts])
                 t = t_c + f + b
                 times.append({(o.kind, o.tp): float(x) for o, x in zip(opts, t, strict=True)})
+                compute.append({(o.kind, o.tp): o.time_s for o in opts})
                 sends.append(float((t - t_c).min()))
                 rate += min(self.price_s[o.kind] * o.tp for o in opts)
-            got = self._times[id(sh)] = (sh, _OptionTimes(times, min(sends), rate))
+            got = self._times[id(sh)] = (sh, _OptionTimes(times, min(sends), rate, compute))
         return got[1]
 
     def _weights(self, sh: Shape) -> np.ndarray:
@@ -514,9 +616,11 @@ class _BranchAndBound:
                        and (j == i or not ev.out_of_time())):
                     e = idx[j]
                     sh = self.shapes[self.sid[e]]
+                    D = int(self.Ds[e])
                     worth = Worth(objective, bar, float(self.after[e]),
-                                   self.space.problem.timing.step_overhead_s, self.price,
-                                   self.bounds.option_times(sh), ev.dominated)
+                                  self.space.problem.timing.step_overhead_s, self.price,
+                                  self.bounds.option_times(sh), ev.dominated,
+                                  functools.partial(self.bounds.tails, sh.split, D=D))
                     specs += _specs(self.space, sh, int(self.Ds[e]),
                                     float(self.tau[e]), self.avail, self.price, self.region_of,
                                     levels, L, ev.allocation_deadline(), worth)
@@ -547,6 +651,7 @@ class _OptionTimes:
     times: list[dict[tuple[int, int], float]]
     send_s: float
     rate_usd_s: float
+    compute: list[dict[tuple[int, int], float]]  # the options' compute times (their order)
 
 
 @dataclass(frozen=True)
@@ -554,12 +659,13 @@ class Worth:
     """Whether an allocation may beat the incumbent (score ``bar`` under ``objective``) or
     join the throughput-cost front of the plans found (``dominated``: whether a plan found
     takes at most given seconds and USD per iteration).
-    Whatever its zones, a plan of allocation ``a`` takes at least ``pipeline_floor_s`` over
-    its options' times with the least sends (``shape.times``) plus ``after_s`` (the pair's
-    least gradient sync and update, and the step overhead), and pays at least that long for
-    its GPUs at their cheapest zone's price (``plan_floor``). A plan of another split than the
-    pair's is given its options' compute times and counts the step overhead only
-    (``overhead_s``)."""
+    Whatever its zones, a plan of allocation ``a`` takes at least, over its options' times
+    with the least sends (``shape.times``), its pipelines' time (``stage_floors_s`` of the first
+    stage) plus ``after_s`` (the pair's least gradient sync and update, and the step overhead),
+    and for every stage that stage's end plus its own least sync and update (``tails``) and the
+    step overhead; it pays at least that long for its GPUs at their cheapest zone's price
+    (``plan_floor``). A plan of another split than the pair's is given its options' compute
+    times and counts the step overhead only (``overhead_s``)."""
 
     objective: str
     bar: float
@@ -568,6 +674,8 @@ class Worth:
     price_h: np.ndarray
     shape: _OptionTimes
     dominated: Callable[[float, float], bool] = lambda t, usd: False
+    # per stage of an allocation of the pair's split: its least sync and update (Bounds.tails)
+    tails: Callable[[tuple], np.ndarray] | None = None
 
     def __call__(self, a: Allocation, D: int, total: int,
                  other_split: list[list[Option]] | None = None) -> bool:
@@ -582,10 +690,13 @@ class Worth:
                    other_split: list[list[Option]] | None = None) -> tuple[float, float]:
         """(seconds, USD) per iteration that any plan of ``a`` takes at least."""
         if other_split is None:
-            t = pipeline_floor_s(a, self.shape.times, D, total) + self.after_s
+            ends = stage_floors_s(a, self.shape.times, D, total, self.shape.compute)
+            t = float(ends[0]) + self.after_s
+            if self.tails is not None:
+                t = max(t, float((ends + self.tails(a.per_stage)).max()) + self.overhead_s)
         else:
             times = [{(o.kind, o.tp): o.time_s for o in oo} for oo in other_split]
-            t = pipeline_floor_s(a, times, D, total) + self.overhead_s
+            t = float(stage_floors_s(a, times, D, total)[0]) + self.overhead_s
         usd_s = sum(self.price_h[k] * tp * n for st in a.per_stage for k, tp, n in st) / 3600
         return t, t * usd_s
 
@@ -606,21 +717,29 @@ class Worth:
         return bool(key < self.bar * (1 + 1e-9)) or not self.dominated(t, usd)
 
 
-def pipeline_floor_s(a: Allocation, times: list[dict[tuple[int, int], float]], D: int,
-                     total: int) -> float:
-    """The least time any plan of allocation ``a`` takes in one pipeline, given per stage a
-    lower bound on each (kind, TP) replica's time per microbatch. Pipeline j holds the j-th
-    slowest replica of every stage (``build_spec``) and runs m = ``shares(total, D)[j]``
-    microbatches: its stage b starts after the stages before it have run the first
-    microbatch forward, runs all m, and the stages before it run the last one backward after
-    it, so the pipeline takes at least sum_{s<b} t_s + m t_b."""
+def stage_floors_s(a: Allocation, times: list[dict[tuple[int, int], float]], D: int,
+                   total: int, order: list[dict[tuple[int, int], float]] | None = None
+                   ) -> np.ndarray:
+    """Per stage s, the least time after the iteration's start at which every replica of s has
+    run its last backward, in any plan of allocation ``a``, given per stage a lower bound on
+    each (kind, TP) replica's time per microbatch (``times``). Pipeline j holds the j-th
+    slowest replica of every stage by compute time (``order``, when it is not ``times``;
+    ``build_spec``) and runs m = ``shares(total, D)[j]`` microbatches: its stage b >= s runs
+    all m after stages s..b-1 have run the first microbatch forward, and then stages b-1..s
+    run the last one backward, so stage s ends at least sum_{s<=i<b} t_i + m t_b after it
+    starts. For s = 0 that is the pipeline's end."""
     per = []
-    for st, time_of in zip(a.per_stage, times, strict=True):
-        per.append(np.sort(np.repeat([time_of[(k, tp)] for k, tp, _ in st],
-                                     [n for _, _, n in st]))[::-1])
+    for s, (st, time_of) in enumerate(zip(a.per_stage, times, strict=True)):
+        rank = time_of if order is None else order[s]
+        runs = sorted(st, key=lambda r: -rank[(r[0], r[1])])  # stable, as build_spec
+        per.append(np.repeat([time_of[(k, tp)] for k, tp, _ in runs], [n for _, _, n in runs]))
     t = np.array(per)  # (stages, pipelines)
     m = np.asarray(shares(total, D))
-    return float((np.cumsum(t, axis=0) - t + m[None, :] * t).max())
+    before = np.cumsum(t, axis=0) - t  # the stages before b, per pipeline
+    reach = before + m[None, :] * t  # stage b's last backward from the start of stage 0
+    # from stage s: the latest over b >= s, less the stages before s
+    later = np.maximum.accumulate(reach[::-1], axis=0)[::-1]
+    return (later - before).max(axis=1)
 
 
 def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of, levels: int,
