@@ -287,6 +287,10 @@ class Bounds:
             (fpre[:, None] + chain + tail).max(axis=0),
         ])
         T = T + tc.step_overhead_s
+        if loose:
+            # the other splits are re-splits of the shape's own allocation: where the joint
+            # GPU count leaves the shape none, the pair has no plan at all
+            T = np.where(np.isfinite(tau), T, np.inf)
         C = np.maximum(T * D * rate.sum(),
                        total * busy_c.sum() + D * (rate[:, None] * (pre[:, None] + tail)).sum(axis=0))
         C = np.where(np.isfinite(T), C, np.inf)
