@@ -12,13 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from shoal.estimate import estimate
+from shoal.estimate.api import run_kernel, run_specs
+from shoal.estimate.encode import encode_specs
 from shoal.estimate.validate import validate_plan
 from shoal.problem import build_problem
 from shoal.specs.scenario import parse_scenario
 from shoal.training.planners import search
 from shoal.training.planners.common import Evaluator, SearchStats
 from shoal.training.planners.space import Space, mbs_options
-from shoal.training.planners.zorse import build, min_cut, nodes, split
+from shoal.training.planners.zorse import _with_ministages, build, floors, min_cut, nodes, split
 
 BASE = {
     "model": {"name": "m", "num_layers": 8, "hidden_size": 1024, "num_heads": 16,
@@ -88,6 +90,23 @@ def test_zorse_and_auto_return_fitting_plans(setup):
         assert e.iteration_time_s == pytest.approx(c.iteration_time_s, rel=1e-9)
     # auto costs zorse's plans too, so it is never slower
     assert a.ranked[0].iteration_time_s <= z.ranked[0].iteration_time_s * (1 + 1e-9)
+
+
+def test_no_plan_is_faster_than_its_floor(setup):
+    """The search skips plans whose floor cannot beat the best so far: every plan it builds,
+    under every schedule and ZeRO stage, takes at least its floor."""
+    pb, space, verts = setup
+    specs = []
+    for groups in split(space, verts).values():
+        for schedule in ("1f1b", "gpipe", "zorse"):
+            for zero in (0, 2):
+                sp = build(space, verts, groups, 1, True, zero, schedule)
+                if sp is not None:
+                    specs += _with_ministages(sp) if schedule == "zorse" else [sp]
+    out = run_kernel(pb, space.tb, encode_specs(space.tb, specs), detail=True)
+    low = floors(pb, specs, out)
+    T = run_specs(pb, space.tb, specs)["iteration_time_s"]
+    assert len(specs) > 10 and (low <= T * (1 + 1e-9)).all(), (low, T)
 
 
 @settings(max_examples=60, deadline=None)

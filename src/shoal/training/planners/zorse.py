@@ -46,6 +46,7 @@ import numpy as np
 from shoal.estimate import general, ministage
 from shoal.estimate.api import run_kernel
 from shoal.estimate.encode import encode_specs, schedule_key
+from shoal.problem import Problem
 from shoal.training.planners.common import Evaluator, PlanSpec
 from shoal.training.planners.space import Space
 
@@ -240,6 +241,22 @@ def _zero_stages(allowed) -> list[int]:
     return [z for z in out if z is not None]
 
 
+def floors(problem: Problem, specs: list[PlanSpec], out: dict) -> np.ndarray:
+    """Per plan, seconds its iteration takes at least, from the kernel's detailed result of
+    the batch (``out``): its busiest GPU's compute, and under the event simulation
+    (``general``, every schedule but the zorse one) each stage's busiest GPU's compute
+    followed by the stage's gradient sync and update, and the step overhead."""
+    shares = np.zeros(out["fwd"].shape)
+    for b, sp in enumerate(specs):
+        for s_, (_, _, reps) in enumerate(sp[4]):
+            shares[b, s_, :len(reps)] = [r[3] for r in reps]
+    busiest = ((out["fwd"] + out["bwd"]) * shares).max(axis=2)  # (plans, stages)
+    tail = out["sync"] + out["update"].max(axis=2)
+    staged = np.array([not ministage.is_ministage(sp) for sp in specs])
+    return np.where(staged, (busiest + tail).max(axis=1) + problem.timing.step_overhead_s,
+                    busiest.max(axis=1))
+
+
 def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
            max_stages: int | None = None) -> None:
     problem = space.problem
@@ -274,14 +291,10 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                         specs.append(sp)
     if not specs:
         return
-    # A lower bound per plan: its busiest GPU's compute. Plans are simulated in bound order,
-    # and those whose bound cannot beat the best plan so far are skipped.
+    # Plans are simulated in the order of their lower bounds, and those whose bound cannot
+    # beat the best plan so far are skipped.
     out = run_kernel(problem, space.tb, encode_specs(space.tb, specs), detail=True)
-    shares = np.zeros(out["fwd"].shape)
-    for b, sp in enumerate(specs):
-        for s_, (_, _, reps) in enumerate(sp[4]):
-            shares[b, s_, :len(reps)] = [r[3] for r in reps]
-    t_low = ((out["fwd"] + out["bwd"]) * shares).max(axis=(1, 2))
+    t_low = floors(problem, specs, out)
     usd_s = out["gpu_usd_per_s"]
     B = len(specs)
     for i in np.argsort(t_low, kind="stable"):
