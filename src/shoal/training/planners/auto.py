@@ -183,7 +183,7 @@ class Bounds:
         self._sync: dict[tuple[int, int], np.ndarray] = {}
         self._times: dict[int, tuple[Shape, list]] = {}
         self._tails: dict[tuple, float] = {}
-        self._hops: dict[tuple, float] = {}
+        self._hops: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._option_rings: dict[tuple, np.ndarray] = {}
 
     def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
@@ -625,7 +625,7 @@ class _BranchAndBound:
                                   self.space.problem.timing.step_overhead_s, self.price,
                                   self.bounds.option_times(sh), ev.dominated,
                                   functools.partial(self.bounds.tails, sh.split, D=D))
-                    specs += _specs(self.space, sh, int(self.Ds[e]),
+                    specs += _specs(self.space, sh, D,
                                     float(self.tau[e]), self.avail, self.price, self.region_of,
                                     levels, L, ev.allocation_deadline(), worth)
                     j += 1
