@@ -99,7 +99,7 @@ def test_no_plan_is_faster_than_its_floor(setup):
     specs = []
     for groups in split(space, verts).values():
         for schedule in ("1f1b", "gpipe", "zorse"):
-            for zero in (0, 2):
+            for zero in (0, 2) if schedule != "zorse" else (2,):  # as the search builds them
                 sp = build(space, verts, groups, 1, True, zero, schedule)
                 if sp is not None:
                     specs += _with_ministages(sp) if schedule == "zorse" else [sp]
