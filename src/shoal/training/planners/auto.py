@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shoal.estimate.kernel import ring_allreduce_s
 from shoal.profiles.network import bandwidth
 from shoal.training.planners import sailor
 from shoal.training.planners.allocate import (
@@ -183,7 +184,7 @@ class Bounds:
         self._sync: dict[tuple[int, int], np.ndarray] = {}
         self._times: dict[int, tuple[Shape, list]] = {}
         self._tails: dict[tuple, float] = {}
-        self._hops: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._hops: dict[tuple, np.ndarray] = {}  # link ids of a hop's zone pairs
         self._option_rings: dict[tuple, np.ndarray] = {}
 
     def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
@@ -368,22 +369,17 @@ class Bounds:
         of its hops goes from a replica of kind ``k`` (TP ``tp``) to one of kind ``k2``, over
         its fastest link between any zones of the two kinds (``kernel.ring_allreduce_s``; D:
         a number, or an array of them)."""
-        key = (a, b, k, tp, k2)
-        got = self._hops.get(key)
-        if got is None:
-            sp, tb = self.space, self.space.tb
+        sp, tb = self.space, self.space.tb
+        key = (k, tp, k2)
+        rid = self._hops.get(key)
+        if rid is None:
             za = [tb.zones.index(z) for z, _ in sp.zones_of[sp.kinds[k]]]
             zb = [tb.zones.index(z) for z, _ in sp.zones_of[sp.kinds[k2]]]
-            rid = np.array([tb.link_id(self.gi[k], x, self.gi[k2], y, tb.ti(tp))
-                            for x in za for y in zb], dtype=np.int64)
-            nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * sp.grad_b
-            div = tb.flat_div.take(rid)
-            # per link: seconds per byte-volume unit (2(D-1)/D of the bytes) and per hop
-            got = self._hops[key] = (nbytes / (div * bandwidth(tb.flat_curve[rid], nbytes / div)),
-                                     tb.flat_lat.take(rid))
-        x, lat = got
+            rid = self._hops[key] = np.array([tb.link_id(self.gi[k], x, self.gi[k2], y,
+                                                         tb.ti(tp)) for x in za for y in zb])
+        nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * sp.grad_b
         d = np.asarray(D, dtype=float)[..., None]
-        t = ((2.0 * (d - 1) / d) * x + 2.0 * (d - 1) * lat).min(axis=-1) * self.tc.sync_scale
+        t = ring_allreduce_s(tb, rid, d, nbytes, self.tc.sync_scale).min(axis=-1)
         return float(t) if np.ndim(D) == 0 else t
 
     def _sends(self, s: int, P: int, mi: int, ti: np.ndarray, loose: bool = False):
