@@ -2,10 +2,12 @@
 forward, backward and optimizer-update time for each TP degree and microbatch size, and the
 time of point-to-point sends and all-reduces against message size through torch.distributed.
 
-All ``procs`` processes run the measurements at once (TP groups of the measured degree side by
-side), so the numbers include the contention a plan with that many processes meets (on a CPU,
-processes share cores). Each layer is timed alone, then all layers are scaled by one factor per
-column so they add up to the time of the whole layer list run as one stage. Rank 0 writes a
+All ``procs`` processes run the measurements at once, each one started on every rank together
+(TP groups of the measured degree side by side), so the numbers include the contention a plan
+with that many processes meets (on a CPU, processes share cores); each time is a mean over
+many calls, and the profile takes its mean over the ranks. Each layer is timed alone, then
+all layers are scaled by one factor per column so they add up to the time of the whole layer
+list run as one stage. Rank 0 writes a
 shoal profile (``shoal/profile@1``, GPU type ``cpu`` or the CUDA device's) with the network
 measurements beside it.
 """
@@ -13,6 +15,7 @@ measurements beside it.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +28,31 @@ from shoal.runtime.model import Stage, TPGroup, token_loss
 from shoal.specs.model import ModelSpec
 
 SIZES = (2**10, 2**14, 2**17, 2**20, 2**22)  # bytes per message
+
+
+WINDOW_S = 0.05  # timed seconds per measurement at least: several of the OS's time slices
+
+
+def _clock(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _mean_time(timed, reps: int) -> float:
+    """Mean of ``timed()`` (the seconds of one call it makes) over at least ``reps`` calls and
+    about ``WINDOW_S`` of timed work. Where processes share cores, one waits for a core a share
+    of the time, in whole time slices, so most short calls run uninterrupted and a few
+    wait long: their median leaves the waiting out, a mean over several slices counts it."""
+    timed()  # warm-up
+    total = sum(timed() for _ in range(reps))
+    # as many more calls as fill the window, the same number on every rank (TP groups' calls
+    # are collective)
+    more = torch.tensor([max(0, math.ceil(WINDOW_S / max(total / reps, 1e-9)) - reps)])
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(more, op=dist.ReduceOp.MAX)
+    total += sum(timed() for _ in range(int(more)))
+    return total / (reps + int(more))
 
 
 def _median_time(fn, reps: int) -> float:
@@ -103,14 +131,18 @@ def _chain_times(spec: ModelSpec, tp: TPGroup, mbs: int, seq: int, reps: int, dt
     return _measure(chain, True, chain_update, reps)
 
 
-def _measure(forward_graph, scalar: bool, update, reps: int) -> list[float]:
-    """Median [forward, backward, update] seconds: ``forward_graph()`` builds the graph (a
-    scalar loss when ``scalar``, else a tensor given ones as its gradient)."""
+def _together() -> None:
+    """Start the next measurement on every rank at once: each is then timed while all the
+    others run the same work, as a plan's processes do (without it, ranks drift apart and
+    a measurement may find the cores free that a run shares)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
-    def fwd_time() -> float:
-        t0 = time.perf_counter()
-        forward_graph()
-        return time.perf_counter() - t0
+
+def _measure(forward_graph, scalar: bool, update, reps: int) -> list[float]:
+    """Mean [forward, backward, update] seconds (``_mean_time``): ``forward_graph()`` builds
+    the graph (a scalar loss when ``scalar``, else a tensor given ones as its gradient); every
+    rank measures each of the three at the same time (``_together``)."""
 
     def bwd_time() -> float:
         y = forward_graph()
@@ -119,11 +151,11 @@ def _measure(forward_graph, scalar: bool, update, reps: int) -> list[float]:
         y.backward(g)
         return time.perf_counter() - t0
 
-    fwd_time()  # warm-up
-    f = statistics.median(fwd_time() for _ in range(reps))
-    bwd_time()  # warm-up
-    b = statistics.median(bwd_time() for _ in range(reps))
-    return [f, b, _median_time(update, reps)]
+    out = []
+    for timed in (lambda: _clock(forward_graph), bwd_time, lambda: _clock(update)):
+        _together()
+        out.append(_mean_time(timed, reps))
+    return out
 
 
 def network(reps: int) -> dict:
@@ -171,6 +203,13 @@ def run(spec: ModelSpec, model_name: str, tps: list[int], mbs_list: list[int], s
         me = TPGroup(tp, rank % tp, groups[rank // tp])
         for m in mbs_list:
             rows = layer_times(spec, me, m, seq, reps)
+            if world > 1:
+                # the mean over the ranks: where processes outnumber cores, the scheduler may
+                # leave one a core of its own and make others share; a plan's processes see
+                # the mean
+                t = torch.tensor(rows, dtype=torch.float64)
+                dist.all_reduce(t)
+                rows = (t / world).tolist()
             gpus.setdefault(str(tp), {})[str(m)] = rows
     net = network(reps)
     if rank != 0:
