@@ -7,9 +7,8 @@ All ``procs`` processes run the measurements at once, each one started on every 
 with that many processes meets (on a CPU, processes share cores); each time is a mean over
 many calls, and the profile takes its mean over the ranks. Each layer is timed alone, then
 all layers are scaled by one factor per column so they add up to the time of the whole layer
-list run as one stage. Rank 0 writes a
-shoal profile (``shoal/profile@1``, GPU type ``cpu`` or the CUDA device's) with the network
-measurements beside it.
+list run as one stage. Rank 0 writes a shoal profile (``shoal/profile@1``, GPU type ``cpu``
+or the CUDA device's) with the network measurements beside it.
 """
 
 from __future__ import annotations
