@@ -38,6 +38,10 @@ def _clock(fn) -> float:
     return time.perf_counter() - t0
 
 
+def _several_ranks() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def _mean_time(timed, reps: int) -> float:
     """Mean of ``timed()`` (the seconds of one call it makes) over at least ``reps`` calls and
     about ``WINDOW_S`` of timed work. Where processes share cores, one waits for a core a share
@@ -48,7 +52,7 @@ def _mean_time(timed, reps: int) -> float:
     # as many more calls as fill the window, the same number on every rank (TP groups' calls
     # are collective)
     more = torch.tensor([max(0, math.ceil(WINDOW_S / max(total / reps, 1e-9)) - reps)])
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if _several_ranks():
         dist.all_reduce(more, op=dist.ReduceOp.MAX)
     total += sum(timed() for _ in range(int(more)))
     return total / (reps + int(more))
@@ -56,12 +60,7 @@ def _mean_time(timed, reps: int) -> float:
 
 def _median_time(fn, reps: int) -> float:
     fn()  # warm-up
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+    return statistics.median(_clock(fn) for _ in range(reps))
 
 
 def layer_times(spec: ModelSpec, tp: TPGroup, mbs: int, seq: int, reps: int,
@@ -134,7 +133,7 @@ def _together() -> None:
     """Start the next measurement on every rank at once: each is then timed while all the
     others run the same work, as a plan's processes do (without it, ranks drift apart and
     a measurement may find the cores free that a run shares)."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if _several_ranks():
         dist.barrier()
 
 
