@@ -22,14 +22,13 @@ import math
 import multiprocessing as mp
 import os
 import queue
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-STOP, STEP, FREE = "stop", "step", "free"
+STOP, STEP, FREE, PEERS = "stop", "step", "free", "peers"
 
 
 @dataclass(frozen=True)
@@ -37,12 +36,6 @@ class Rejected:
     """Put in a request's sink when it is rejected."""
 
     reason: str
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def block_step(blk, x, past):
@@ -99,8 +92,12 @@ class Shard:
 
 
 def worker_main(name: str, spec_json: str, a: int, b: int, seed: int, dtype_name: str,
-                addr: str, peers: dict[str, str]) -> None:
-    """A worker process: receive steps, run them in batches of whatever has arrived, forward."""
+                coord: str) -> None:
+    """A worker process: receive steps, run them in batches of whatever has arrived, forward.
+
+    It binds its own port (a port picked for it beforehand can be taken by another process
+    before it binds), tells the coordinator ``coord`` where it listens, and waits for the
+    address of every worker before it takes steps."""
     import torch
     import zmq
 
@@ -110,7 +107,8 @@ def worker_main(name: str, spec_json: str, a: int, b: int, seed: int, dtype_name
     shard = Shard(ModelSpec.model_validate_json(spec_json), a, b, seed, dtype_name)
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
-    pull.bind(addr)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    peers = {"coord": coord}
     push: dict[str, zmq.Socket] = {}
 
     def out(to: str):
@@ -119,7 +117,8 @@ def worker_main(name: str, spec_json: str, a: int, b: int, seed: int, dtype_name
             push[to].connect(peers[to])
         return push[to]
 
-    out("coord").send_pyobj({"kind": "ready", "worker": name})
+    out("coord").send_pyobj({"kind": "ready", "worker": name,
+                             "addr": f"tcp://127.0.0.1:{port}"})
     parent = os.getppid()
     while True:
         if not pull.poll(1000):
@@ -139,6 +138,10 @@ def worker_main(name: str, spec_json: str, a: int, b: int, seed: int, dtype_name
                 return
             if msg["kind"] == FREE:
                 shard.cache.pop(msg["key"], None)
+                continue
+            if msg["kind"] == PEERS:
+                peers.update(msg["peers"])
+                out("coord").send_pyobj({"kind": "linked", "worker": name})
                 continue
             t0 = time.perf_counter()
             y = shard.step(msg["key"], msg["x"], msg["at"])
@@ -208,29 +211,35 @@ class LiveServer:
         port = self.pull.bind_to_random_port("tcp://127.0.0.1")
         self.addr = {"coord": f"tcp://127.0.0.1:{port}"}
         held = [i for i, r in enumerate(placement.ranges) if r is not None]
-        for i in held:
-            self.addr[self.names[i]] = f"tcp://127.0.0.1:{_free_port()}"
         # spawn, not fork: a forked child of a process whose torch thread pool has run can hang
         mctx = mp.get_context("spawn")
         self.procs: dict[str, mp.Process] = {}
         for i in held:
             a, b = placement.ranges[i]
             p = mctx.Process(target=worker_main, daemon=True, args=(
-                self.names[i], spec.model_dump_json(), a, b, seed, dtype, self.addr[self.names[i]],
-                self.addr))
+                self.names[i], spec.model_dump_json(), a, b, seed, dtype, self.addr["coord"]))
             p.start()
             self.procs[self.names[i]] = p
         self.push = {}
         self.dead: set[int] = set()
         self.wall_s = 0.0
-        ready = set()
         deadline = time.perf_counter() + 120
-        while ready != set(self.procs):
-            if time.perf_counter() > deadline:
-                self.close()
-                raise RuntimeError(f"workers did not start: {sorted(set(self.procs) - ready)}")
-            if self.pull.poll(1000):
-                ready.add(self.pull.recv_pyobj()["worker"])
+        for kind in ("ready", "linked"):  # every worker listens; then every worker knows all
+            done: set[str] = set()
+            while done != set(self.procs):
+                if time.perf_counter() > deadline:
+                    self.close()
+                    raise RuntimeError(f"workers did not start: "
+                                       f"{sorted(set(self.procs) - done)}")
+                if self.pull.poll(1000):
+                    msg = self.pull.recv_pyobj()
+                    if msg["kind"] == kind:
+                        done.add(msg["worker"])
+                        if kind == "ready":
+                            self.addr[msg["worker"]] = msg["addr"]
+            if kind == "ready":
+                for name in self.procs:
+                    self._send(name, {"kind": PEERS, "peers": self.addr})
 
     def _send(self, to: str, msg: dict) -> None:
         import zmq
@@ -379,7 +388,8 @@ class LiveServer:
 
     def close(self) -> None:
         for name in self.procs:
-            self._send(name, {"kind": STOP})  # queued, never blocks: a dead worker needs none
+            if name in self.addr:  # queued, never blocks: a dead worker needs none
+                self._send(name, {"kind": STOP})
         for p in self.procs.values():
             p.join(timeout=10)
             if p.is_alive():

@@ -16,6 +16,7 @@ will share (the serving file's ``host_cores``).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import statistics
@@ -109,14 +110,16 @@ def block_times(spec, *, prompt_tokens=PROMPT_TOKENS, decode_batch=DECODE_BATCHE
     return px, pt, dx, dt_, ctx
 
 
-def _echo(addr_in: str, addr_out: str) -> None:
-    """A process that sends back every message it receives, as a worker forwards a step."""
+def _echo(addr_out: str) -> None:
+    """A process that sends back every message it receives, as a worker forwards a step; its
+    first message is the address it listens on."""
     import zmq
 
     ctx = zmq.Context()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    pull.bind(addr_in)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
     push.connect(addr_out)
+    push.send_pyobj(f"tcp://127.0.0.1:{port}")
     while True:
         msg = pull.recv_pyobj()
         if msg is None:
@@ -131,20 +134,21 @@ def link_times(hidden: int, *, tokens=MESSAGE_TOKENS, reps: int = 20, dtype: str
     fitted to half the round trips of step messages of ``tokens`` tokens."""
     import zmq
 
-    from shoal.serving.live import STEP, _free_port
+    from shoal.serving.live import STEP
 
     per_token = hidden * np.dtype(dtype).itemsize
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
-    addr_in = f"tcp://127.0.0.1:{_free_port()}"
     p = mp.get_context("spawn").Process(target=_echo, daemon=True,
-                                        args=(addr_in, f"tcp://127.0.0.1:{port}"))
+                                        args=(f"tcp://127.0.0.1:{port}",))
     p.start()
     push = ctx.socket(zmq.PUSH)
-    push.connect(addr_in)
     xs, ys = [], []
     try:
+        if not pull.poll(120_000):
+            raise RuntimeError("the echo process did not start")
+        push.connect(pull.recv_pyobj())
         for n in tokens:
             msg = {"kind": STEP, "key": (0, 0), "chain": ["a", "b"], "hop": 0, "at": 0,
                    "x": np.zeros((1, n, hidden), dtype=dtype)}
@@ -161,7 +165,8 @@ def link_times(hidden: int, *, tokens=MESSAGE_TOKENS, reps: int = 20, dtype: str
             xs.append(n * per_token)
             ys.append(statistics.median(rtt) / 2)
     finally:
-        push.send_pyobj(None)
+        with contextlib.suppress(zmq.Again):  # nothing connected yet if the echo never started
+            push.send_pyobj(None, flags=zmq.NOBLOCK)
         p.join(timeout=10)
         if p.is_alive():
             p.kill()
