@@ -59,6 +59,8 @@ def serving_file(folder: Path, prof, names: list[str], lengths: np.ndarray) -> P
                                   "latency": prof.link_latency_s + prof.coordinator_s / 2}},
         "coordinator": {"region": "local"},
         "host_cores": prof.host_cores,  # the workers share this machine's cores
+        "host_share": prof.host_share,  # as measured: k workers computing at once
+        "wake": prof.wake,  # what a message and a step to an idle worker pay
         "capacity": {"prompt_tokens": float(lengths[:, 0].mean()),
                      "output_tokens": float(lengths[:, 1].mean())},
     }
@@ -92,8 +94,11 @@ def run_one(name: str, ranges, load: float, prof, folder: Path, args) -> dict:
     sim = simulate(cl, pl, fl, wl.load_trace(sub / "trace.csv"), warmup_s=0.0, duration_s=None,
                    batching="live")
     # the same without the shared cores (each worker as if it had its own)
-    own = simulate(replace(cl, host_cores=None), pl, fl, wl.load_trace(sub / "trace.csv"),
+    own = simulate(replace(cl, host_cores=None, host_share=None), pl, fl, wl.load_trace(sub / "trace.csv"),
                    warmup_s=0.0, duration_s=None, batching="live").to_json(cl.names)
+    # and without what work reaching an idle worker pays
+    awake = simulate(replace(cl, wake=None), pl, fl, wl.load_trace(sub / "trace.csv"),
+                     warmup_s=0.0, duration_s=None, batching="live").to_json(cl.names)
     reqs = live.requests_from(work, MODEL, args.seed)
     with live.LiveServer(cl, pl, fl, MODEL, mode="online") as srv:
         srv.run(reqs, timeout_s=600)
@@ -105,12 +110,14 @@ def run_one(name: str, ranges, load: float, prof, folder: Path, args) -> dict:
     for key, label in (("decode_throughput_tokens_per_s", "decode_tokens_per_s"),
                        ("tokens_per_s", "tokens_per_s")):
         out[label] = {"measured": real[key], "simulated": s[key], "error": rel(s[key], real[key]),
-                      "error_own_cores": rel(own[key], real[key])}
+                      "error_own_cores": rel(own[key], real[key]),
+                      "error_no_wake": rel(awake[key], real[key])}
     for key in ("prompt_latency_s", "decode_latency_s"):
         for stat in ("mean", "p50"):
             m, v = real[key][stat], s[key][stat]
             out[f"{key}_{stat}"] = {"measured": m, "simulated": v, "error": rel(v, m),
-                                    "error_own_cores": rel(own[key][stat], m)}
+                                    "error_own_cores": rel(own[key][stat], m),
+                                    "error_no_wake": rel(awake[key][stat], m)}
     return out
 
 
@@ -136,7 +143,8 @@ def main() -> None:
     print(json.dumps({"model": MODEL.model_dump(exclude_none=True),
                       "profile": {"link_latency_s": prof.link_latency_s,
                                   "link_bandwidth_Bps": prof.link_bandwidth_Bps,
-                                  "coordinator_s": prof.coordinator_s,
+                                  "coordinator_s": prof.coordinator_s, "wake": prof.wake,
+                                  "host_share": prof.host_share,
                                   "decode_s_per_layer_batch1": prof.decode_s_per_layer[0],
                                   "prompt_tokens": prof.prompt_tokens,
                                   "prompt_s_per_layer": prof.prompt_s_per_layer},

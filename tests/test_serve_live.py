@@ -218,6 +218,12 @@ def test_profile_then_the_same_trace_simulated_and_run(setup, tmp_path):
                            "  L4: {gpu: L4, nic_in: 10Gbps, nic_out: 10Gbps}",
                            "  T4: {profile: prof, memory: 1GB}\n  L4: {profile: prof, memory: 1GB}")
     spec = spec.replace("model: {name: tiny}", "model: {name: tiny, activation_bytes: 256}")
+    # the measured sharing of the host and what an idle worker pays, as the serving file takes them
+    links = json.loads((tmp_path / "prof" / "links.json").read_text())
+    assert links["host_share"][0] == 1.0 and len(links["host_share"]) >= 2
+    assert all(0 < s <= 1 for s in links["host_share"])
+    assert links["wake"]["gap_s"] == sorted(links["wake"]["gap_s"])
+    spec += f"host_share: {json.dumps(links['host_share'])}\nwake: {json.dumps(links['wake'])}\n"
     (tmp_path / "s.yaml").write_text(spec)
     (tmp_path / "trace.csv").write_text("arrival_s,input_tokens,output_tokens\n"
                                         + "".join(f"{i * 0.05:.2f},{4 + i},{3}\n"

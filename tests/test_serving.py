@@ -16,7 +16,7 @@ from shoal.serving.cluster import build_cluster
 from shoal.serving.flow import max_flow, valid
 from shoal.serving.placement import Placement, placement_from_json
 from shoal.serving.placers import baselines, milp, place, stages
-from shoal.serving.spec import Batch, parse_serving
+from shoal.serving.spec import Batch, WakeSpec, parse_serving
 
 runner = CliRunner()
 
@@ -479,6 +479,58 @@ def test_nodes_on_one_host_share_its_cores():
     assert r.prompt_latency_s["mean"] == pytest.approx((0.602 + 0.402) / 2, rel=1e-3)
 
 
+def test_measured_sharing_of_the_host():
+    from shoal.serving.simulator import simulate
+    from shoal.serving.workload import Workload
+
+    pl = Placement(((0, 4), (0, 4), (0, 4)))  # three chains of one node each
+    c = sim_cluster([{"machine": "m", "count": 3}])
+    two = Workload(np.array([100, 100]), np.array([1, 1]), np.zeros(2), "2")
+    three = Workload(np.array([100, 100, 100]), np.array([1, 1, 1]), np.zeros(3), "3")
+    for share, w, each in (((1.0, 0.25), two, 1.6),  # two at once: each at a quarter
+                           ((1.0, 0.5), three, 1.2),  # past the list: a total of 1 split 3 ways
+                           ((1.0, 0.5, 0.5), three, 0.8)):
+        # the measured sharing is used, not host_cores' min(1, cores / k)
+        cl = replace(c, host_share=share, host_cores=2)
+        r = simulate(cl, pl, max_flow(cl, pl), w, warmup_s=0.0, duration_s=None)
+        assert r.prompt_latency_s["mean"] == pytest.approx(each + 0.002, rel=1e-3)
+    base = {"model": {"layers": 4, "activation_bytes": 1000},
+            "machines": {"m": {"max_layers": 1, "tokens_per_s": [1]}}, "nodes": [{"machine": "m"}]}
+    for bad in ([1.0, 0.0], [1.2], []):
+        with pytest.raises(SpecError, match="host_share"):
+            parse_serving(base | {"host_share": bad})
+
+
+def test_work_reaching_an_idle_node_pays_its_wake():
+    from shoal.serving.simulator import simulate, woken
+    from shoal.serving.workload import Workload
+
+    gaps, hop = [0.01, 1.0], [0.001, 0.003]
+    assert woken(0.0, gaps, hop) == 0.0
+    assert woken(0.005, gaps, hop) == pytest.approx(0.0005)  # from none at 0
+    assert woken(0.505, gaps, hop) == pytest.approx(0.002)
+    assert woken(5.0, gaps, hop) == 0.003  # the last beyond the last
+    c = sim_cluster([{"machine": "m", "name": "a"}])
+    pl = Placement(((0, 4),))
+    w = Workload(np.array([100]), np.array([1]), np.array([0.0]), "one")
+    wake = {"gap_s": gaps, "hop_s": hop, "prompt_s_per_layer": [0.0, 0.01],
+            "decode_s_per_layer": [0.0, 0.002]}
+    cw = replace(c, wake=WakeSpec(**wake))
+    r = simulate(cw, pl, max_flow(cw, pl), w, warmup_s=0.0, duration_s=None)
+    # the node was never busy: the whole wake (3 ms + 4 layers x 10 ms) on its 0.4 s prompt;
+    # the token is back at the coordinator at 0.445 s, 0.445 s after it last worked (the
+    # arrival): 1 ms + 2 ms x 0.435 / 0.99 more
+    back = 0.001 + 0.4 + 0.003 + 0.04 + 0.001
+    assert r.prompt_latency_s["mean"] == pytest.approx(back + 0.001 + 0.002 * 0.435 / 0.99,
+                                                       rel=1e-6)
+    for bad, what in (({"hop_s": [0.001]}, "hop_s has 1"), ({"gap_s": [1.0, 0.01]}, "increasing"),
+                      ({"decode_s_per_layer": [0.0, -1.0]}, ">= 0")):
+        with pytest.raises(SpecError, match=what):
+            parse_serving({"model": {"layers": 4, "activation_bytes": 1000},
+                           "machines": {"m": {"max_layers": 1, "tokens_per_s": [1]}},
+                           "nodes": [{"machine": "m"}], "wake": wake | bad})
+
+
 def test_workload_files_and_errors(tmp_path):
     from shoal.serving.workload import load_arrivals, load_lengths, online
 
@@ -551,8 +603,9 @@ def test_bad_request_traces_name_the_line(tmp_path, body, why):
 
 def test_trace_round_trips_and_live_batching_times_prompts_one_by_one(tmp_path):
     """A written trace reads back as the same workload. Two prompts that queue behind a third:
-    with ``vllm`` batching they run as one prefill of both, with ``live`` (serve run's workers)
-    one after the other, so each prompt pays the step's fixed cost (9 ms per layer here)."""
+    with ``vllm`` batching they run as one prefill of both and come back together, with
+    ``live`` (serve run's workers) one after the other, each paying the step's fixed cost (9 ms
+    per layer here) and each sent on as soon as it is done."""
     from shoal.serving.simulator import simulate
     from shoal.serving.workload import Workload, load_trace, write_trace
 
@@ -570,5 +623,8 @@ def test_trace_round_trips_and_live_batching_times_prompts_one_by_one(tmp_path):
     pl = Placement(((0, 4),))
     lat = {b: simulate(c, pl, max_flow(c, pl), back, warmup_s=0.0, duration_s=None,
                        batching=b).prompt_latency_s["mean"] for b in ("vllm", "live")}
-    # the two queued prompts each start 4 x 9 ms later: the mean over three rises by 2/3 of it
-    assert lat["live"] - lat["vllm"] == pytest.approx(2 / 3 * 4 * 0.009, rel=1e-3)
+    # the first prompt: link in, 4 layers x (9 + 100) ms, link out, back at 0.438 s; the other
+    # two (arrived at 0.01 s) start when it is done, at 0.437 s: as one prefill of 200 tokens
+    # (4 x 209 ms) both back at 1.274 s; one by one (4 x 109 ms each) back at 0.874 and 1.310 s
+    assert lat["vllm"] == pytest.approx((0.438 + 2 * (1.274 - 0.01)) / 3, rel=1e-6)
+    assert lat["live"] == pytest.approx((0.438 + 0.874 - 0.01 + 1.310 - 0.01) / 3, rel=1e-6)

@@ -236,7 +236,7 @@ def simulate_cmd(
                         "(instead of --lengths, --arrivals and --load)")] = None,
     batching: Annotated[str, typer.Option(
         "--batching", help="vllm: as vLLM 0.4 (Helix's engine); live: as serve run's workers "
-                           "(everything queued, each request on its own)")] = "vllm",
+                           "(one request's step at a time, in arrival order)")] = "vllm",
     load: Annotated[float, typer.Option(
         "--load", min=0.01, help="online: mean arrival rate as a fraction of the max flow")] = 0.75,
     requests: Annotated[int | None, typer.Option(
@@ -449,7 +449,8 @@ def profile_cmd(
 ) -> None:
     """Measure per-layer prompt and decode times and the hop between processes with serve run's
     own workers: Helix's prompt_bs2time.csv and decode_bs2time.csv (a machine's 'profile:') and
-    links.json (latency and bandwidth for the serving file's links)."""
+    links.json (latency and bandwidth for the serving file's links; host_cores, host_share and
+    wake for its top level)."""
     from dataclasses import asdict
 
     from shoal import catalog
@@ -479,6 +480,16 @@ def profile_cmd(
         f"hop between processes: {prof.link_latency_s * 1e6:.0f} us + bytes / "
         f"{prof.link_bandwidth_Bps / 1e9:.2f} GB/s ({prof.activation_bytes} B per token); "
         f"coordinator {prof.coordinator_s * 1e6:.0f} us per token")
+    _cli._out().print(
+        "each of k processes at once, speed against one alone: "
+        + ", ".join(f"k={k} {v:.2f}" for k, v in enumerate(prof.host_share, 1)))
+    w = prof.wake
+    _cli._out().print(
+        "after idle " + ", ".join(f"{g * 1e3:g} ms" for g in w["gap_s"]) + ": message +"
+        + ", ".join(f"{v * 1e3:.2f}" for v in w["hop_s"]) + " ms; prompt step +"
+        + ", ".join(f"{v * 1e3:.2f}" for v in w["prompt_s_per_layer"]) + " ms per layer; decode "
+        "step +" + ", ".join(f"{v * 1e3:.2f}" for v in w["decode_s_per_layer"])
+        + " ms per layer")
     _cli._out().print(f"written to {out_dir}/: " + ", ".join(p.name for p in paths))
 
 

@@ -42,6 +42,21 @@ class Cluster:
     kv_bytes: float | None = None
     batch: tuple = ()  # per node: its machine's spec.Batch (empty: the defaults)
     host_cores: int | None = None  # the nodes share one host of this many cores
+    host_share: tuple[float, ...] | None = None  # measured: each of k computing runs at [k-1]
+    wake: object | None = None  # spec.WakeSpec: what work reaching an idle node pays
+
+    def sharing(self):
+        """The speed (against alone) of each of k nodes computing at once on the shared host, as
+        a function of k, or None when each node has its own device: the measured
+        ``host_share`` (past its end the last total speed split k ways), else
+        min(1, host_cores / k)."""
+        share, cores = self.host_share, self.host_cores
+        if share:
+            last = share[-1] * len(share)
+            return lambda k: share[k - 1] if k <= len(share) else last / k
+        if cores is not None:
+            return lambda k: min(1.0, cores / k)
+        return None
 
     @property
     def n(self) -> int:
@@ -216,4 +231,5 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
         times=tuple(mm[m].times for m in machines),
         memory=np.array([mm[m].memory_bytes or np.nan for m in machines]),
         layer_bytes=layer_b, kv_bytes=kv_b,
-        batch=tuple(spec.machines[m].batch for m in machines), host_cores=spec.host_cores)
+        batch=tuple(spec.machines[m].batch for m in machines), host_cores=spec.host_cores,
+        host_share=tuple(spec.host_share) if spec.host_share else None, wake=spec.wake)

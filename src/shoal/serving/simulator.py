@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -157,6 +158,18 @@ class _Clock:
 BATCHING = ("vllm", "live")
 
 
+def woken(gap: float, gaps: list[float], extra: list[float]) -> float:
+    """``extra`` (per idle time of ``gaps``, as a ``WakeSpec`` gives them) at an idle time of
+    ``gap``: linear from none at 0, the last value beyond the last idle time."""
+    if gap <= 0:
+        return 0.0
+    if gap >= gaps[-1]:
+        return extra[-1]
+    k = bisect.bisect_left(gaps, gap)
+    g0, e0 = (gaps[k - 1], extra[k - 1]) if k else (0.0, 0.0)
+    return e0 + (extra[k] - e0) * (gap - g0) / (gaps[k] - g0)
+
+
 def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload, *,
              router: str = "iwrr", warmup_s: float = 60.0, duration_s: float | None = 600.0,
              seed: int = 0, progress=None, batching: str = "vllm",
@@ -165,9 +178,9 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
     simulated time, online runs until every request is done (``duration_s``: stop earlier).
     ``batching``: ``vllm`` schedules as vLLM 0.4 (Helix's engine: prefill-only steps while
     prompts wait, batches capped by each machine's ``batch`` limits, one prefill over all their
-    tokens), ``live`` as the workers of ``shoal serve run``: everything queued, each request's
-    step run on its own. ``concurrency``: offline, that many requests in flight instead of the
-    KV feeder."""
+    tokens), ``live`` as the workers of ``shoal serve run``: one request's step at a time, in
+    arrival order, each sent on when done. ``concurrency``: offline, that many requests in
+    flight instead of the KV feeder."""
     if router not in ROUTERS:
         raise SpecError("unknown router", field="--router", value=router, allowed=", ".join(ROUTERS))
     if batching not in BATCHING:
@@ -244,11 +257,14 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         """What is queued, as vLLM 0.4 (Helix's engine) schedules it: when prompts wait, a
         prefill step of whole prompts in arrival order while their number and tokens stay
         under the node's caps (at least one), the decode steps waiting; otherwise one decode
-        step of up to its cap. ``batching="live"``: everything queued, each prompt timed on its
-        own."""
+        step of up to its cap. ``batching="live"``: the first queued request's step alone (a
+        worker of ``shoal serve run`` runs what has arrived one request after the other and
+        sends each on as it is done)."""
         nonlocal seq
         items = queue[v]
         take, rest = [], []
+        if not capped:  # live: one request's step at a time, in arrival order, sent on when done
+            items, rest = items[:1], items[1:]
         P = 0
         D = 0
         ctx = 0
@@ -279,9 +295,13 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         queue[v] = rest
         dur = layers[v] * (clocks[v].layer_s(float(P), D, ctx / D if D else 0.0) if capped
                            else solo + clocks[v].layer_s(0.0, D, ctx / D if D else 0.0))
+        if wake is not None and t > idle_since[v]:  # the work found the node idle
+            g = t - idle_since[v]
+            dur += woken(g, wake.gap_s, wake.hop_s) + layers[v] * woken(
+                g, wake.gap_s, wake.prompt_s_per_layer if P else wake.decode_s_per_layer)
         busy[v] = True
         R.observe(v, dur, P + D)
-        if cores is None:
+        if speed is None:
             lo, hi = max(t, warmup_s), min(t + dur, end)
             if hi > lo:
                 busy_s[v] += hi - lo
@@ -292,10 +312,16 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
             running[v] = [dur, take]
             reschedule(t)
 
+    # what work reaching an idle node (or the coordinator) pays, by how long it was idle
+    wake = cluster.wake
+    idle_since = [-math.inf] * n  # when each node's last batch ended (busy: not read)
+    coord_since = -math.inf  # when the coordinator last handled anything
+
     # nodes sharing the host's cores: each of the k computing at once progresses at
-    # min(1, cores / k) of its own speed (processor sharing); a batch's end is moved whenever
-    # k changes (``version`` tells the events still current)
-    cores = cluster.host_cores
+    # share(k) of its own speed (processor sharing; the measured ``host_share`` or
+    # min(1, cores / k)); a batch's end is moved whenever k changes (``version`` tells the
+    # events still current)
+    speed = cluster.sharing()
     running: dict[int, list] = {}  # node -> [its own seconds of work left, the batch]
     version = [0] * n
     since = [0.0]
@@ -303,7 +329,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
     def share(t: float) -> None:
         """Advance the running batches to ``t`` at the current rate."""
         if running:
-            rate = min(1.0, cores / len(running))
+            rate = speed(len(running))
             lo, hi = max(since[0], warmup_s), min(t, end)
             for u, job in running.items():
                 job[0] -= (t - since[0]) * rate
@@ -313,7 +339,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
 
     def reschedule(t: float) -> None:
         nonlocal seq
-        rate = min(1.0, cores / len(running)) if running else 1.0
+        rate = speed(len(running)) if running else 1.0
         for u, (left, take) in running.items():
             version[u] += 1
             heapq.heappush(heap, (t + max(left, 0.0) / rate, seq, 0, u, (take, version[u])))
@@ -387,12 +413,13 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
                 start_batch(v, t)
         elif kind == 0:  # node v finished a batch
             items, ver = items
-            if cores is not None:
+            if speed is not None:
                 if ver != version[v]:
                     continue  # moved since: the sharing changed
                 share(t)
                 del running[v]
             busy[v] = False
+            idle_since[v] = t
             R.queued[v] -= len(items)
             groups: dict[int, list[tuple[int, int]]] = {}
             for r, h in items:
@@ -405,9 +432,12 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
                     send(t, v, u, grp, tokens * act_b, bw[v][u], lat[v][u])
             if queue[v]:
                 start_batch(v, t)
-            elif cores is not None:
+            elif speed is not None:
                 reschedule(t)
         elif kind == 2:  # tokens back at the coordinator
+            if wake is not None:
+                t += woken(t - coord_since, wake.gap_s, wake.hop_s)
+                coord_since = t
             in_window = t >= warmup_s
             go: dict[int, list[tuple[int, int]]] = {}
             fed = 0
@@ -436,6 +466,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
             if fed:
                 admit(t, fed)
         else:  # kind == 3: an arrival (online)
+            coord_since = max(coord_since, t)
             if waiting or not route(v):
                 waiting.append(v)
                 waited += 1

@@ -182,6 +182,36 @@ class CapacitySpec(BaseModel):
                                      description="fraction of memory bandwidth reached (analytic)")
 
 
+class WakeSpec(BaseModel):
+    """What work that reaches an idle process pays, against a process already running, by how
+    long it was idle (``shoal serve profile`` measures it): on a shared or power-saving host a
+    sleeping process takes longer to be woken, and its first step runs on cold caches. Linear
+    between the measured idle times, none at 0, the last value beyond the last."""
+
+    model_config = STRICT
+    gap_s: list[float] = Field(min_length=1, description="idle times, seconds, increasing, > 0")
+    hop_s: list[float] = Field(description="extra seconds a message takes to reach a process "
+                                           "idle that long")
+    prompt_s_per_layer: list[float] = Field(description="extra seconds per layer of a prompt "
+                                                        "step after that idle time")
+    decode_s_per_layer: list[float] = Field(description="extra seconds per layer of a decode "
+                                                        "step after that idle time")
+
+    @model_validator(mode="after")
+    def _check(self):
+        n = len(self.gap_s)
+        if any(g <= 0 for g in self.gap_s) or any(
+                b <= a for a, b in zip(self.gap_s, self.gap_s[1:], strict=False)):
+            raise ValueError("gap_s must be increasing and > 0")
+        for name in ("hop_s", "prompt_s_per_layer", "decode_s_per_layer"):
+            v = getattr(self, name)
+            if len(v) != n:
+                raise ValueError(f"{name} has {len(v)} entries; it needs one per gap_s ({n})")
+            if any(x < 0 for x in v):
+                raise ValueError(f"{name} must be >= 0")
+        return self
+
+
 class ServingSpec(BaseModel):
     model_config = STRICT
     schema_: str = Field(default=SERVING_SCHEMA, alias="schema", description="format version")
@@ -202,6 +232,15 @@ class ServingSpec(BaseModel):
         default=None, description="the nodes are processes on one host with this many cores "
                                   "(`shoal serve run` on one machine): more nodes computing at "
                                   "once share them (request simulator); default: each has its own")
+    host_share: list[Annotated[float, Field(gt=0, le=1)]] | None = Field(
+        default=None, min_length=1,
+        description="measured sharing of the host (`shoal serve profile`): entry k-1 is the "
+                    "speed, against alone, of each of k nodes computing at once (past the list: "
+                    "the last total speed split k ways); overrides host_cores' min(1, cores / k)")
+    wake: WakeSpec | None = Field(
+        default=None, description="what work reaching an idle node pays (request simulator; "
+                                  "`shoal serve profile` measures it for `shoal serve run`); "
+                                  "default: nothing")
 
 
 def parse_serving(data: dict, *, file: str | None = None) -> ServingSpec:
