@@ -3,7 +3,7 @@ workers' per-layer times and the hop between processes (`shoal serve profile`), 
 file from them, replay one request trace live and simulate the same trace on the same placement,
 and compare throughput and latency.
 
-    python benchmarks/serving_live.py [--requests 60] [--loads 0.5,1.5] [--seed 0]
+    python benchmarks/serving_live.py [--requests 200] [--loads 0.5,1.5] [--seed 0]
 
 The model is a small GPT that a CPU serves in real time (8 blocks, hidden 512, context 512,
 float32). Placements: two parallel chains with uneven ranges on three workers
@@ -123,7 +123,7 @@ def run_one(name: str, ranges, load: float, prof, folder: Path, args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=60)
+    ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--loads", default="0.5,1.5",
                     help="arrival rates as fractions of the max flow, comma-separated")
     ap.add_argument("--max-new", type=int, default=32)
