@@ -23,6 +23,7 @@ import contextlib
 import functools
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -217,7 +218,11 @@ def host_share(spec, *, processes: int, window: float = 1.0, seed: int = 0,
     try:
         rates: dict[int, list[float]] = {}
         for _ in range(processes * (processes + 1) // 2):
-            k, r = results.get(timeout=120 + 2 * window * processes)
+            try:
+                k, r = results.get(timeout=120 + 2 * window * processes)
+            except queue.Empty:
+                raise RuntimeError(f"the {processes} processes measuring the sharing of the "
+                                   "host did not all report") from None
             rates.setdefault(k, []).append(r)
     finally:
         for p in procs:
@@ -273,26 +278,20 @@ def link_times(hidden: int, *, tokens=MESSAGE_TOKENS, reps: int = 20, dtype: str
         for n in tokens:
             msg = {"kind": STEP, "key": (0, 0), "chain": ["a", "b"], "hop": 0, "at": 0,
                    "x": np.zeros((1, n, hidden), dtype=dtype)}
-            push.send_pyobj(msg)  # warm-up (and waits for the echo process to start)
+            push.send_pyobj(msg)  # warm-up
             if not pull.poll(60_000):
                 raise RuntimeError("the echo process did not answer")
             pull.recv_pyobj()
-            rtt = []
-            for _ in range(reps):
+
+            def ping(msg=msg):
                 t0 = time.perf_counter()
                 push.send_pyobj(msg)
                 pull.recv_pyobj()
-                rtt.append(time.perf_counter() - t0)
+                return time.perf_counter() - t0
+
             xs.append(n * per_token)
-            ys.append(statistics.median(rtt) / 2)
+            ys.append(statistics.median(ping() for _ in range(reps)) / 2)
             if n == tokens[0]:  # the same message to a process idle for a while
-
-                def ping(msg=msg):
-                    t0 = time.perf_counter()
-                    push.send_pyobj(msg)
-                    pull.recv_pyobj()
-                    return time.perf_counter() - t0
-
                 woken = [_after_idle(ping, gap, reps) for gap in gaps]
     finally:
         with contextlib.suppress(zmq.Again):  # nothing connected yet if the echo never started
