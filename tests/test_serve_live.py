@@ -241,3 +241,85 @@ def test_profile_then_the_same_trace_simulated_and_run(setup, tmp_path):
         assert doc["decode_throughput_tokens_per_s"] > 0
     bad = run(app, ["serve", "run", *common, "--model", "tiny", "--rate", "2"])
     assert bad.exit_code == 2 and "--trace" in bad.output
+
+
+def _worker(d, node):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "shoal", "serve", "worker", str(d / "s.yaml"),
+                             "--node", node], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+@pytest.mark.slow
+def test_workers_on_other_hosts_join_by_the_addresses_in_the_serving_file(tmp_path):
+    """Nodes c and d name a host: `shoal serve worker` runs them (here as separate processes on
+    127.0.0.1), started before the coordinator. The tokens equal a one-process run; a worker for
+    a node that holds no layers is told why and exits; killing worker c mid-run routes its
+    requests to a -> b; closing the server stops worker d."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    text = (SERVING.replace("name: c, region: r1}", "name: c, region: r1, host: 127.0.0.1}")
+            .replace("name: d, region: r1}", "name: d, region: r1, host: 127.0.0.1}\n"
+                     "  - {machine: T4, name: e, region: r1, host: 127.0.0.1}")
+            .replace("coordinator: {region: r1}",
+                     f"coordinator: {{region: r1, address: '127.0.0.1:{port}'}}"))
+    assert text.count("host:") == 3
+    (tmp_path / "s.yaml").write_text(text)
+    cl = build_cluster(load_serving(tmp_path / "s.yaml"))
+    (tmp_path / "p.json").write_text(json.dumps(PLACEMENT))
+    pl = load_placement(tmp_path / "p.json", cl)
+    far = {n: _worker(tmp_path, n) for n in ("c", "d", "e")}
+    try:
+        first = requests_from(workload(TINY, 12, max_new=6, seed=3), TINY)
+        later = requests_from(workload(TINY, 60, rate=40, max_new=8, seed=1), TINY)
+        ref1 = reference_generate(TINY, [r.prompt for r in first], 6, dtype="float64")
+        ref2 = reference_generate(TINY, [r.prompt for r in later], 8, dtype="float64")
+        with LiveServer(cl, pl, max_flow(cl, pl), TINY, dtype="float64") as srv:
+            assert set(srv.procs) == {"a", "b"} and set(srv.workers) == {"a", "b", "c", "d"}
+            srv.run(first, timeout_s=120)
+            assert {tuple(r.chain) for r in first} == {("a", "b", "coord"), ("c", "d", "coord")}
+            for r, want in zip(first, ref1, strict=True):
+                assert r.rejected is None and r.tokens == want[:6]
+            assert far["e"].wait(30) == 1
+            assert "node e holds no layers in this placement" in far["e"].stdout.read()
+
+            def kill():
+                time.sleep(0.5)
+                far["c"].kill()
+            th = threading.Thread(target=kill)
+            th.start()
+            srv.run(later, timeout_s=120)
+            th.join()
+        for r, want in zip(later, ref2, strict=True):
+            assert r.rejected is None and r.tokens == want[:8]
+        assert any(r.attempt for r in later)  # some ran on c when it died, and ran again
+        tail = [r for r in later if r.arrival > 1.0]
+        assert tail and all(r.chain[0] == "a" for r in tail)
+        assert far["d"].wait(30) == 0
+        assert "stopped by the coordinator" in far["d"].stdout.read()
+    finally:
+        for p in far.values():
+            p.kill()
+            p.wait()
+
+
+def test_a_worker_needs_a_node_with_a_host(setup):
+    from shoal.cli import app
+
+    d, *_ = setup
+    r = CliRunner().invoke(app, ["serve", "worker", str(d / "s.yaml"), "--node", "a"])
+    assert r.exit_code == 2 and "no 'host'" in r.output
+
+
+def test_a_host_needs_the_coordinators_address(tmp_path):
+    from shoal.errors import SpecError
+
+    (tmp_path / "s.yaml").write_text(SERVING.replace("name: c, region: r1}",
+                                                     "name: c, region: r1, host: 10.0.0.2}"))
+    with pytest.raises(SpecError, match="coordinator.address"):
+        load_serving(tmp_path / "s.yaml")

@@ -349,6 +349,9 @@ def run_cmd(
     dtype: Annotated[str, typer.Option(help="float32 or float64")] = "float32",
     timeout: Annotated[float, typer.Option(
         "--timeout", min=1, help="seconds a request may take from its arrival")] = 600.0,
+    start_timeout: Annotated[float, typer.Option(
+        "--start-timeout", min=1, help="seconds to wait for every worker, here and on the "
+                                       "hosts the serving file names, to start")] = 120.0,
     http: Annotated[str | None, typer.Option(
         "--http", metavar="[HOST:]PORT",
         help="serve an OpenAI-style /v1/completions endpoint here until interrupted "
@@ -387,10 +390,14 @@ def run_cmd(
             host, port = (h or host), int(p)
         except ValueError:
             raise SpecError("expected [HOST:]PORT", field="--http", value=http) from None
-    with _cli._progress().status(f"starting {sum(r is not None for r in placed.placement.ranges)} "
-                                 "workers") if not as_json else _null():
+    held = [i for i, r in enumerate(placed.placement.ranges) if r is not None]
+    far = [cluster.names[i] for i in held if cluster.hosts[i] is not None]
+    with _cli._progress().status(
+            f"starting {len(held) - len(far)} workers"
+            + (f"; waiting for {len(far)} on other hosts (shoal serve worker {serving} --node "
+               f"NAME): {', '.join(far)}" if far else "")) if not as_json else _null():
         server = live.LiveServer(cluster, placed.placement, placed.flow, spec, seed=seed,
-                                 dtype=dtype)
+                                 dtype=dtype, start_timeout_s=start_timeout)
     if port is not None:
         _serve_http(server, host, port, spec, timeout)
         return
@@ -413,7 +420,7 @@ def run_cmd(
         return "—" if d["mean"] is None else f"{d['mean']:.3f} / {d['p50']:.3f} / {d['p95']:.3f}"
 
     t = _cli._table(f"Served {len(reqs)} requests of {spec.name} on "
-                    f"{len(server.procs)} workers in {server.wall_s:.2f} s",
+                    f"{len(server.workers)} workers in {server.wall_s:.2f} s",
                     ["metric", "value"], left=("metric",))
     t.add_row("decode throughput, tokens/s", f"{doc['decode_throughput_tokens_per_s']:,.1f}")
     t.add_row("prompt + decode tokens/s", f"{doc['tokens_per_s']:,.1f}")
@@ -432,6 +439,41 @@ def run_cmd(
         _cli._out().print(f"rejected ({n}): {why}")
     if output is not None:
         _cli._out().print(f"result written to {output}")
+
+
+@serve_app.command("worker")
+@_cli.handles_errors
+def worker_cmd(
+    serving: Annotated[Path, typer.Argument(metavar="SERVING", help="serving file (YAML or JSON)")],
+    node: Annotated[str, typer.Option("--node", help="the node this worker runs: a node name "
+                                                     "of the serving file with a 'host'")],
+    bind: Annotated[str | None, typer.Option(
+        "--bind", help="interface to listen on (default: the node's host; e.g. 0.0.0.0 "
+                       "behind NAT)")] = None,
+) -> None:
+    """Run one node's worker on this machine for `shoal serve run` on another: it reaches the
+    coordinator at the serving file's coordinator.address, gets its layers from it, serves until
+    the coordinator stops it, then exits."""
+    from shoal.serving import live
+
+    cluster = _load(serving)
+    i = cluster.index(node)
+    host = cluster.hosts[i]
+    if host is None:
+        raise SpecError("this node has no 'host': shoal serve run starts its worker itself",
+                        file=str(serving), field="nodes", value=node,
+                        allowed=", ".join(n for n, h in zip(cluster.names, cluster.hosts,
+                                                            strict=True) if h) or "none")
+    coord = "tcp://" + cluster.coordinator_address
+    out = _cli._out()
+    out.print(f"node {node}: waiting for the coordinator at {coord}")
+    try:
+        why = live.worker_main(node, coord, bind or host, advertise=host, with_parent=False)
+    except KeyboardInterrupt:
+        raise _cli._fail(f"node {node}: interrupted", 130) from None
+    if why is not None:
+        raise _cli._fail(f"node {node} stopped: {why}", 1)
+    out.print(f"node {node}: stopped by the coordinator")
 
 
 @serve_app.command("profile")
@@ -512,7 +554,7 @@ def _serve_http(server, host: str, port: int, spec, timeout: float) -> None:
                             field="--http") from None
         # the address goes to stderr and is always printed: a caller needs it even with --quiet
         _cli._err().print(f"serving {spec.name} on http://{host}:{ep.port}/v1/completions "
-                          f"({len(server.procs)} workers); Ctrl-C stops")
+                          f"({len(server.workers)} workers); Ctrl-C stops")
         try:
             while True:
                 time.sleep(1)

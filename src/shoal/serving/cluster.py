@@ -44,6 +44,8 @@ class Cluster:
     host_cores: int | None = None  # the nodes share one host of this many cores
     host_share: tuple[float, ...] | None = None  # measured: each of k computing runs at [k-1]
     wake: object | None = None  # spec.WakeSpec: what work reaching an idle node pays
+    hosts: tuple[str | None, ...] = ()  # per node: the machine running its worker (None: here)
+    coordinator_address: str | None = None  # HOST:PORT the live coordinator listens on
 
     def sharing(self):
         """The speed (against alone) of each of k nodes computing at once on the shared host, as
@@ -152,6 +154,7 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
     names: list[str] = []
     machines: list[str] = []
     regions: list[str] = []
+    hosts: list[str | None] = []
     for gi, g in enumerate(spec.nodes):
         if g.machine not in spec.machines:
             raise SpecError("unknown machine type", file=file, field=f"nodes.{gi}.machine",
@@ -161,6 +164,7 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
             names.append(base if g.count == 1 and g.name else f"{base}-{c}")
             machines.append(g.machine)
             regions.append(g.region)
+            hosts.append(g.host)
     seen: set[str] = set()
     for nm in names:
         if nm in seen or nm == COORDINATOR:
@@ -232,4 +236,5 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
         memory=np.array([mm[m].memory_bytes or np.nan for m in machines]),
         layer_bytes=layer_b, kv_bytes=kv_b,
         batch=tuple(spec.machines[m].batch for m in machines), host_cores=spec.host_cores,
-        host_share=tuple(spec.host_share) if spec.host_share else None, wake=spec.wake)
+        host_share=tuple(spec.host_share) if spec.host_share else None, wake=spec.wake,
+        hosts=tuple(hosts), coordinator_address=co.address)

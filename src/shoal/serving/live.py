@@ -3,8 +3,10 @@ model's transformer blocks and a KV cache per request, and a coordinator that ro
 request along its own chain of workers (Helix §5).
 
 Transport is ZeroMQ (pyzmq): every worker binds a PULL socket and pushes its output to the next
-hop of the request's chain (another worker, or the coordinator); messages are Python objects
-with the hidden states as NumPy arrays. The coordinator holds the embedding and the output head,
+hop of the request's chain (another worker, or the coordinator); a message is a JSON header and
+the hidden states' raw bytes. Workers run here or, for nodes whose serving file names a
+``host``, on that host (``shoal serve worker``): each says hello with its address and gets its
+layers from the coordinator. The coordinator holds the embedding and the output head,
 routes with the simulator's own router and KV admission (``routing.route_chain``: interleaved
 weighted round-robin over the max flow's edges, nodes whose KV cache would pass its high-water
 mark masked out), samples greedily, and sends each decode step along the same chain (KV
@@ -18,6 +20,7 @@ equals a one-process run of the same model (tested with greedy decoding).
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing as mp
 import os
@@ -28,7 +31,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shoal.errors import ShoalError, SpecError
+
 STOP, STEP, FREE, PEERS = "stop", "step", "free", "peers"
+HELLO, CONFIG, READY, LINKED = "hello", "config", "ready", "linked"
 
 
 @dataclass(frozen=True)
@@ -91,25 +97,89 @@ class Shard:
         return h.numpy()
 
 
-def worker_main(name: str, spec_json: str, a: int, b: int, seed: int, dtype_name: str,
-                coord: str) -> None:
-    """A worker process: receive steps, run them in batches of whatever has arrived, forward.
+def send(sock, msg: dict, flags: int = 0) -> None:
+    """One message: a JSON header and, when it carries hidden states ``x``, their raw bytes in a
+    second frame (no pickle: a worker may listen on a network)."""
+    x = msg.get("x")
+    if x is None:
+        sock.send(json.dumps(msg).encode(), flags)
+        return
+    x = np.ascontiguousarray(x)
+    head = {k: v for k, v in msg.items() if k != "x"} | {"x": [x.dtype.str, list(x.shape)]}
+    sock.send_multipart([json.dumps(head).encode(), x.data], flags, copy=False)
 
-    It binds its own port (a port picked for it beforehand can be taken by another process
-    before it binds), tells the coordinator ``coord`` where it listens, and waits for the
-    address of every worker before it takes steps."""
+
+def recv(sock, flags: int = 0) -> dict:
+    """The message ``send`` sent (``key`` as a tuple, ``x`` as an array)."""
+    frames = sock.recv_multipart(flags)
+    msg = json.loads(frames[0])
+    if "x" in msg:
+        dt, shape = msg["x"]
+        msg["x"] = np.frombuffer(frames[1], dtype=dt).reshape(shape).copy()
+    if "key" in msg:
+        msg["key"] = tuple(msg["key"])
+    return msg
+
+
+def watch(sock, heartbeat: bool):
+    """A monitor of ``sock``'s connection events (ZeroMQ's heartbeat, when asked, drops a peer
+    that stops answering); set up before ``sock`` connects."""
+    import zmq
+
+    if heartbeat:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+    return sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+
+
+def lost(monitor, state: dict) -> bool:
+    """Whether the peer ``monitor`` watches was connected and has gone (``state`` remembers a
+    connection between calls)."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    while True:
+        try:
+            ev = recv_monitor_message(monitor, flags=zmq.NOBLOCK)["event"]
+        except zmq.Again:
+            return False
+        if ev == zmq.EVENT_CONNECTED:
+            state["connected"] = True
+        elif ev == zmq.EVENT_DISCONNECTED and state.get("connected"):
+            return True
+
+
+def worker_main(name: str, coord: str, bind: str = "127.0.0.1", advertise: str | None = None,
+                with_parent: bool = True) -> str | None:
+    """A worker process for node ``name``: receive steps, run them in batches of whatever has
+    arrived, forward. Returns why it stopped (None: told to by the coordinator).
+
+    It binds a port of its own on ``bind`` (a port picked for it beforehand can be taken by
+    another process before it binds) and says hello to the coordinator at ``coord`` with the
+    address others reach it at (``advertise``, default ``bind``); the coordinator answers with
+    the model and its layer range, and, once every worker is ready, with every worker's
+    address. It ends with its parent process (``with_parent``, a worker ``shoal serve run``
+    started) or when the coordinator's connection drops (a worker on another host)."""
     import torch
     import zmq
 
     from shoal.specs.model import ModelSpec
 
     torch.set_num_threads(1)
-    shard = Shard(ModelSpec.model_validate_json(spec_json), a, b, seed, dtype_name)
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
-    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        port = pull.bind_to_random_port(f"tcp://{bind}")
+    except zmq.ZMQError as exc:
+        ctx.destroy(linger=0)
+        return f"cannot listen on {bind}: {exc}"
     peers = {"coord": coord}
     push: dict[str, zmq.Socket] = {}
+    push["coord"] = ctx.socket(zmq.PUSH)
+    monitor = None if with_parent else watch(push["coord"], heartbeat=True)
+    push["coord"].connect(coord)
+    state: dict = {}
+    shard = None
 
     def out(to: str):
         if to not in push:
@@ -117,38 +187,48 @@ def worker_main(name: str, spec_json: str, a: int, b: int, seed: int, dtype_name
             push[to].connect(peers[to])
         return push[to]
 
-    out("coord").send_pyobj({"kind": "ready", "worker": name,
-                             "addr": f"tcp://127.0.0.1:{port}"})
+    def stop(why: str | None) -> str | None:
+        ctx.destroy(linger=0)
+        return why
+
+    send(out("coord"), {"kind": HELLO, "worker": name,
+                        "addr": f"tcp://{advertise or bind}:{port}"})
     parent = os.getppid()
     while True:
         if not pull.poll(1000):
-            if os.getppid() != parent:  # the coordinator is gone: so is this worker
-                ctx.destroy(linger=0)
-                return
+            if with_parent and os.getppid() != parent:  # the coordinator is gone: so is this
+                return stop("the coordinator's process ended")
+            if monitor is not None and lost(monitor, state):
+                return stop(f"the coordinator at {coord} went away")
             continue
-        batch = [pull.recv_pyobj()]
+        batch = [recv(pull)]
         while True:  # dynamic batching: everything that arrived while the last batch ran
             try:
-                batch.append(pull.recv_pyobj(flags=zmq.NOBLOCK))
+                batch.append(recv(pull, flags=zmq.NOBLOCK))
             except zmq.Again:
                 break
         for msg in batch:
-            if msg["kind"] == STOP:
-                ctx.destroy(linger=0)
-                return
-            if msg["kind"] == FREE:
+            kind = msg["kind"]
+            if kind == STOP:
+                return stop(msg.get("why"))
+            if kind == CONFIG:
+                shard = Shard(ModelSpec.model_validate_json(msg["spec"]), msg["a"], msg["b"],
+                              msg["seed"], msg["dtype"])
+                send(out("coord"), {"kind": READY, "worker": name})
+                continue
+            if kind == FREE:
                 shard.cache.pop(msg["key"], None)
                 continue
-            if msg["kind"] == PEERS:
+            if kind == PEERS:
                 peers.update(msg["peers"])
-                out("coord").send_pyobj({"kind": "linked", "worker": name})
+                send(out("coord"), {"kind": LINKED, "worker": name})
                 continue
             t0 = time.perf_counter()
             y = shard.step(msg["key"], msg["x"], msg["at"])
             hop = msg["hop"] + 1
-            out(msg["chain"][hop]).send_pyobj({**msg, "x": y, "at": b, "hop": hop,
-                                               "busy": msg.get("busy", 0.0)
-                                               + time.perf_counter() - t0})
+            send(out(msg["chain"][hop]), {**msg, "x": y, "at": shard.b, "hop": hop,
+                                          "busy": msg.get("busy", 0.0)
+                                          + time.perf_counter() - t0})
 
 
 @dataclass
@@ -178,7 +258,8 @@ class LiveServer:
     """Workers for every node that holds layers, on this machine, and the coordinator."""
 
     def __init__(self, cluster, placement, flow, spec, *, seed: int = 0, dtype: str = "float32",
-                 router: str = "iwrr", mean_output: float = 16.0, mode: str = "online"):
+                 router: str = "iwrr", mean_output: float = 16.0, mode: str = "online",
+                 start_timeout_s: float = 120.0):
         import torch
         import zmq
 
@@ -187,8 +268,6 @@ class LiveServer:
         from shoal.serving.simulator import KV_SETTINGS, kv_capacity
 
         if cluster.layers != spec.num_layers:
-            from shoal.errors import SpecError
-
             raise SpecError(f"the placement splits {cluster.layers} layers but {spec.name} has "
                             f"{spec.num_layers} blocks", field="--model", value=spec.name,
                             allowed=f"a model of {cluster.layers} blocks, or a serving file and "
@@ -208,46 +287,105 @@ class LiveServer:
         self.head = Stage(spec, L + 1, L + 2, seed=seed, dtype=dt).requires_grad_(False)
         self.ctx = zmq.Context()
         self.pull = self.ctx.socket(zmq.PULL)
-        port = self.pull.bind_to_random_port("tcp://127.0.0.1")
-        self.addr = {"coord": f"tcp://127.0.0.1:{port}"}
-        held = [i for i, r in enumerate(placement.ranges) if r is not None]
+        here = "127.0.0.1"
+        if cluster.coordinator_address is not None:  # workers on other hosts reach it there
+            from shoal.serving.spec import split_address
+
+            here, port = split_address(cluster.coordinator_address)
+            try:
+                self.pull.bind(f"tcp://{here}:{port}")
+            except zmq.ZMQError as exc:
+                self.ctx.destroy(linger=0)
+                raise SpecError(f"cannot listen there: {exc}", field="coordinator.address",
+                                value=cluster.coordinator_address,
+                                allowed="an IP address of this machine and a free port") from None
+        else:
+            port = self.pull.bind_to_random_port(f"tcp://{here}")
+        self.addr = {"coord": f"tcp://{here}:{port}"}
+        hosts = cluster.hosts or (None,) * self.n
+        self.ranges = {self.names[i]: r for i, r in enumerate(placement.ranges) if r is not None}
+        self.remote = {nm: hosts[i] for i, nm in enumerate(self.names)
+                       if hosts[i] is not None and nm in self.ranges}
+        self.config = {"kind": CONFIG, "spec": spec.model_dump_json(), "seed": seed,
+                       "dtype": dtype}
         # spawn, not fork: a forked child of a process whose torch thread pool has run can hang
         mctx = mp.get_context("spawn")
         self.procs: dict[str, mp.Process] = {}
-        for i in held:
-            a, b = placement.ranges[i]
-            p = mctx.Process(target=worker_main, daemon=True, args=(
-                self.names[i], spec.model_dump_json(), a, b, seed, dtype, self.addr["coord"]))
-            p.start()
-            self.procs[self.names[i]] = p
-        self.push = {}
+        for name in self.ranges:
+            if name not in self.remote:
+                p = mctx.Process(target=worker_main, daemon=True,
+                                 args=(name, self.addr["coord"], here))
+                p.start()
+                self.procs[name] = p
+        self.push: dict = {}
+        self.monitors: dict = {}  # remote worker -> (monitor socket, its state)
         self.dead: set[int] = set()
         self.wall_s = 0.0
-        deadline = time.perf_counter() + 120
-        for kind in ("ready", "linked"):  # every worker listens; then every worker knows all
-            done: set[str] = set()
-            while done != set(self.procs):
-                if time.perf_counter() > deadline:
-                    self.close()
-                    raise RuntimeError(f"workers did not start: "
-                                       f"{sorted(set(self.procs) - done)}")
-                if self.pull.poll(1000):
-                    msg = self.pull.recv_pyobj()
-                    if msg["kind"] == kind:
-                        done.add(msg["worker"])
-                        if kind == "ready":
-                            self.addr[msg["worker"]] = msg["addr"]
-            if kind == "ready":
-                for name in self.procs:
-                    self._send(name, {"kind": PEERS, "peers": self.addr})
+        try:
+            self._start(start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
 
-    def _send(self, to: str, msg: dict) -> None:
+    @property
+    def workers(self) -> list[str]:
+        """Every node that holds layers, here or on another host."""
+        return list(self.ranges)
+
+    def _start(self, timeout_s: float) -> None:
+        """Hello (with its address) -> the model and range; ready; once all are, every
+        worker's address -> linked. A worker for an unknown node, one that holds no layers or
+        one already started is told to stop, with the reason."""
         import zmq
 
+        deadline = time.perf_counter() + timeout_s
+        for kind in (READY, LINKED):  # every worker listens; then every worker knows all
+            done: set[str] = set()
+            while done != set(self.ranges):
+                if time.perf_counter() > deadline:
+                    raise ShoalError(f"workers did not start within {timeout_s:g} s: " + ", ".join(
+                        f"{n} (`shoal serve worker SERVING --node {n}` on {self.remote[n]})"
+                        if n in self.remote and n not in self.addr else n
+                        for n in sorted(set(self.ranges) - done)))
+                if not self.pull.poll(1000):
+                    continue
+                msg = recv(self.pull)
+                name = msg.get("worker")
+                if msg["kind"] == HELLO:
+                    why = ("is not a node of this serving file" if name not in self.names else
+                           "holds no layers in this placement" if name not in self.ranges else
+                           "already has a worker" if name in self.addr else None)
+                    if why is not None:
+                        tmp = self.ctx.socket(zmq.PUSH)
+                        tmp.connect(msg["addr"])
+                        send(tmp, {"kind": STOP, "why": f"node {name} {why}"})
+                        tmp.close(linger=1000)
+                        continue
+                    self.addr[name] = msg["addr"]
+                    self._connect(name)
+                    a, b = self.ranges[name]
+                    self._send(name, self.config | {"a": a, "b": b})
+                elif msg["kind"] == kind:
+                    done.add(name)
+            if kind == READY:
+                for name in self.ranges:
+                    self._send(name, {"kind": PEERS, "peers": self.addr})
+
+    def _connect(self, name: str) -> None:
+        """A socket to worker ``name``; one on another host is watched (its process ending, or
+        its host going silent, drops the connection)."""
+        import zmq
+
+        sock = self.ctx.socket(zmq.PUSH)
+        if name in self.remote:
+            self.monitors[name] = (watch(sock, heartbeat=True), {})
+        sock.connect(self.addr[name])
+        self.push[name] = sock
+
+    def _send(self, to: str, msg: dict) -> None:
         if to not in self.push:
-            self.push[to] = self.ctx.socket(zmq.PUSH)
-            self.push[to].connect(self.addr[to])
-        self.push[to].send_pyobj(msg)
+            self._connect(to)
+        send(self.push[to], msg)
 
     def _step(self, req: Request, tokens: list[int], offset: int) -> None:
         import torch
@@ -307,8 +445,8 @@ class LiveServer:
                 self._step(r, r.prompt, 0)
 
         def check_workers() -> None:
-            for name, p in self.procs.items():
-                if index[name] in self.dead or p.is_alive():
+            for name in self.ranges:
+                if index[name] in self.dead or self._alive(name):
                     continue
                 self.dead.add(index[name])
                 for r in [r for r in live.values() if index[name] in r.nodes]:
@@ -358,7 +496,7 @@ class LiveServer:
             wait_ms = 50 if k >= len(pending) else max(0, int((pending[k].arrival - now) * 1000))
             if not self.pull.poll(min(wait_ms, 50 if inbox is None else 10)):
                 continue
-            msg = self.pull.recv_pyobj()
+            msg = recv(self.pull)
             r = live.get(msg["key"])
             if r is None:  # from a run that a dead worker cut short
                 continue
@@ -386,10 +524,22 @@ class LiveServer:
         self.wall_s = time.perf_counter() - t0
         return requests
 
+    def _alive(self, name: str) -> bool:
+        if name in self.procs:
+            return self.procs[name].is_alive()
+        mon, state = self.monitors[name]
+        if state.get("gone") or lost(mon, state):
+            state["gone"] = True
+            return False
+        return True
+
     def close(self) -> None:
-        for name in self.procs:
-            if name in self.addr:  # queued, never blocks: a dead worker needs none
+        index = {n: i for i, n in enumerate(self.names)}
+        for name in self.ranges:
+            if name in self.addr and index[name] not in self.dead:  # queued, never blocks
                 self._send(name, {"kind": STOP})
+                if name in self.remote:  # let it reach a worker this process does not wait for
+                    self.push[name].close(linger=2000)
         for p in self.procs.values():
             p.join(timeout=10)
             if p.is_alive():

@@ -238,16 +238,18 @@ def _echo(addr_out: str) -> None:
     first message is the address it listens on."""
     import zmq
 
+    from shoal.serving.live import STOP, recv, send
+
     ctx = zmq.Context()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
     push.connect(addr_out)
-    push.send_pyobj(f"tcp://127.0.0.1:{port}")
+    send(push, {"kind": "ready", "addr": f"tcp://127.0.0.1:{port}"})
     while True:
-        msg = pull.recv_pyobj()
-        if msg is None:
+        msg = recv(pull)
+        if msg["kind"] == STOP:
             break
-        push.send_pyobj(msg)
+        send(push, msg)
     ctx.destroy(linger=0)
 
 
@@ -260,7 +262,7 @@ def link_times(hidden: int, *, tokens=MESSAGE_TOKENS, reps: int = 20, dtype: str
     awake)."""
     import zmq
 
-    from shoal.serving.live import STEP
+    from shoal.serving.live import STEP, STOP, recv, send
 
     per_token = hidden * np.dtype(dtype).itemsize
     ctx = zmq.Context()
@@ -274,19 +276,19 @@ def link_times(hidden: int, *, tokens=MESSAGE_TOKENS, reps: int = 20, dtype: str
     try:
         if not pull.poll(120_000):
             raise RuntimeError("the echo process did not start")
-        push.connect(pull.recv_pyobj())
+        push.connect(recv(pull)["addr"])
         for n in tokens:
             msg = {"kind": STEP, "key": (0, 0), "chain": ["a", "b"], "hop": 0, "at": 0,
                    "x": np.zeros((1, n, hidden), dtype=dtype)}
-            push.send_pyobj(msg)  # warm-up
+            send(push, msg)  # warm-up
             if not pull.poll(60_000):
                 raise RuntimeError("the echo process did not answer")
-            pull.recv_pyobj()
+            recv(pull)
 
             def ping(msg=msg):
                 t0 = time.perf_counter()
-                push.send_pyobj(msg)
-                pull.recv_pyobj()
+                send(push, msg)
+                recv(pull)
                 return time.perf_counter() - t0
 
             xs.append(n * per_token)
@@ -295,7 +297,7 @@ def link_times(hidden: int, *, tokens=MESSAGE_TOKENS, reps: int = 20, dtype: str
                 woken = [_after_idle(ping, gap, reps) for gap in gaps]
     finally:
         with contextlib.suppress(zmq.Again):  # nothing connected yet if the echo never started
-            push.send_pyobj(None, flags=zmq.NOBLOCK)
+            send(push, {"kind": STOP}, flags=zmq.NOBLOCK)
         p.join(timeout=10)
         if p.is_alive():
             p.kill()

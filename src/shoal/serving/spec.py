@@ -122,6 +122,11 @@ class NodeGroup(BaseModel):
     count: PositiveInt = Field(default=1, description="number of nodes of this machine type")
     region: str = Field(default="default",
                         description="region of the nodes: picks the within or between link")
+    host: str | None = Field(
+        default=None, description="IP address or name of the machine that runs these nodes' "
+                                  "workers (`shoal serve worker`), as the coordinator and the "
+                                  "other nodes reach it; default: `shoal serve run` starts them "
+                                  "on its own machine")
 
 
 class LinkClass(BaseModel):
@@ -157,6 +162,9 @@ class LinksSpec(BaseModel):
 
 class CoordinatorSpec(BaseModel):
     model_config = STRICT
+    address: str | None = Field(
+        default=None, description="HOST:PORT where `shoal serve run` listens for workers, as "
+                                  "nodes with a `host` reach it (needed when a node has one)")
     region: str = Field(default="default", description="region of the coordinator: picks the "
                                                        "within or between link to each node")
     nic_in: BytesPerSecond | None = Field(default=None,
@@ -241,6 +249,24 @@ class ServingSpec(BaseModel):
         default=None, description="what work reaching an idle node pays (request simulator; "
                                   "`shoal serve profile` measures it for `shoal serve run`); "
                                   "default: nothing")
+
+    @model_validator(mode="after")
+    def _check_addresses(self):
+        if self.coordinator.address is None and any(g.host for g in self.nodes):
+            raise ValueError("a node with a 'host' needs coordinator.address (HOST:PORT) for its "
+                             "worker to reach the coordinator")
+        if self.coordinator.address is not None:
+            split_address(self.coordinator.address)
+        return self
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv4 address or a name) as (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or ":" in host or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"coordinator.address {address!r} is not HOST:PORT with a port in "
+                         f"1-65535")
+    return host, int(port)
 
 
 def parse_serving(data: dict, *, file: str | None = None) -> ServingSpec:
