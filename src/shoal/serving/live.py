@@ -100,11 +100,10 @@ class Shard:
 def send(sock, msg: dict, flags: int = 0) -> None:
     """One message: a JSON header and, when it carries hidden states ``x``, their raw bytes in a
     second frame (no pickle: a worker may listen on a network)."""
-    x = msg.get("x")
-    if x is None:
+    if msg.get("x") is None:
         sock.send(json.dumps(msg).encode(), flags)
         return
-    x = np.ascontiguousarray(x)
+    x = np.ascontiguousarray(msg["x"])
     head = {k: v for k, v in msg.items() if k != "x"} | {"x": [x.dtype.str, list(x.shape)]}
     sock.send_multipart([json.dumps(head).encode(), x.data], flags, copy=False)
 
@@ -113,7 +112,7 @@ def recv(sock, flags: int = 0) -> dict:
     """The message ``send`` sent (``key`` as a tuple, ``x`` as an array)."""
     frames = sock.recv_multipart(flags)
     msg = json.loads(frames[0])
-    if "x" in msg:
+    if len(frames) > 1:
         dt, shape = msg["x"]
         msg["x"] = np.frombuffer(frames[1], dtype=dt).reshape(shape).copy()
     if "key" in msg:
