@@ -40,11 +40,11 @@ class Endpoint:
         self.stop = threading.Event()
         self.ids = itertools.count()
         self.timeout_s = timeout_s
+        self.httpd = ThreadingHTTPServer((host, port), _handler(self))  # may fail: nothing started
+        self.httpd.daemon_threads = True
         self.loop = threading.Thread(target=server.run, daemon=True, kwargs={
             "inbox": self.inbox, "stop": self.stop, "timeout_s": timeout_s})
         self.loop.start()
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -55,10 +55,12 @@ class Endpoint:
         return r
 
     def close(self) -> None:
+        """Stop taking connections, then the coordinator loop (requests still open are answered
+        with a rejection); the server's sockets are free once this returns."""
         self.httpd.shutdown()
         self.httpd.server_close()
         self.stop.set()
-        self.loop.join(timeout=30)
+        self.loop.join()
 
 
 def _handler(ep: Endpoint):

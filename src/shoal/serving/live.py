@@ -132,12 +132,12 @@ def watch(sock, heartbeat: bool):
 
 
 def lost(monitor, state: dict) -> bool:
-    """Whether the peer ``monitor`` watches was connected and has gone (``state`` remembers a
-    connection between calls)."""
+    """Whether the peer ``monitor`` watches was connected and has gone (``state`` remembers
+    both between calls; gone stays gone)."""
     import zmq
     from zmq.utils.monitor import recv_monitor_message
 
-    while True:
+    while not state.get("gone"):
         try:
             ev = recv_monitor_message(monitor, flags=zmq.NOBLOCK)["event"]
         except zmq.Again:
@@ -145,7 +145,8 @@ def lost(monitor, state: dict) -> bool:
         if ev == zmq.EVENT_CONNECTED:
             state["connected"] = True
         elif ev == zmq.EVENT_DISCONNECTED and state.get("connected"):
-            return True
+            state["gone"] = True
+    return True
 
 
 def worker_main(name: str, coord: str, bind: str = "127.0.0.1", advertise: str | None = None,
@@ -171,7 +172,8 @@ def worker_main(name: str, coord: str, bind: str = "127.0.0.1", advertise: str |
         port = pull.bind_to_random_port(f"tcp://{bind}")
     except zmq.ZMQError as exc:
         ctx.destroy(linger=0)
-        return f"cannot listen on {bind}: {exc}"
+        return (f"cannot listen on {bind}: {exc} (run it on the node's host, or give "
+                f"--bind an address of this machine)")
     peers = {"coord": coord}
     push: dict[str, zmq.Socket] = {}
     push["coord"] = ctx.socket(zmq.PUSH)
@@ -190,14 +192,15 @@ def worker_main(name: str, coord: str, bind: str = "127.0.0.1", advertise: str |
         ctx.destroy(linger=0)
         return why
 
-    send(out("coord"), {"kind": HELLO, "worker": name,
+    send(out("coord"), {"kind": HELLO, "worker": name, "spawned": with_parent,
                         "addr": f"tcp://{advertise or bind}:{port}"})
     parent = os.getppid()
     while True:
         if not pull.poll(1000):
             if with_parent and os.getppid() != parent:  # the coordinator is gone: so is this
                 return stop("the coordinator's process ended")
-            if monitor is not None and lost(monitor, state):
+            # the coordinator's stop may be on its way as its connection closes
+            if monitor is not None and lost(monitor, state) and not pull.poll(500):
                 return stop(f"the coordinator at {coord} went away")
             continue
         batch = [recv(pull)]
@@ -335,8 +338,6 @@ class LiveServer:
         """Hello (with its address) -> the model and range; ready; once all are, every
         worker's address -> linked. A worker for an unknown node, one that holds no layers or
         one already started is told to stop, with the reason."""
-        import zmq
-
         deadline = time.perf_counter() + timeout_s
         for kind in (READY, LINKED):  # every worker listens; then every worker knows all
             done: set[str] = set()
@@ -344,21 +345,23 @@ class LiveServer:
                 if time.perf_counter() > deadline:
                     raise ShoalError(f"workers did not start within {timeout_s:g} s: " + ", ".join(
                         f"{n} (`shoal serve worker SERVING --node {n}` on {self.remote[n]})"
-                        if n in self.remote and n not in self.addr else n
+                        if n in self.remote and n not in self.addr else
+                        f"{n} (said hello from {self.addr[n]} but is not {kind}: can this "
+                        f"machine and the other workers reach that port?)"
+                        if n in self.remote else n
                         for n in sorted(set(self.ranges) - done)))
-                if not self.pull.poll(1000):
+                ended = [f"{n} (exit code {p.exitcode})" for n, p in self.procs.items()
+                         if not p.is_alive()]
+                if ended:
+                    raise ShoalError(f"workers ended while starting: {', '.join(ended)}")
+                msg = self._receive(1000)
+                if msg is None:
                     continue
-                msg = recv(self.pull)
                 name = msg.get("worker")
                 if msg["kind"] == HELLO:
-                    why = ("is not a node of this serving file" if name not in self.names else
-                           "holds no layers in this placement" if name not in self.ranges else
-                           "already has a worker" if name in self.addr else None)
+                    why = self._unwanted(msg)
                     if why is not None:
-                        tmp = self.ctx.socket(zmq.PUSH)
-                        tmp.connect(msg["addr"])
-                        send(tmp, {"kind": STOP, "why": f"node {name} {why}"})
-                        tmp.close(linger=1000)
+                        self._turn_away(msg, why)
                         continue
                     self.addr[name] = msg["addr"]
                     self._connect(name)
@@ -369,6 +372,39 @@ class LiveServer:
             if kind == READY:
                 for name in self.ranges:
                     self._send(name, {"kind": PEERS, "peers": self.addr})
+
+    def _receive(self, timeout_ms: int) -> dict | None:
+        """The next message within ``timeout_ms``, or None; a message that is not one of
+        ours (a stray peer on the coordinator's port) is dropped."""
+        if not self.pull.poll(timeout_ms):
+            return None
+        try:
+            msg = recv(self.pull)
+        except (ValueError, KeyError, TypeError, IndexError):
+            return None
+        return msg if isinstance(msg, dict) and "kind" in msg else None
+
+    def _unwanted(self, hello: dict) -> str | None:
+        """Why the worker saying ``hello`` is not needed, or None."""
+        name = hello.get("worker")
+        if name not in self.names:
+            return "is not a node of this serving file"
+        if name not in self.ranges:
+            return "holds no layers in this placement"
+        if name in self.addr:
+            return ("was lost and does not rejoin a running server"
+                    if self.names.index(name) in self.dead else "already has a worker")
+        if name in self.procs and not hello.get("spawned"):
+            return "runs on the coordinator's machine in its serving file (no 'host')"
+        return None
+
+    def _turn_away(self, hello: dict, why: str) -> None:
+        import zmq
+
+        tmp = self.ctx.socket(zmq.PUSH)
+        tmp.connect(hello["addr"])
+        send(tmp, {"kind": STOP, "why": f"node {hello.get('worker')} {why}"}, flags=zmq.NOBLOCK)
+        tmp.close(linger=1000)
 
     def _connect(self, name: str) -> None:
         """A socket to worker ``name``; one on another host is watched (its process ending, or
@@ -382,9 +418,17 @@ class LiveServer:
         self.push[name] = sock
 
     def _send(self, to: str, msg: dict) -> None:
+        import zmq
+
         if to not in self.push:
             self._connect(to)
-        send(self.push[to], msg)
+        if to not in self.remote:
+            send(self.push[to], msg)
+            return
+        try:  # a worker elsewhere that stopped taking messages must not block the coordinator
+            send(self.push[to], msg, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.monitors[to][1]["gone"] = True
 
     def _step(self, req: Request, tokens: list[int], offset: int) -> None:
         import torch
@@ -463,6 +507,14 @@ class LiveServer:
 
         while more() or waiting or live:
             now = time.perf_counter() - t0
+            if stop is not None and stop.is_set():  # the server stops: nothing more is answered
+                for r in waiting + list(live.values()):
+                    if r.key in live:
+                        self.kv.release(r.nodes, len(r.prompt))
+                    reject(r, "the server stopped")
+                waiting.clear()
+                live.clear()
+                break
             for r in [r for r in waiting + list(live.values())
                       if now - (r.arrival if inbox is None else r.entered) > timeout_s]:
                 live.pop(r.key, None)
@@ -470,6 +522,9 @@ class LiveServer:
                     waiting.remove(r)
                 else:
                     self.kv.release(r.nodes, len(r.prompt))
+                    for v in r.nodes:
+                        if v not in self.dead:
+                            self._send(self.names[v], {"kind": FREE, "key": r.key})
                 reject(r, f"not finished within {timeout_s:g} s")
             check_workers()
             while k < len(pending) and pending[k].arrival <= now:
@@ -493,9 +548,14 @@ class LiveServer:
                 if inbox is None:
                     break
             wait_ms = 50 if k >= len(pending) else max(0, int((pending[k].arrival - now) * 1000))
-            if not self.pull.poll(min(wait_ms, 50 if inbox is None else 10)):
+            msg = self._receive(min(wait_ms, 50 if inbox is None else 10))
+            if msg is None:
                 continue
-            msg = recv(self.pull)
+            if msg["kind"] == HELLO:  # a worker started again, or late: the run has its own
+                self._turn_away(msg, self._unwanted(msg) or "joined after the run started")
+                continue
+            if msg["kind"] != STEP:
+                continue
             r = live.get(msg["key"])
             if r is None:  # from a run that a dead worker cut short
                 continue
@@ -526,11 +586,7 @@ class LiveServer:
     def _alive(self, name: str) -> bool:
         if name in self.procs:
             return self.procs[name].is_alive()
-        mon, state = self.monitors[name]
-        if state.get("gone") or lost(mon, state):
-            state["gone"] = True
-            return False
-        return True
+        return not lost(*self.monitors[name])
 
     def close(self) -> None:
         index = {n: i for i, n in enumerate(self.names)}

@@ -123,10 +123,10 @@ class NodeGroup(BaseModel):
     region: str = Field(default="default",
                         description="region of the nodes: picks the within or between link")
     host: str | None = Field(
-        default=None, description="IP address or name of the machine that runs these nodes' "
-                                  "workers (`shoal serve worker`), as the coordinator and the "
-                                  "other nodes reach it; default: `shoal serve run` starts them "
-                                  "on its own machine")
+        default=None, min_length=1, pattern=r"^[^:\s*]+$",
+        description="IPv4 address or name of the machine that runs these nodes' workers (`shoal "
+                    "serve worker`), as the coordinator and the other nodes reach it; default: "
+                    "`shoal serve run` starts them on its own machine")
 
 
 class LinkClass(BaseModel):
@@ -266,6 +266,9 @@ def split_address(address: str) -> tuple[str, int]:
     if not sep or ":" in host or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"coordinator.address {address!r} is not HOST:PORT with a port in "
                          f"1-65535")
+    if host in ("*", "0.0.0.0"):
+        raise ValueError(f"coordinator.address {address!r}: the workers need an address they "
+                         f"can reach, not a wildcard")
     return host, int(port)
 
 
