@@ -329,3 +329,19 @@ def test_a_host_needs_the_coordinators_address(tmp_path):
                                                      "name: c, region: r1, host: 10.0.0.2}"))
     with pytest.raises(SpecError, match="coordinator.address"):
         load_serving(tmp_path / "s.yaml")
+
+
+@pytest.mark.parametrize("coord, host, why", [
+    ("0.0.0.0:5555", "10.0.0.2", "wildcard"),
+    ("10.0.0.1", "10.0.0.2", "HOST:PORT"),
+    ("10.0.0.1:70000", "10.0.0.2", "HOST:PORT"),
+    ("10.0.0.1:5555", "fe80::1", "host"),
+])
+def test_bad_addresses_are_refused(tmp_path, coord, host, why):
+    from shoal.errors import SpecError
+
+    (tmp_path / "s.yaml").write_text(
+        SERVING.replace("name: c, region: r1}", f"name: c, region: r1, host: '{host}'}}")
+        .replace("coordinator: {region: r1}", f"coordinator: {{region: r1, address: '{coord}'}}"))
+    with pytest.raises(SpecError, match=why):
+        load_serving(tmp_path / "s.yaml")
