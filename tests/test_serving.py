@@ -628,3 +628,21 @@ def test_trace_round_trips_and_live_batching_times_prompts_one_by_one(tmp_path):
     # (4 x 209 ms) both back at 1.274 s; one by one (4 x 109 ms each) back at 0.874 and 1.310 s
     assert lat["vllm"] == pytest.approx((0.438 + 2 * (1.274 - 0.01)) / 3, rel=1e-6)
     assert lat["live"] == pytest.approx((0.438 + 0.874 - 0.01 + 1.310 - 0.01) / 3, rel=1e-6)
+
+
+def test_measured_times_past_the_last_point_never_fall():
+    """A noisy profile whose last point came out faster than the one before must not extend
+    into shorter (or negative) times for larger batches: the capacity table would go to zero
+    and no chain could be routed."""
+    import numpy as np
+
+    from shoal.serving.capacity import LayerTimes
+
+    xs = np.array([1.0, 16.0, 128.0, 256.0])
+    good = LayerTimes(xs, np.array([1.0, 2.0, 8.0, 15.0]), xs, np.array([1.0, 1.1, 1.3, 1.5]))
+    assert good.prompt_s(512) == pytest.approx(15.0 + 7.0 / 128 * 256)  # the last two's slope
+    noisy = LayerTimes(xs, np.array([1.0, 2.0, 9.0, 8.0]), xs, np.array([1.0, 1.1, 1.3, 1.2]))
+    assert noisy.prompt_s(763) == pytest.approx(8.0 + 7.0 / 255 * (763 - 256))
+    assert noisy.decode_s(512) == pytest.approx(1.2 + 0.2 / 255 * 256)
+    falling = LayerTimes(xs, np.array([9.0, 8.0, 7.0, 6.0]), xs, np.array([2.0, 1.5, 1.2, 1.0]))
+    assert falling.prompt_s(763) == 6.0 and falling.decode_s(1000) == 1.0

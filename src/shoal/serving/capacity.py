@@ -93,10 +93,14 @@ class LayerTimes:
 
 
 def _interp(x: float, xs: np.ndarray, ts: np.ndarray) -> float:
-    """Linear interpolation, extended linearly past the last two points."""
+    """Linear interpolation, extended linearly past the last two points. A larger batch never
+    takes less time: where noise made the last two points fall, the extension takes the slope
+    over the whole measured range instead (flat if that falls too)."""
     if x <= xs[-1]:
         return float(np.interp(x, xs, ts))
     slope = (ts[-1] - ts[-2]) / max(xs[-1] - xs[-2], 1e-12)
+    if slope <= 0:
+        slope = max(0.0, (ts[-1] - ts[0]) / max(xs[-1] - xs[0], 1e-12))
     return float(ts[-1] + slope * (x - xs[-1]))
 
 
