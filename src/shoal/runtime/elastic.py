@@ -330,8 +330,8 @@ class ElasticJob:
                 cause = ", ".join([f"worker {w} left" for w in gone]
                                   + [f"worker {w} joined" for w in new])
                 self._publish(alive, cause, time.time())
-            else:
-                self._retry_failed(alive)
+            else:  # the same members: a standby joins only when the switch policy says so
+                self._retry_failed(list(self.members))
             r = self.reconfigurations[-1]
             if r.detect_to_first_step_s is None and self.store.check([f"g{self.gen}/first_step_at"]):
                 r.detect_to_first_step_s = float(self.store.get(f"g{self.gen}/first_step_at")) \
@@ -353,7 +353,7 @@ class ElasticJob:
                 "final_loss": losses.get(self.total_steps), "plan": self.plan.to_json(),
                 "reconfigurations": [r.to_json() for r in self.reconfigurations]}
 
-    def _retry_failed(self, alive: list[int]) -> None:
+    def _retry_failed(self, members: list[int]) -> None:
         """A generation whose workers stopped while every member is still alive (a collective
         timed out on a loaded machine, say) is published again, after a heartbeat timeout (a
         member that died shows up as gone by then); after MAX_RETRIES in a row, the job stops
@@ -376,7 +376,7 @@ class ElasticJob:
             raise RuntimeError(f"generation {self.gen} failed {self._retries} times in a row; "
                                f"worker {first}, the first to fail:\n{error}")
         last = error.strip().splitlines()[-1] if error.strip() else "error"
-        self._publish(alive, f"worker {first} failed ({last}): retried", now)
+        self._publish(members, f"worker {first} failed ({last}): retried", now)
 
     def _worth_it(self, old_n: int, new_n: int) -> bool:
         """Ask the plan chooser's switch policy (when it has one) whether more workers pay."""
