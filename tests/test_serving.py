@@ -494,6 +494,10 @@ def test_measured_sharing_of_the_host():
         cl = replace(c, host_share=share, host_cores=2)
         r = simulate(cl, pl, max_flow(cl, pl), w, warmup_s=0.0, duration_s=None)
         assert r.prompt_latency_s["mean"] == pytest.approx(each + 0.002, rel=1e-3)
+    # only nodes on one host share it: a and b on h1 go at a quarter, c alone on h2 at full
+    cl = replace(c, host_share=(1.0, 0.25), hosts=("h1", "h1", "h2"))
+    r = simulate(cl, pl, max_flow(cl, pl), three, warmup_s=0.0, duration_s=None)
+    assert r.prompt_latency_s["mean"] == pytest.approx((1.6 + 1.6 + 0.4) / 3 + 0.002, rel=1e-3)
     base = {"model": {"layers": 4, "activation_bytes": 1000},
             "machines": {"m": {"max_layers": 1, "tokens_per_s": [1]}}, "nodes": [{"machine": "m"}]}
     for bad in ([1.0, 0.0], [1.2], []):

@@ -310,6 +310,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         else:
             share(t)
             running[v] = [dur, take]
+            computing[host_of[v]] = computing.get(host_of[v], 0) + 1
             reschedule(t)
 
     # what work reaching an idle node (or the coordinator) pays, by how long it was idle
@@ -317,31 +318,33 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
     idle_since = [-math.inf] * n  # when each node's last batch ended (busy: not read)
     coord_since = -math.inf  # when the coordinator last handled anything
 
-    # nodes sharing the host's cores: each of the k computing at once progresses at
-    # share(k) of its own speed (processor sharing; the measured ``host_share`` or
-    # min(1, cores / k)); a batch's end is moved whenever k changes (``version`` tells the
-    # events still current)
+    # nodes sharing a host's cores: each of the k nodes of one host computing at once
+    # progresses at share(k) of its own speed (processor sharing; the measured
+    # ``host_share`` or min(1, cores / k)); nodes on other hosts (their ``host``; none: the
+    # coordinator's machine) do not count. A batch's end is moved whenever k changes
+    # (``version`` tells the events still current)
     speed = cluster.sharing()
+    host_of = cluster.hosts or (None,) * n
     running: dict[int, list] = {}  # node -> [its own seconds of work left, the batch]
+    computing: dict = {}  # host -> its nodes computing now
     version = [0] * n
     since = [0.0]
 
     def share(t: float) -> None:
-        """Advance the running batches to ``t`` at the current rate."""
+        """Advance the running batches to ``t`` at the current rates."""
         if running:
-            rate = speed(len(running))
             lo, hi = max(since[0], warmup_s), min(t, end)
             for u, job in running.items():
-                job[0] -= (t - since[0]) * rate
+                job[0] -= (t - since[0]) * speed(computing[host_of[u]])
                 if hi > lo:
                     busy_s[u] += hi - lo
         since[0] = t
 
     def reschedule(t: float) -> None:
         nonlocal seq
-        rate = speed(len(running)) if running else 1.0
         for u, (left, take) in running.items():
             version[u] += 1
+            rate = speed(computing[host_of[u]])
             heapq.heappush(heap, (t + max(left, 0.0) / rate, seq, 0, u, (take, version[u])))
             seq += 1
 
@@ -418,6 +421,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
                     continue  # moved since: the sharing changed
                 share(t)
                 del running[v]
+                computing[host_of[v]] -= 1
             busy[v] = False
             idle_since[v] = t
             R.queued[v] -= len(items)

@@ -237,14 +237,16 @@ class ServingSpec(BaseModel):
         default=False, description="a node may start inside the previous node's layer range "
                                    "(computing only the layers it still lacks)")
     host_cores: PositiveInt | None = Field(
-        default=None, description="the nodes are processes on one host with this many cores "
-                                  "(`shoal serve run` on one machine): more nodes computing at "
-                                  "once share them (request simulator); default: each has its own")
+        default=None, description="the nodes are processes on hosts with this many cores "
+                                  "(`shoal serve run`): more nodes of one host (the same `host`, "
+                                  "or none) computing at once share them (request simulator); "
+                                  "default: each has its own")
     host_share: list[Annotated[float, Field(gt=0, le=1)]] | None = Field(
         default=None, min_length=1,
         description="measured sharing of the host (`shoal serve profile`): entry k-1 is the "
-                    "speed, against alone, of each of k nodes computing at once (past the list: "
-                    "the last total speed split k ways); overrides host_cores' min(1, cores / k)")
+                    "speed, against alone, of each of k nodes of one host computing at once "
+                    "(past the list: the last total speed split k ways); overrides host_cores' "
+                    "min(1, cores / k)")
     wake: WakeSpec | None = Field(
         default=None, description="what work reaching an idle node pays (request simulator; "
                                   "`shoal serve profile` measures it for `shoal serve run`); "
