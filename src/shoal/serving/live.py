@@ -120,14 +120,13 @@ def recv(sock, flags: int = 0) -> dict:
     return msg
 
 
-def watch(sock, heartbeat: bool):
-    """A monitor of ``sock``'s connection events (ZeroMQ's heartbeat, when asked, drops a peer
-    that stops answering); set up before ``sock`` connects."""
+def watch(sock):
+    """A monitor of ``sock``'s connection events, with ZeroMQ's heartbeat dropping a peer that
+    stops answering (1 s pings, 5 s); set up before ``sock`` connects."""
     import zmq
 
-    if heartbeat:
-        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
     return sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
 
 
@@ -177,7 +176,7 @@ def worker_main(name: str, coord: str, bind: str = "127.0.0.1", advertise: str |
     peers = {"coord": coord}
     push: dict[str, zmq.Socket] = {}
     push["coord"] = ctx.socket(zmq.PUSH)
-    monitor = None if with_parent else watch(push["coord"], heartbeat=True)
+    monitor = None if with_parent else watch(push["coord"])
     push["coord"].connect(coord)
     state: dict = {}
     shard = None
@@ -413,7 +412,7 @@ class LiveServer:
 
         sock = self.ctx.socket(zmq.PUSH)
         if name in self.remote:
-            self.monitors[name] = (watch(sock, heartbeat=True), {})
+            self.monitors[name] = (watch(sock), {})
         sock.connect(self.addr[name])
         self.push[name] = sock
 
@@ -494,10 +493,7 @@ class LiveServer:
                 self.dead.add(index[name])
                 for r in [r for r in live.values() if index[name] in r.nodes]:
                     del live[r.key]
-                    for other in r.chain[:-1]:
-                        if other != name:
-                            self._send(other, {"kind": FREE, "key": r.key})
-                    self.kv.release(r.nodes, len(r.prompt))
+                    self._free(r)
                     r.attempt += 1
                     r.tokens, r.first = [], math.nan
                     waiting.insert(0, r)
@@ -510,7 +506,7 @@ class LiveServer:
             if stop is not None and stop.is_set():  # the server stops: nothing more is answered
                 for r in waiting + list(live.values()):
                     if r.key in live:
-                        self.kv.release(r.nodes, len(r.prompt))
+                        self._free(r)
                     reject(r, "the server stopped")
                 waiting.clear()
                 live.clear()
@@ -521,10 +517,7 @@ class LiveServer:
                 if r in waiting:
                     waiting.remove(r)
                 else:
-                    self.kv.release(r.nodes, len(r.prompt))
-                    for v in r.nodes:
-                        if v not in self.dead:
-                            self._send(self.names[v], {"kind": FREE, "key": r.key})
+                    self._free(r)
                 reject(r, f"not finished within {timeout_s:g} s")
             check_workers()
             while k < len(pending) and pending[k].arrival <= now:
@@ -570,9 +563,7 @@ class LiveServer:
             if len(r.tokens) >= r.max_new:
                 r.finish = now
                 del live[r.key]
-                for name in r.chain[:-1]:
-                    self._send(name, {"kind": FREE, "key": r.key})
-                self.kv.release(r.nodes, len(r.prompt))
+                self._free(r)
                 if r.sink is not None:
                     r.sink.put(None)
                 admit(now)
@@ -582,6 +573,14 @@ class LiveServer:
                 self._step(r, [tok], len(r.prompt) + len(r.tokens) - 1)
         self.wall_s = time.perf_counter() - t0
         return requests
+
+    def _free(self, r: Request) -> None:
+        """Drop request ``r``'s caches on the live workers of its chain, and its KV
+        reservation."""
+        for v in r.nodes:
+            if v not in self.dead:
+                self._send(self.names[v], {"kind": FREE, "key": r.key})
+        self.kv.release(r.nodes, len(r.prompt))
 
     def _alive(self, name: str) -> bool:
         if name in self.procs:
