@@ -7,6 +7,7 @@ import copy
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +15,13 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from shoal.cli import app
-from shoal.elastic.policy import POLICIES, expected_gap_s, oracle_choices
+from shoal.elastic.policy import (
+    POLICIES,
+    Futures,
+    Rollout,
+    expected_gap_s,
+    oracle_choices,
+)
 from shoal.elastic.replan import Replanner
 from shoal.elastic.replay import plan_trace, simulate
 from shoal.elastic.switch import running, switch_cost
@@ -160,6 +167,51 @@ def test_replanner_raises_when_nothing_fits(problem):
 def test_expected_gap_learns_from_the_trace():
     assert expected_gap_s([0.0], 3600.0) == 3600.0
     assert expected_gap_s([0.0, 600.0, 1200.0], 3600.0) == pytest.approx((3600 + 1200) / 3)
+
+
+def test_futures_replay_the_changes_seen():
+    """The sampled continuations only take gaps and count changes the trace has shown (the
+    prior gap as one more gap), each change clipped to between 0 and the most seen, and are the
+    same each time for the same states."""
+    seen = [State(0.0, pool()), State(500.0, pool(0, 4, 4, 4)), State(1200.0, pool(0, 4, 4, 0)),
+            State(1400.0, pool(4, 4, 4, 0))]
+    f = Futures(seen, 3600.0)
+    gaps = {3600.0, 500.0, 700.0, 200.0}
+    deltas = {(-4, 0, 0, 0), (0, 0, 0, -4), (4, 0, 0, 0)}
+    assert f.horizon_s == pytest.approx(8 * (3600 + 1400) / 4)
+    steps = 0
+    for path in f.paths:
+        t, a = 0.0, np.array([4, 4, 4, 0], dtype=float)
+        for when, b in path:
+            assert round(when - t, 6) in gaps and when < f.horizon_s
+            assert any(np.array_equal(b, np.clip(a + np.array(dd), 0, 4)) for dd in deltas)
+            assert ((b >= 0) & (b <= 4)).all()
+            t, a = when, b
+            steps += 1
+    assert steps > 0
+    assert [[(w, list(b)) for w, b in p] for p in Futures(seen, 3600.0).paths] == \
+        [[(w, list(b)) for w, b in p] for p in f.paths]
+    assert all(p == [] for p in Futures(seen[:1], 3600.0).paths)  # no change seen: none comes
+
+
+def test_rollout_pays_each_cut_as_a_forced_move(problem, replanner):
+    """A plan's worth over the futures: with no change to come, its speed over the horizon less
+    its switch; when a change takes its GPUs, the forced move to the best plan known that fits
+    is paid and that plan trains on."""
+    big = plan_trace(problem, trace([(0.0, pool())], 1.0), replanner)[0][0]
+    small = plan_trace(problem, trace([(0.0, pool(4, 4, 0, 0))], 1.0), replanner)[0][0]
+    assert not big.fits(pool(4, 4, 0, 0))
+    calm = Futures([State(0.0, pool())], 3600.0)
+    r = Rollout(problem, "max-throughput", calm, [big, small], 0.0)
+    assert r.value(big, 100.0) == pytest.approx(big.tokens_per_s * (calm.horizon_s - 100.0))
+    one = Futures.__new__(Futures)  # one future: at 900 s zone b's GPUs go, for good
+    one.keys, one.gap_s, one.horizon_s = calm.keys, 900.0, 8 * 900.0
+    one.paths = [[(900.0, np.array([4.0, 4.0, 0.0, 0.0]))]]
+    move = switch_cost(problem, big, small, forced=True, notice_s=0.0,
+                       since_checkpoint_s=problem.switching.checkpoint_interval / 2).total_s
+    want = big.tokens_per_s * 900.0 + small.tokens_per_s * (one.horizon_s - 900.0 - move)
+    assert Rollout(problem, "max-throughput", one, [big, small], 0.0).value(big, 0.0) == \
+        pytest.approx(want)
 
 
 def test_flickering_gpus_are_not_chased(problem, replanner):

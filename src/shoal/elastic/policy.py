@@ -3,10 +3,11 @@
 * ``always``: move to the best plan of every new availability state when it is better than the
   plan running (Sailor re-plans and moves at every change).
 * ``never``: keep the plan running while its GPUs are there; move only when forced.
-* ``shoal``: moves when forced to the plan worth most until the next change, of the state's
-  ranking and every plan ranked in an earlier state that fits (the replay passes them);
-  chooses to move only when the new plan, over the time it and the running plan are expected
-  to last, gains more than its switch (see ``choose``).
+* ``shoal``: looks ahead. At every change it samples continuations of the trace from the
+  changes seen so far (``Futures``) and plays each choice out on them (``Rollout``): stay, or
+  move to one of the state's ranked plans (when forced, also to any plan ranked in an earlier
+  state that fits; the replay passes them), each move's switch included, and every later cut
+  paid as a forced move to the best plan known that fits. It takes the choice worth most.
 * ``oracle``: knows the whole trace; a dynamic program over (state, plan) chooses the plans
   (comparison only).
 Every policy moves when GPUs the running plan holds are gone.
@@ -23,7 +24,8 @@ from shoal.problem import Problem
 from shoal.training.planners.common import score
 
 POLICIES = ("shoal", "always", "never", "oracle")
-HORIZON_GAPS = 8  # the longest a plan is expected to last, in mean gaps between changes
+HORIZON_GAPS = 8  # how far ahead ``shoal`` looks, in mean gaps between changes
+FUTURES = 64  # continuations of the trace ``shoal`` samples at each decision
 
 
 def check_policy(name: str) -> str:
@@ -38,60 +40,107 @@ def expected_gap_s(times: list[float], prior_s: float) -> float:
     return float((prior_s + gaps.sum()) / (1 + len(gaps)))
 
 
-def horizon_value(run: Running, horizon_s: float, switch_s: float, objective: str) -> float:
-    """What ``run`` is worth over the next ``horizon_s`` after ``switch_s`` of switching:
-    tokens, or tokens per dollar when the objective is about cost."""
-    tokens = run.tokens_per_s * max(0.0, horizon_s - switch_s)
-    if objective == "max-throughput":
-        return tokens
-    return tokens / max(run.usd_per_s * horizon_s, 1e-12)
+class Futures:
+    """Continuations of a trace sampled from its own past, for ``shoal`` to weigh plans on.
+
+    The gap to each next change is one of the gaps seen so far, drawn at random, with the
+    scenario's ``switching.prior_gap`` counted as one of them. Each change repeats one of the
+    changes seen, drawn at random: the same difference in GPUs for every (GPU type, zone), the
+    count kept between 0 and the most that pair has had. Before any change is seen the pool is
+    taken to stay as it is. The futures run ``HORIZON_GAPS`` mean gaps (``expected_gap_s``)
+    ahead; the seed comes from the state, so a replay is repeatable."""
+
+    def __init__(self, seen: list[State], prior_gap_s: float, n: int = FUTURES):
+        self.keys = list(seen[-1].avail)
+        now = np.array([seen[-1].avail[k] for k in self.keys], dtype=float)
+        cap = np.array([max(st.avail.get(k, 0) for st in seen) for k in self.keys], dtype=float)
+        deltas = np.array([[st.avail.get(k, 0) - prev.avail.get(k, 0) for k in self.keys]
+                           for prev, st in zip(seen, seen[1:], strict=False)], dtype=float)
+        self.gap_s = expected_gap_s([st.time_s for st in seen], prior_gap_s)
+        self.horizon_s = HORIZON_GAPS * self.gap_s
+        gaps = np.concatenate([[prior_gap_s], np.diff([st.time_s for st in seen])])
+        rng = np.random.default_rng([len(seen), int(seen[-1].time_s)])
+        self.paths: list[list[tuple[float, np.ndarray]]] = []
+        for _ in range(n):
+            t, a, path = 0.0, now, []
+            while len(deltas):
+                t += gaps[rng.integers(len(gaps))]
+                if t >= self.horizon_s:
+                    break
+                a = np.clip(a + deltas[rng.integers(len(deltas))], 0.0, cap)
+                path.append((t, a))
+            self.paths.append(path)
+
+    def vector(self, run: Running) -> np.ndarray:
+        return np.array([run.usage.get(k, 0) for k in self.keys], dtype=float)
 
 
-class Risk:
-    """How likely the next change is to take GPUs a plan holds, learnt from the states so far.
+class Rollout:
+    """What a plan is worth over the sampled futures: it runs until a change takes GPUs it
+    holds, then the job makes the forced move to the best plan known that fits (by the
+    objective's ranking; idle while none fits), and so on to the horizon. A forced move saves
+    when the notices seen so far (their median) cover the save, else redoes half a checkpoint
+    interval. Tokens, or tokens per dollar for the cost objectives, averaged over the futures
+    (the same futures for every plan weighed)."""
 
-    Per (GPU type, zone): the share of changes that lowered its count (a prior spreads half a
-    change over the pairs before anything is seen), and how deep a drop goes, as the share of
-    the count lost (the pair's own drops once it has three, else every pair's; before any drop,
-    a drop takes all). A plan is cut when a drop leaves fewer GPUs than it holds."""
+    def __init__(self, problem: Problem, objective: str, futures: Futures,
+                 known: list[Running], notice_s: float):
+        self.problem, self.objective, self.f = problem, objective, futures
+        self.known = sorted(known, key=lambda r: score(r.cand, objective))
+        self.usage = np.array([futures.vector(r) for r in self.known]).reshape(
+            len(self.known), len(futures.keys))
+        self.notice_s = notice_s
+        self._moves: dict[tuple[int, int], float] = {}
 
-    def __init__(self, states: list[State]):
-        self.now = states[-1].avail
-        keys = sorted({k for st in states for k in st.avail})
-        self.drops: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
-        for prev, st in zip(states, states[1:], strict=False):
-            for k in keys:
-                a, b = prev.avail.get(k, 0), st.avail.get(k, 0)
-                if b < a:
-                    self.drops[k].append((a - b) / a)
-        self.changes = len(states) - 1
-        self.pooled = [f for v in self.drops.values() for f in v]
+    def _forced(self, old: Running | None, new: Running) -> float:
+        key = (id(old), id(new))
+        if key not in self._moves:
+            sw = self.problem.switching
+            self._moves[key] = switch_cost(
+                self.problem, old, new, forced=True, notice_s=self.notice_s,
+                since_checkpoint_s=sw.checkpoint_interval / 2).total_s
+        return self._moves[key]
 
-    def cut_per_change(self, run: Running) -> float:
-        prior = 0.5 / max(len(self.drops), 1)
-        p = 0.0
-        for k, held in run.usage.items():
-            drops = self.drops.get(k, [])
-            depth = drops if len(drops) >= 3 else self.pooled
-            have = self.now.get(k, 0)
-            slack = (have - held) / have if have else 0.0  # a deeper drop cuts the plan
-            deep = float(np.mean(np.asarray(depth) > slack)) if depth else 1.0
-            p += (len(drops) + prior) / (self.changes + 1) * deep
-        return min(p, 1.0)
+    def _fallback(self, avail: np.ndarray) -> Running | None:
+        fit = np.flatnonzero((self.usage <= avail).all(axis=1))
+        return self.known[fit[0]] if len(fit) else None
+
+    def value(self, run: Running, switch_s: float) -> float:
+        tokens = usd = 0.0
+        need = self.f.vector(run)
+        for path in self.f.paths:
+            t, plan, held, busy = 0.0, run, need, switch_s
+            for until, avail in [*path, (self.f.horizon_s, None)]:
+                if plan is not None:
+                    span = until - t
+                    train = max(0.0, span - busy)
+                    busy = max(0.0, busy - span)
+                    tokens += plan.tokens_per_s * train
+                    usd += (plan.usd_per_s * span
+                            + plan.egress_usd_per_iter * train / plan.iteration_time_s)
+                t = until
+                if avail is None:
+                    break
+                if plan is None or (held > avail).any():
+                    nxt = self._fallback(avail)
+                    if nxt is not None:
+                        busy = self._forced(plan, nxt)
+                        held = self.f.vector(nxt)
+                    plan = nxt
+        if self.objective == "max-throughput":
+            return tokens / len(self.f.paths)
+        return tokens / usd if usd > 0 else 0.0
 
 
 def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
            options: list[Running], *, forced: bool, notice_s: float, since_checkpoint_s: float,
-           seen: list[State], pending_s: float = 0.0) -> Running | None:
+           seen: list[State], pending_s: float = 0.0,
+           known: list[Running] | None = None) -> Running | None:
     """The plan to run from this change on (``cur`` to keep it); not for ``oracle``.
 
-    ``shoal``: a forced move (or a start) takes the option worth most until the next change,
-    its switch included; the time to the next change is the mean gap between the changes seen
-    so far, with ``switching.prior_gap`` counted as one gap. A move it may choose is compared
-    with staying over the time both would last: each plan lasts until a change cuts it (the
-    mean gap over its ``Risk`` of a cut per change, at most ``HORIZON_GAPS`` gaps), and the plan
-    cut first pays the forced move that follows (redoing half a checkpoint interval unless drops
-    have come with notice enough to save)."""
+    ``shoal`` weighs staying (unless forced) and moving to each option by a ``Rollout`` over
+    sampled ``Futures`` of the trace, each move's switch included; ``known``: the plans ranked
+    in the states so far, where the rollouts' forced moves go (the options are added)."""
     if not options:
         return None if (forced or cur is None) else cur
     if cur is None or forced:
@@ -102,41 +151,17 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
     elif policy == "always":
         best = options[0]
         return best if score(best.cand, objective) < score(cur.cand, objective) else cur
-    sw = problem.switching
-    H = expected_gap_s([st.time_s for st in seen], sw.prior_gap)
-    costs = [switch_cost(problem, cur, q, forced=forced, notice_s=notice_s,
-                         since_checkpoint_s=since_checkpoint_s, pending_s=pending_s).total_s
-             for q in options]
-    if cur is None or forced:
-        return options[int(np.argmax([horizon_value(q, H, c, objective)
-                                      for q, c in zip(options, costs, strict=True)]))]
-    risk = Risk(seen)
     notices = [st.notice_s for prev, st in zip(seen, seen[1:], strict=False)
                if any(st.avail.get(k, 0) < n for k, n in prev.avail.items())]
-    notice = float(np.median(notices)) if notices else 0.0
-
-    def life(q: Running) -> float:
-        p = risk.cut_per_change(q)
-        return min(H / p if p > 0 else np.inf, HORIZON_GAPS * H)
-
-    def forced_move(q: Running) -> float:
-        return switch_cost(problem, q, q, forced=True, notice_s=notice,
-                           since_checkpoint_s=sw.checkpoint_interval / 2).total_s
-
-    stay_life = life(cur)
-    best, best_gain = cur, 0.0
-    for q, c in zip(options, costs, strict=True):
-        q_life = life(q)
-        window = min(q_life, stay_life)
-        move = q.tokens_per_s * (window - c - (forced_move(q) if q_life <= stay_life else 0.0))
-        stay = cur.tokens_per_s * (window - pending_s
-                                   - (forced_move(cur) if stay_life <= q_life else 0.0))
-        if objective != "max-throughput":
-            move = move / max(q.usd_per_s, 1e-12)
-            stay = stay / max(cur.usd_per_s, 1e-12)
-        if move - stay > best_gain:
-            best, best_gain = q, move - stay
-    return best
+    pool = {r.cand.spec: r for r in [*(known or []), *options]}
+    roll = Rollout(problem, objective, Futures(seen, problem.switching.prior_gap),
+                   list(pool.values()), float(np.median(notices)) if notices else 0.0)
+    choices = [] if (cur is None or forced) else [(cur, pending_s)]
+    choices += [(q, switch_cost(problem, cur, q, forced=forced, notice_s=notice_s,
+                                since_checkpoint_s=since_checkpoint_s,
+                                pending_s=pending_s).total_s) for q in options]
+    values = [roll.value(q, c) for q, c in choices]
+    return choices[int(np.argmax(values))][0]
 
 
 def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]

@@ -117,7 +117,7 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
                                if sp not in ranked and r.fits(st.avail)]
             new = choose(policy, problem, objective, cur, here, forced=forced,
                          notice_s=st.notice_s, since_checkpoint_s=since_ckpt, pending_s=busy,
-                         seen=list(trace.states[:i + 1]))
+                         seen=list(trace.states[:i + 1]), known=list(known.values()))
         cost = None
         if new is None:
             decision = "stop" if cur is not None else "idle"
