@@ -196,8 +196,8 @@ def test_futures_replay_the_changes_seen():
 
 def test_rollout_pays_each_cut_as_a_forced_move(problem, replanner):
     """A plan's worth over the futures: with no change to come, its speed over the horizon less
-    its switch; when a change takes its GPUs, the forced move to the best plan known that fits
-    is paid and that plan trains on."""
+    its switch; when a change takes its GPUs, the forced move to a known plan that fits is paid
+    and that plan trains on."""
     big = plan_trace(problem, trace([(0.0, pool())], 1.0), replanner)[0][0]
     small = plan_trace(problem, trace([(0.0, pool(4, 4, 0, 0))], 1.0), replanner)[0][0]
     assert not big.fits(pool(4, 4, 0, 0))

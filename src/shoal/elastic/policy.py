@@ -7,7 +7,8 @@
   changes seen so far (``Futures``) and plays each choice out on them (``Rollout``): stay, or
   move to one of the state's ranked plans (when forced, also to any plan ranked in an earlier
   state that fits; the replay passes them), each move's switch included, and every later cut
-  paid as a forced move to the best plan known that fits. It takes the choice worth most.
+  paid as a forced move to the known plan that fits and is worth most over a mean gap. It
+  takes the choice worth most.
 * ``oracle``: knows the whole trace; a dynamic program over (state, plan) chooses the plans
   (comparison only).
 Every policy moves when GPUs the running plan holds are gone.
@@ -77,8 +78,8 @@ class Futures:
 
 class Rollout:
     """What a plan is worth over the sampled futures: it runs until a change takes GPUs it
-    holds, then the job makes the forced move to the best plan known that fits (by the
-    objective's ranking; idle while none fits), and so on to the horizon. A forced move saves
+    holds, then the job makes the forced move to the plan known that fits and is worth most
+    over a mean gap, its move included (idle while none fits), and so on to the horizon. A forced move saves
     when the notices seen so far (their median) cover the save, else redoes half a checkpoint
     interval. Tokens, or tokens per dollar for the cost objectives, averaged over the futures
     (the same futures for every plan weighed)."""
@@ -86,7 +87,7 @@ class Rollout:
     def __init__(self, problem: Problem, objective: str, futures: Futures,
                  known: list[Running], notice_s: float):
         self.problem, self.objective, self.f = problem, objective, futures
-        self.known = sorted(known, key=lambda r: score(r.cand, objective))
+        self.known = sorted(known, key=lambda r: score(r.cand, objective))  # ties: the better
         self.usage = np.array([futures.vector(r) for r in self.known]).reshape(
             len(self.known), len(futures.keys))
         self.notice_s = notice_s
@@ -101,9 +102,18 @@ class Rollout:
                 since_checkpoint_s=sw.checkpoint_interval / 2).total_s
         return self._moves[key]
 
-    def _fallback(self, avail: np.ndarray) -> Running | None:
-        fit = np.flatnonzero((self.usage <= avail).all(axis=1))
-        return self.known[fit[0]] if len(fit) else None
+    def _fallback(self, old: Running | None, avail: np.ndarray) -> Running | None:
+        """The forced move's target: of the known plans that fit ``avail``, the one worth most
+        over a mean gap, its move from ``old`` included (the objective's ranking breaks ties)."""
+        best, worth = None, -np.inf
+        for j in np.flatnonzero((self.usage <= avail).all(axis=1)):
+            q = self.known[j]
+            w = q.tokens_per_s * max(0.0, self.f.gap_s - self._forced(old, q))
+            if self.objective != "max-throughput":
+                w /= q.usd_per_s * self.f.gap_s
+            if w > worth:
+                best, worth = q, w
+        return best
 
     def value(self, run: Running, switch_s: float) -> float:
         tokens = usd = 0.0
@@ -122,7 +132,7 @@ class Rollout:
                 if avail is None:
                     break
                 if plan is None or (held > avail).any():
-                    nxt = self._fallback(avail)
+                    nxt = self._fallback(plan, avail)
                     if nxt is not None:
                         busy = self._forced(plan, nxt)
                         held = self.f.vector(nxt)
