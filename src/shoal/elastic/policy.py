@@ -79,10 +79,10 @@ class Futures:
 class Rollout:
     """What a plan is worth over the sampled futures: it runs until a change takes GPUs it
     holds, then the job makes the forced move to the plan known that fits and is worth most
-    over a mean gap, its move included (idle while none fits), and so on to the horizon. A forced move saves
-    when the notices seen so far (their median) cover the save, else redoes half a checkpoint
-    interval. Tokens, or tokens per dollar for the cost objectives, averaged over the futures
-    (the same futures for every plan weighed)."""
+    over a mean gap, its move included (idle while none fits), and so on to the horizon. A
+    forced move saves when the notices seen so far (their median) cover the save, else redoes
+    half a checkpoint interval. Tokens, or tokens per dollar for the cost objectives, averaged
+    over the futures (the same futures for every plan weighed)."""
 
     def __init__(self, problem: Problem, objective: str, futures: Futures,
                  known: list[Running], notice_s: float):
@@ -110,7 +110,7 @@ class Rollout:
             q = self.known[j]
             w = q.tokens_per_s * max(0.0, self.f.gap_s - self._forced(old, q))
             if self.objective != "max-throughput":
-                w /= q.usd_per_s * self.f.gap_s
+                w /= max(q.usd_per_s * self.f.gap_s, 1e-12)
             if w > worth:
                 best, worth = q, w
         return best
