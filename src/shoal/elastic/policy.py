@@ -35,10 +35,14 @@ def check_policy(name: str) -> str:
     return name
 
 
+def gaps_seen(times: list[float], prior_s: float) -> np.ndarray:
+    """The gaps between the changes seen so far, with the prior as one more gap."""
+    return np.concatenate([[prior_s], np.diff(times)])
+
+
 def expected_gap_s(times: list[float], prior_s: float) -> float:
     """Mean gap between the changes seen so far, the prior counting as one gap."""
-    gaps = np.diff(times) if len(times) > 1 else np.zeros(0)
-    return float((prior_s + gaps.sum()) / (1 + len(gaps)))
+    return float(gaps_seen(times, prior_s).mean())
 
 
 class Futures:
@@ -57,9 +61,9 @@ class Futures:
         cap = np.array([max(st.avail.get(k, 0) for st in seen) for k in self.keys], dtype=float)
         deltas = np.array([[st.avail.get(k, 0) - prev.avail.get(k, 0) for k in self.keys]
                            for prev, st in zip(seen, seen[1:], strict=False)], dtype=float)
-        self.gap_s = expected_gap_s([st.time_s for st in seen], prior_gap_s)
+        gaps = gaps_seen([st.time_s for st in seen], prior_gap_s)
+        self.gap_s = float(gaps.mean())
         self.horizon_s = HORIZON_GAPS * self.gap_s
-        gaps = np.concatenate([[prior_gap_s], np.diff([st.time_s for st in seen])])
         rng = np.random.default_rng([len(seen), int(seen[-1].time_s)])
         self.paths: list[list[tuple[float, np.ndarray]]] = []
         for _ in range(n):
