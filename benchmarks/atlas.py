@@ -37,7 +37,7 @@ from shoal.profiles.analytic import AnalyticProfile  # noqa: E402
 from shoal.specs.model import ModelSpec  # noqa: E402
 from shoal.specs.network import WanSpec  # noqa: E402
 from shoal.training import bubbles  # noqa: E402
-from shoal.training.geo import job_from_profile, simulate  # noqa: E402
+from shoal.training.geo import iteration_bounds, job_from_profile, simulate  # noqa: E402
 from shoal.training.planners.atlas import (  # noqa: E402
     algorithm1,
     best,
@@ -79,13 +79,19 @@ def run(model_name: str, microbatches: int, latency_ms: float,
         def mk(w):
             return make_job(model_name, microbatches, w, blocks_per_stage=blocks_per_stage)
 
-        atlas = simulate(mk(many), "atlas", cell=3)
+        atlas_job = mk(many)
+        atlas = simulate(atlas_job, "atlas", cell=3)
         row = {"atlas_s": atlas.iteration_s, "atlas_utilization": atlas.utilization()}
         base_job = mk(wan)
+        # the most any schedule can gain (``iteration_bounds``): over each simulated baseline,
+        # and over any baseline that waits only for inputs (one thing at a time at worst)
+        lower = iteration_bounds(atlas_job)[0]
+        row["speedup_ceiling"] = iteration_bounds(base_job)[1] / lower
         for b in BASELINES:
             tl = simulate(base_job, b)
             row[f"{b}_s"] = tl.iteration_s
             row[f"speedup_vs_{b}"] = tl.iteration_s / atlas.iteration_s
+            row[f"ceiling_vs_{b}"] = tl.iteration_s / lower
         out[conns] = row
     return out
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from shoal.specs.network import LinkSpec, WanSpec
-from shoal.training.geo import SCHEDULES, GeoJob, simulate
+from shoal.training.geo import SCHEDULES, GeoJob, iteration_bounds, simulate
 from shoal.training.planners.atlas import algorithm1, best, ring_latency, uniform_cell_latency
 from shoal.training.schedule import simulate_pipeline
 
@@ -104,6 +104,28 @@ def test_every_schedule_keeps_dependencies(S, M, P, comm, schedule, rec, cap):
     _check_timeline(tl)
     assert 0 < tl.utilization() <= 1
     assert tl.iteration_s >= tl.pipeline_s
+
+
+@settings(max_examples=40, deadline=None)
+@given(f=st.lists(st.floats(0.01, 1.0), min_size=2, max_size=5), M=st.integers(1, 8),
+       P=st.integers(1, 4), comm=st.floats(0.001, 2.0), lat=st.floats(0.0, 0.1),
+       rec=st.booleans(), cap=st.one_of(st.none(), st.integers(1, 4)), data=st.data())
+def test_iteration_bounds_hold_for_every_schedule(f, M, P, comm, lat, rec, cap, data):
+    S = len(f)
+    b = data.draw(st.lists(st.floats(0.01, 2.0), min_size=S, max_size=S))
+    dcs = [f"d{min(i, 2)}" for i in range(S)]
+    job = GeoJob(stage_dc=tuple(dcs), fwd_s=tuple(f), bwd_s=tuple(b),
+                 recompute_s=tuple(f) if rec else (0.0,) * S, act_bytes=1.0,
+                 grad_bytes=(1e9,) * S,
+                 hop_bw=tuple(1 / comm if dcs[i] != dcs[i + 1] else 100 / comm for i in range(S - 1)),
+                 hop_latency_s=tuple(lat if dcs[i] != dcs[i + 1] else 0.0 for i in range(S - 1)),
+                 pipelines=P, microbatches=M)
+    lower, upper = iteration_bounds(job)
+    for schedule in SCHEDULES:
+        t = simulate(job, schedule, max_inflight=cap, cell=P).iteration_s
+        assert t >= lower * (1 - 1e-9), schedule
+        if schedule != "atlas":  # the only one that may hold ready work back
+            assert t <= upper * (1 + 1e-9), schedule
 
 
 def test_atlas_cell_never_overlaps_two_wan_sends():

@@ -121,6 +121,41 @@ def ring_allreduce_s(nbytes: float, n: int, bw: float) -> float:
     return 0.0 if n <= 1 else 2.0 * (n - 1) / n * nbytes / bw
 
 
+def iteration_bounds(job: GeoJob) -> tuple[float, float]:
+    """(lower, upper) bounds on one iteration of ``job``, seconds.
+
+    Lower, for every schedule: a stage starts once the first microbatch's forward has come
+    through the stages before it; its last operation is a backward, which then still runs on
+    every earlier stage; stage 0 then all-reduces. So, over stages s, the forwards and hand-offs
+    before s, all of s's compute (forward, recompute, backward of every microbatch; the last
+    stage never recomputes), the hand-offs and backwards (recompute done ahead) back to stage 0,
+    and its all-reduce; and each stage's compute and its own all-reduce. A hand-off takes at
+    least its latency plus the bytes over every pipeline's link of that boundary at once (what
+    Atlas's cell shares at most).
+
+    Upper, for the schedules that wait only for inputs (``gpipe``, ``1f1b``, ``varuna``; not
+    ``atlas``, which may hold a computation back for its send): all of one pipeline's work done
+    one thing at a time (every compute, and every hand-off in both directions at its own
+    link's bandwidth plus latency) and then the largest all-reduce; while such a pipeline is
+    unfinished, one of its GPUs or links is always busy. So no schedule of the job runs more
+    than ``upper / lower`` times faster than those baselines.
+    """
+    S, M, P = job.stages, job.microbatches, job.pipelines
+    ar = job.sync_s or tuple(ring_allreduce_s(job.grad_bytes[s], P, job.intra_bw)
+                             for s in range(S))
+    work = [M * (job.fwd_s[s] + job.bwd_s[s] + (job.recompute_s[s] if s < S - 1 else 0.0))
+            for s in range(S)]
+    fastest = [job.act_bytes / (P * job.hop_bw[b]) + job.hop_latency_s[b] for b in range(S - 1)]
+    lower = max(work[s] + ar[s] for s in range(S))
+    for s in range(S):
+        head = sum(job.fwd_s[i] + fastest[i] for i in range(s))
+        tail = sum(fastest[i] + job.bwd_s[i] for i in range(s))
+        lower = max(lower, head + work[s] + tail + ar[0])
+    hops = sum(2 * M * (job.act_bytes / job.hop_bw[b] + job.hop_latency_s[b])
+               for b in range(S - 1))
+    return lower, sum(work) + hops + max(ar)
+
+
 def simulate(job: GeoJob, schedule: str = "atlas", *, cell: int | None = None,
              max_inflight: int | None = None,
              blocked: dict[tuple[int, int], list[tuple[float, float]]] | None = None
