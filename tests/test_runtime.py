@@ -196,3 +196,34 @@ def test_profiler_means_count_the_rare_long_waits_of_shared_cores():
     assert n * 0.001 >= profiler.WINDOW_S * 0.8
     assert mean == pytest.approx((n + 10 * (len(calls) // 10)) * 0.001 / n)
     assert mean > 0.0015
+
+
+def test_link_fit_is_not_thrown_by_a_slow_small_message():
+    """A 1 KB ping that waited for a core took longer than the 16 KB one: the fit lowers it to
+    the larger message's time instead of taking it as every transfer's latency."""
+    from shoal.runtime import profiler
+
+    lat, bw = 50e-6, 4e9
+    times = {s: lat + s / bw for s in (2**10, 2**14, 2**17, 2**20, 2**22)}
+    assert profiler.fit_link(times) == pytest.approx((bw, lat + 2**10 / bw), rel=1e-3)
+    slow = {**times, 2**10: 1.9e-3}
+    fit_bw, fit_lat = profiler.fit_link(slow)
+    assert fit_lat == pytest.approx(times[2**14])
+    assert 0.9 * bw < fit_bw < 1.1 * bw
+
+
+def test_time_constants_scale_the_all_reduce_to_the_measured_one():
+    from shoal.runtime import profiler
+
+    bw, lat, d = 4e9, 1e-4, 2
+    ring = {s: 2 * (d - 1) / d * s / bw + 2 * (d - 1) * lat for s in (2**10, 2**17, 2**20, 2**22)}
+    doc = {"processes": d, "network": {
+        "link": {"bandwidth_Bps": bw, "latency_s": lat},
+        # small messages left out; of the rest, the median ratio
+        "all_reduce_s": {str(s): t * {2**10: 50, 2**17: 3, 2**20: 4, 2**22: 6}[s]
+                         for s, t in ring.items()}}}
+    tc = profiler.time_constants(doc)
+    assert tc.sync_scale == pytest.approx(4.0)
+    assert (tc.p2p_scale, tc.p2p_overhead_s) == (1.0, 0.0)
+    assert profiler.time_constants({"processes": 1, "network": {}}).sync_scale == \
+        profiler.TimeConstants().sync_scale

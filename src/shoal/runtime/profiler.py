@@ -17,11 +17,13 @@ import json
 import math
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from shoal.problem import TimeConstants
 from shoal.profiles.compute import PROFILE_SCHEMA
 from shoal.runtime.model import Stage, TPGroup, token_loss
 from shoal.specs.model import ModelSpec
@@ -175,17 +177,44 @@ def network(reps: int) -> dict:
             t = _median_time(ping, reps) / 2
             dist.barrier()
             out["p2p_s"][size] = t
-            out["all_reduce_s"][size] = _median_time(lambda buf=buf: dist.all_reduce(buf), reps)
+            # a mean, as for the layers: a gradient all-reduce in a step meets the same waits
+            # for a core, and every rank takes part, so every rank makes the same calls
+            out["all_reduce_s"][size] = _mean_time(
+                lambda buf=buf: _clock(lambda: dist.all_reduce(buf)), reps)
     return out
 
 
 def fit_link(times: dict[int, float]) -> tuple[float, float]:
     """(bandwidth bytes/s, latency s) of ``t = latency + size / bandwidth`` through the
-    smallest and the largest message."""
+    smallest and the largest message. A message takes no longer than a larger one, so each
+    time is first lowered to the least of its own and every larger message's: one slow
+    measurement of a small message (a process waiting for a core) does not become the
+    latency of every transfer."""
     sizes = sorted(times)
-    lat = times[sizes[0]]
-    bw = (sizes[-1] - sizes[0]) / max(times[sizes[-1]] - lat, 1e-9)
+    low = [min(times[s] for s in sizes[i:]) for i in range(len(sizes))]
+    lat = low[0]
+    bw = (sizes[-1] - sizes[0]) / max(low[-1] - lat, 1e-9)
     return bw, lat
+
+
+def time_constants(doc: dict, base: TimeConstants | None = None) -> TimeConstants:
+    """The estimator's framework constants for a scenario whose links are this profile's
+    measured link (``network.link``): pipeline transfers as measured (scale 1, no overhead),
+    and the gradient all-reduce scaled by the measured all-reduce over the ring all-reduce the
+    estimator models on that link, for the profile's process count (the median ratio over the
+    messages of 128 KB and more, where the gradients of a layer list lie)."""
+    base = base or TimeConstants()
+    net = doc.get("network", {})
+    link, measured = net.get("link"), net.get("all_reduce_s", {})
+    scale = base.sync_scale
+    d = int(doc.get("processes", 1))
+    if link and d > 1:
+        ratios = [t / (2.0 * (d - 1) / d * int(size) / link["bandwidth_Bps"]
+                       + 2.0 * (d - 1) * link["latency_s"])
+                  for size, t in measured.items() if int(size) >= 2**17]
+        if ratios:
+            scale = statistics.median(ratios)
+    return replace(base, p2p_scale=1.0, p2p_overhead_s=0.0, sync_scale=scale)
 
 
 def run(spec: ModelSpec, model_name: str, tps: list[int], mbs_list: list[int], seq: int,
