@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,28 +57,39 @@ BASELINES = ("gpipe", "1f1b", "varuna")
 
 
 def make_job(model_name: str, microbatches: int, wan: WanSpec, pipelines: int = 3,
-             blocks_per_stage: int | None = None):
+             blocks_per_stage: int | None = None, at_peak: bool = False):
+    """The benchmark's job; ``at_peak``: every stage's compute scaled so its forward runs at the
+    A100's fp16 peak FLOP/s (no GPU runs faster)."""
     model, seq = MODELS[model_name]
     gpus = {"A100-80GB": catalog.gpus().get("A100-80GB")}
     prof = AnalyticProfile(model, seq, gpus)
     per = blocks_per_stage or model.num_layers // 4
     stages = [(1 + i * per, 1 + (i + 1) * per) for i in range(4)]  # blocks only
-    return job_from_profile(prof, "A100-80GB", stages, STAGE_DC,
-                            lambda a, b: (wan.bandwidth(), wan.latency), mbs=1,
-                            microbatches=microbatches, pipelines=pipelines)
+    job = job_from_profile(prof, "A100-80GB", stages, STAGE_DC,
+                           lambda a, b: (wan.bandwidth(), wan.latency), mbs=1,
+                           microbatches=microbatches, pipelines=pipelines)
+    if not at_peak:
+        return job
+    k = [float(prof.sizes.fwd_flops[a:b].sum()) / gpus["A100-80GB"].flops_16 / f
+         for (a, b), f in zip(stages, job.fwd_s, strict=True)]
+    return replace(job, **{name: tuple(x * ks for x, ks in zip(getattr(job, name), k, strict=True))
+                           for name in ("fwd_s", "bwd_s", "recompute_s")})
 
 
 def run(model_name: str, microbatches: int, latency_ms: float,
-        blocks_per_stage: int | None = None) -> dict:
+        blocks_per_stage: int | None = None, at_peak: bool = False) -> dict:
     out = {"model": model_name, "microbatches": microbatches, "latency_ms": latency_ms}
     if blocks_per_stage:
         out["blocks_per_stage"] = blocks_per_stage
+    if at_peak:
+        out["compute"] = "at the A100's fp16 peak"
     for conns in ("one", "many"):
         wan = WanSpec(latency=latency_ms / 1e3, connections=1 if conns == "one" else "auto")
         many = WanSpec(latency=latency_ms / 1e3)
 
         def mk(w):
-            return make_job(model_name, microbatches, w, blocks_per_stage=blocks_per_stage)
+            return make_job(model_name, microbatches, w, blocks_per_stage=blocks_per_stage,
+                            at_peak=at_peak)
 
         atlas_job = mk(many)
         atlas = simulate(atlas_job, "atlas", cell=3)
@@ -152,7 +164,8 @@ def main() -> None:
     t0 = time.perf_counter()
     rows = [run(m, mb, lat) for m in MODELS for mb in (4, 16) for lat in (10, 20, 30, 40)]
     light = [run("GPT-A", mb, 40, blocks_per_stage=1) for mb in (4, 16)]
-    print(json.dumps({"rows": rows, "gpt_a_one_block_per_stage": light,
+    peak = [run("GPT-A", 4, 40, at_peak=True)]
+    print(json.dumps({"rows": rows, "gpt_a_one_block_per_stage": light, "gpt_a_at_peak": peak,
                       "algorithm1_5x600": algorithm1_speed(),
                       "bubbletea_12gpu": bubbletea_12gpu(),
                       "bubbletea_1000gpu": bubbletea_1000gpu(),
