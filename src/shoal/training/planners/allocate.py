@@ -296,19 +296,24 @@ def _dp_front(allowed: list[list[Option]], D: int, A: int, B: int, region_of: li
     u = np.arange(A + 1)
     fewest = np.full(A + 2, _BIG)  # the last entry stays _BIG: where a combo takes too many
     fewest[0] = 0
+    stages: dict[tuple[Option, ...], tuple] = {}  # stages of equal options share their combos
     for al in allowed:
         if deadline is not None and time.perf_counter() > deadline:
             raise OutOfTime
-        combos, CU, ok_c = _stage_combos(al, D, region_of, len(region_of), tau, relax, extra)
-        if CU.shape[1] == 1:
-            CU = np.concatenate([CU, np.zeros_like(CU)], axis=1)
-        sel = np.nonzero(ok_c & (CU[:, 0] <= A) & (CU[:, 1] <= B))[0]
-        if len(sel) == 0:
-            return None
-        sel = sel[np.lexsort((sel, -CU[sel, 0]))]
-        ca, cb = CU[sel, 0], CU[sel, 1]
-        prev = u[None, :] - ca[:, None]  # (combos, A + 1): first-kind GPUs before this stage
-        vals = fewest[np.where(prev >= 0, prev, A + 1)] + cb[:, None]
+        prep = stages.get(key := tuple(al))
+        if prep is None:
+            combos, CU, ok_c = _stage_combos(al, D, region_of, len(region_of), tau, relax, extra)
+            if CU.shape[1] == 1:
+                CU = np.concatenate([CU, np.zeros_like(CU)], axis=1)
+            sel = np.nonzero(ok_c & (CU[:, 0] <= A) & (CU[:, 1] <= B))[0]
+            if len(sel) == 0:
+                return None
+            sel = sel[np.lexsort((sel, -CU[sel, 0]))]
+            ca, cb = CU[sel, 0], CU[sel, 1]
+            prev = u[None, :] - ca[:, None]  # (combos, A + 1): first-kind GPUs before this stage
+            prep = stages[key] = (combos, sel, ca, cb[:, None], np.where(prev >= 0, prev, A + 1))
+        combos, sel, ca, cb, gather = prep
+        vals = fewest[gather] + cb
         pick = vals.argmin(axis=0)
         front = vals[pick, u]
         # dominated pairs (no fewer of the second kind than a pair with fewer of the first)
