@@ -116,6 +116,11 @@ def main() -> None:
                                  "usd_per_iter": round(best.cost_usd, 4),
                                  "stages": len(p.stages), "pipelines": len(p.stages[0].replicas),
                                  "mbs": p.microbatch_size, "gpus": best.num_gpus,
+                                 "egress_usd_per_iter": round(best.cost_egress_usd, 4),
+                                 # the most regions one stage's replicas span, over the ranking
+                                 "stage_regions_max": max(
+                                     len({pb.zone_region[r.zone] for r in st.replicas})
+                                     for c in res.ranked for st in c.plan.stages),
                                  "plan": describe(p),
                                  "costed": res.stats.candidates_costed,
                                  "truncated": res.stats.truncated}

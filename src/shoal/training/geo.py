@@ -121,6 +121,13 @@ def ring_allreduce_s(nbytes: float, n: int, bw: float) -> float:
     return 0.0 if n <= 1 else 2.0 * (n - 1) / n * nbytes / bw
 
 
+def allreduce_s(job: GeoJob) -> tuple[float, ...]:
+    """Per stage, its gradient all-reduce (and update) after its last backward: the job's
+    ``sync_s``, else a ring over the datacenter's links."""
+    return job.sync_s or tuple(ring_allreduce_s(job.grad_bytes[s], job.pipelines, job.intra_bw)
+                               for s in range(job.stages))
+
+
 def iteration_bounds(job: GeoJob) -> tuple[float, float]:
     """(lower, upper) bounds on one iteration of ``job``, seconds.
 
@@ -141,8 +148,7 @@ def iteration_bounds(job: GeoJob) -> tuple[float, float]:
     than ``upper / lower`` times faster than those baselines.
     """
     S, M, P = job.stages, job.microbatches, job.pipelines
-    ar = job.sync_s or tuple(ring_allreduce_s(job.grad_bytes[s], P, job.intra_bw)
-                             for s in range(S))
+    ar = allreduce_s(job)
     work = [M * (job.fwd_s[s] + job.bwd_s[s] + (job.recompute_s[s] if s < S - 1 else 0.0))
             for s in range(S)]
     fastest = [job.act_bytes / (P * job.hop_bw[b]) + job.hop_latency_s[b] for b in range(S - 1)]
@@ -371,8 +377,7 @@ def simulate(job: GeoJob, schedule: str = "atlas", *, cell: int | None = None,
             dispatch(g, t)
 
     stage_end = [max(busy[gid(p, s)][-1].end for p in range(P)) for s in range(S)]
-    ar = job.sync_s or tuple(ring_allreduce_s(job.grad_bytes[s], P, job.intra_bw)
-                             for s in range(S))
+    ar = allreduce_s(job)
     pipeline_s = max(stage_end)
     iteration = max(stage_end[s] + ar[s] for s in range(S))
     return GeoTimeline(
