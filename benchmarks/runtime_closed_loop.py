@@ -35,7 +35,7 @@ from shoal.estimate import estimate  # noqa: E402
 from shoal.problem import load_problem  # noqa: E402
 from shoal.runtime import profiler  # noqa: E402
 from shoal.runtime.pipeline import layout  # noqa: E402
-from shoal.runtime.train import global_batch, launch, spawn  # noqa: E402
+from shoal.runtime.train import _run_from_json, global_batch, launch  # noqa: E402
 from shoal.specs.model import ModelSpec  # noqa: E402
 from shoal.specs.plan import TrainingPlan  # noqa: E402
 
@@ -79,19 +79,66 @@ def estimated(tmp: Path, name: str, prof: Path, p: TrainingPlan, seq: int, world
     return estimate(pb, p).iteration_time_s
 
 
-def measure(path: Path, world: int, p: TrainingPlan, spec: ModelSpec, args) -> Path:
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's CPU controller
+PERIOD_US = 20_000
+
+
+def can_cap() -> bool:
+    """Whether this process may make CPU cgroups (cgroup v1, as root)."""
+    return os.access(CPU_CGROUP, os.W_OK) and (CPU_CGROUP / "cgroup.procs").exists()
+
+
+def capped(tag: str, share: float, fn, *args) -> None:
+    """In a launched rank: move this process into a cgroup of its own that lets it use
+    ``share`` of a core, then run ``fn(*args)``."""
+    import torch.distributed as dist
+
+    d = CPU_CGROUP / f"{tag}-rank{dist.get_rank()}"
+    d.mkdir(exist_ok=True)
+    (d / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+    (d / "cpu.cfs_quota_us").write_text(str(int(PERIOD_US * share)))
+    (d / "cgroup.procs").write_text(str(os.getpid()))
+    fn(*args)
+
+
+def run(world: int, share: float | None, fn, *args) -> None:
+    """``fn(*args)`` in ``world`` processes; each capped at ``share`` of a core when given."""
+    if share is None:
+        launch(world, fn, *args)
+        return
+    tag = f"shoal-closed-loop-{os.getpid()}"
+    try:
+        launch(world, capped, tag, share, fn, *args)
+    finally:
+        for d in CPU_CGROUP.glob(f"{tag}-rank*"):
+            d.rmdir()  # empty: its process has exited
+
+
+def measure(path: Path, world: int, p: TrainingPlan, spec: ModelSpec, args,
+            share: float | None) -> Path:
     """`shoal profile`'s measurement with ``world`` processes: TP 1 by all of them, TP 2 by
     groups of two side by side (by ``world`` itself when it is even, else by two)."""
-    launch(world, profiler.run, spec, spec.name, [1] + ([2] if world % 2 == 0 else []),
-           [p.microbatch_size], args.seq, args.reps, path)
+    run(world, share, profiler.run, spec, spec.name, [1] + ([2] if world % 2 == 0 else []),
+        [p.microbatch_size], args.seq, args.reps, path)
     if world % 2:
         extra = path.with_suffix(".tp2.json")
-        launch(2, profiler.run, spec, spec.name, [2], [p.microbatch_size], args.seq, args.reps,
-               extra)
+        run(2, share, profiler.run, spec, spec.name, [2], [p.microbatch_size], args.seq,
+            args.reps, extra)
         doc = json.loads(path.read_text())
         doc["gpus"]["cpu"].update(json.loads(extra.read_text())["gpus"]["cpu"])
         path.write_text(json.dumps(doc))
     return path
+
+
+def train(p: TrainingPlan, spec: ModelSpec, args, share: float | None, out: Path) -> list[float]:
+    """The runtime's step times (rank 0's) for ``args.steps`` steps of the plan."""
+    out.mkdir()
+    world = layout(p, spec).world
+    run(world, share, _run_from_json, p.model_dump_json(by_alias=True), spec.model_dump_json(),
+        args.steps, args.seq, 0, "float32", str(out), None, False)
+    import torch
+
+    return torch.load(out / "rank0.pt", weights_only=False)["step_time_s"]
 
 
 def main() -> None:
@@ -102,8 +149,10 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=384,
                     help=f"hidden size of the model (tiny's is {TINY.hidden_size})")
     ap.add_argument("--vocab", type=int, default=1024, help=f"(tiny's is {TINY.vocab_size})")
+    ap.add_argument("--only", help="comma-separated plan names (all by default)")
+    ap.add_argument("--no-caps", action="store_true",
+                    help="do not hold processes to an equal share of the cores")
     args = ap.parse_args()
-    import torch
 
     spec = TINY.model_copy(update={"hidden_size": args.hidden, "vocab_size": args.vocab,
                                    "max_seq_len": max(TINY.max_seq_len, args.seq)})
@@ -111,25 +160,34 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     out = {}
     cores = os.cpu_count() or 1
-    for name, p in PLANS.items():
+    caps = not args.no_caps and can_cap()
+    names = args.only.split(",") if args.only else list(PLANS)
+    if unknown := sorted(set(names) - set(PLANS)):
+        ap.error(f"--only: unknown plan {', '.join(unknown)}; plans: {', '.join(PLANS)}")
+    for name in names:
+        p = PLANS[name]
         world = layout(p, spec).world
+        # where processes outnumber cores, each is held to an equal share of them, as a
+        # worker has a device of its own (else one process may have a core while two share
+        # the other, and an idle one leaves its share to the others)
+        share = cores / world if caps and world > cores else None
         # profiled right before the run: this machine's speed drifts by 10-20% over minutes
-        prof = measure(tmp / f"{name}-profile-{world}.json", world, p, spec, args)
+        prof = measure(tmp / f"{name}-profile-{world}.json", world, p, spec, args, share)
         try:
             est = estimated(tmp, name, prof, p, args.seq, world, spec)
         except SpecError as e:
             out[name] = {"processes": world, "estimated_s": None, "not_estimated": str(e)}
             continue
-        res = spawn(p, spec, args.steps, args.seq, dtype=torch.float32)
-        times = res[0]["step_time_s"][2:]  # after two warm-up steps
+        times = train(p, spec, args, share, tmp / f"{name}-run")[2:]  # after 2 warm-up steps
         meas = statistics.median(times)
-        out[name] = {"processes": world, "estimated_s": round(est, 5),
-                     "measured_s": round(meas, 5), "error": round(est / meas - 1, 3)}
-        if world > cores:
+        out[name] = {"processes": world, "core_share": round(share, 3) if share else None,
+                     "estimated_s": round(est, 5), "measured_s": round(meas, 5),
+                     "error": round(est / meas - 1, 3)}
+        if world > cores and share is None:
             # processes outnumber cores: the profile charges every layer the slowdown of all of
             # them busy at once; the estimate from the profile of one process per core shows
             # the other end (each busy process with a core of its own)
-            per_core = measure(tmp / f"{name}-profile-{cores}.json", cores, p, spec, args)
+            per_core = measure(tmp / f"{name}-profile-{cores}.json", cores, p, spec, args, None)
             out[name]["estimated_s_one_process_per_core"] = round(
                 estimated(tmp, name, per_core, p, args.seq, world, spec), 5)
         print(json.dumps({name: out[name]}), file=sys.stderr)
