@@ -3,12 +3,19 @@ the same number of processes, against the runtime's measured step time, for each
 plan (float32, gloo on CPU).
 
     python benchmarks/runtime_closed_loop.py [--steps 10] [--seq 128] [--hidden 384] [--vocab 1024]
+        [--only NAMES] [--no-caps]
 
 The model is `tiny`'s shape (4 blocks, 4 heads) at hidden size 384, vocabulary 1024 and sequence
 128 by default: a few milliseconds of work per layer and microbatch, so the operating system's
 time slices (a few ms, which a process waiting for a core loses whole) do not swamp the step as
 they do at `tiny`'s own size (hidden 64, sequence 32; steps of 30 ms). `--hidden 64 --vocab 256
 --seq 32` runs `tiny` itself.
+
+Where a plan has more processes than the machine has cores, each process (in the profile and in
+the run alike) is held to an equal share of the cores by a cgroup v1 CPU quota, as each worker
+of a GPU plan has a device of a fixed speed to itself; this needs root and a writable
+/sys/fs/cgroup/cpu, and is skipped otherwise or with `--no-caps`. `--only dp2,gpipe` runs some
+plans.
 
 The scenario uses the profile's layer times and its measured point-to-point link (bandwidth and
 latency) for links and TP traffic, with the time constants the profile gives
