@@ -47,9 +47,9 @@ from shoal.specs.model import ModelSpec  # noqa: E402
 from shoal.specs.plan import TrainingPlan  # noqa: E402
 
 
-def plan(stages, mbs=2, schedule="1f1b", zero=0):
+def plan(stages, mbs=2, schedule="1f1b", zero=0, recompute=False):
     return TrainingPlan.model_validate({
-        "microbatch_size": mbs, "schedule": schedule, "zero_stage": zero,
+        "microbatch_size": mbs, "schedule": schedule, "zero_stage": zero, "recompute": recompute,
         "stages": [{"layers": list(lay), "replicas": [
             {"gpu": "cpu", "tp": tp, "zone": "local", "microbatches": m} for tp, m in reps]}
             for lay, reps in stages]})
@@ -62,6 +62,8 @@ PLANS = {
     "tp2-then-tp1": plan([((0, 3), [(2, 8)]), ((3, 6), [(1, 8)])]),
     "zero2": plan([((0, 6), [(1, 4), (1, 4)])], zero=2),
     "gpipe": plan([((0, 3), [(1, 8)]), ((3, 6), [(1, 8)])], schedule="gpipe"),
+    "gpipe-recompute": plan([((0, 2), [(1, 8)]), ((2, 6), [(1, 8)])], schedule="gpipe",
+                            recompute=True),
 }
 
 
@@ -70,7 +72,8 @@ def scenario(prof: Path, p: TrainingPlan, seq: int, world: int, spec: ModelSpec)
     ln = {"bandwidth": link["bandwidth_Bps"], "latency": link["latency_s"]}
     return {"model": spec.model_dump(), "job": {"global_batch": global_batch(p), "seq_len": seq,
                                      "optimizer": "adamw", "precision": "fp32",
-                                     "zero_stage": [0, 1, 2]},
+                                     "zero_stage": [0, 1, 2], "recompute": [False, True],
+                                     "schedule": ["1f1b", "gpipe"]},
             "pool": {"regions": {"local": {"zones": {"local": {"gpus": {"cpu": world}}}}},
                      "gpus_per_node": {"cpu": world}},
             "network": {"defaults": {"same_zone": ln}, "intra_node": {"cpu": ln}},
@@ -184,6 +187,7 @@ def main() -> None:
             est = estimated(tmp, name, prof, p, args.seq, world, spec)
         except SpecError as e:
             out[name] = {"processes": world, "estimated_s": None, "not_estimated": str(e)}
+            print(json.dumps({name: out[name]}), file=sys.stderr)
             continue
         times = train(p, spec, args, share, tmp / f"{name}-run")[2:]  # after 2 warm-up steps
         meas = statistics.median(times)
@@ -199,7 +203,7 @@ def main() -> None:
                 estimated(tmp, name, per_core, p, args.seq, world, spec), 5)
         print(json.dumps({name: out[name]}), file=sys.stderr)
     errs = [abs(v["error"]) for v in out.values() if "error" in v]
-    out["mean_abs_error"] = round(statistics.mean(errs), 3)
+    out["mean_abs_error"] = round(statistics.mean(errs), 3) if errs else None
     print(json.dumps(out, indent=1))
 
 
