@@ -241,7 +241,7 @@ class Worker:
         flat_g = F.pad(flat_g, (0, self._shard * n_dp - flat_g.numel()))
         chunks = list(flat_g.split(self._shard))
         mine = torch.empty(self._shard, dtype=flat_g.dtype)
-        _reduce_scatter(mine, chunks, self.dp_group)
+        dist.reduce_scatter(mine, chunks, group=self.dp_group)
         self._mine.grad = mine
         self.opt.step()
         out = [torch.empty(self._shard, dtype=self._mine.dtype) for _ in range(n_dp)]
@@ -344,13 +344,3 @@ class Worker:
                                       "exp_avg": flat["exp_avg"],
                                       "exp_avg_sq": flat["exp_avg_sq"]}
 
-
-def _reduce_scatter(out: torch.Tensor, chunks: list[torch.Tensor], group) -> None:
-    """Sum ``chunks`` over the group; this rank keeps its own chunk (gloo has no
-    reduce_scatter, so: all-reduce each chunk to its owner with reduce)."""
-    ranks = dist.get_process_group_ranks(group)
-    for k, c in enumerate(chunks):
-        buf = c.clone()
-        dist.reduce(buf, dst=ranks[k], group=group)
-        if ranks[k] == dist.get_rank():
-            out.copy_(buf)
