@@ -313,3 +313,22 @@ def test_estimate_is_sane(plan):
         assert w.capacity_bytes == PROBLEM.gpus[w.gpu].memory_bytes
     assert e.oom == any(w.oom for w in e.workers)
     assert {tuple(s.layers) for s in e.stages} == {tuple(s.layers) for s in plan.stages}
+
+
+@SETTINGS
+@given(plan=plans(), zero=st.sampled_from([0, 1, 2]), ratio=st.floats(1.0, 4.0))
+def test_sharded_sync_ratio_scales_only_the_sync_of_zero_plans(plan, zero, ratio):
+    data = scenario()
+    data["job"]["zero_stage"] = [0, 1, 2]
+    problem = build(data)
+    plan = plan.model_copy(update={"zero_stage": zero})
+    base = estimate(problem, plan)
+    scaled = estimate(problem.with_constants(
+        timing=dataclasses.replace(problem.timing, sharded_sync_ratio=ratio)), plan)
+    for a, b in zip(scaled.stages, base.stages, strict=True):
+        want = b.gradient_sync_s * (ratio if zero else 1.0)
+        assert a.gradient_sync_s == pytest.approx(want, rel=1e-9, abs=1e-15)
+    if zero == 0:
+        assert scaled.iteration_time_s == base.iteration_time_s
+    else:
+        assert scaled.iteration_time_s >= base.iteration_time_s * (1 - REL)

@@ -225,5 +225,13 @@ def test_time_constants_scale_the_all_reduce_to_the_measured_one():
     tc = profiler.time_constants(doc)
     assert tc.sync_scale == pytest.approx(4.0)
     assert (tc.p2p_scale, tc.p2p_overhead_s) == (1.0, 0.0)
+    assert tc.sharded_sync_ratio == 1.0  # not measured: as an all-reduce
     assert profiler.time_constants({"processes": 1, "network": {}}).sync_scale == \
         profiler.TimeConstants().sync_scale
+    # ZeRO's reduce-scatter and all-gather against the measured all-reduce, above 128 KB
+    ar = doc["network"]["all_reduce_s"]
+    doc["network"]["sharded_sync_s"] = {s: t * {str(2**10): 9.0, str(2**17): 1.5, str(2**20): 2.5,
+                                                 str(2**22): 3.0}[s] for s, t in ar.items()}
+    assert profiler.time_constants(doc).sharded_sync_ratio == pytest.approx(2.5)
+    doc["network"]["sharded_sync_s"] = {s: 0.5 * t for s, t in ar.items()}
+    assert profiler.time_constants(doc).sharded_sync_ratio == 1.0  # never below the all-reduce

@@ -50,6 +50,10 @@ class TimeConstants:
     p2p_scale: float = 1.96  # achieved / modelled time of a pipeline transfer
     recv_fraction: float = 0.507  # share of a transfer that also blocks the receiving stage
     sync_scale: float = 6.28  # achieved / modelled time of the data-parallel gradient all-reduce
+    # ZeRO's gradient reduce-scatter plus weight all-gather over an all-reduce of the same
+    # gradient: 1 where both run as bandwidth-optimal rings (NCCL); at least 1 (the planner's
+    # bounds charge ZeRO plans the all-reduce)
+    sharded_sync_ratio: float = 1.0
     step_overhead_s: float = 0.0  # per iteration: scheduler, loss reduction, logging
 
 

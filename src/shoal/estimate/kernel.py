@@ -219,6 +219,8 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
     gbytes = grad_bytes[:, :, None]
     vol = 2.0 * (d - 1) / d * gbytes
     ring = ring_allreduce_s(tb, rid, d, gbytes, tc.sync_scale)
+    if tc.sharded_sync_ratio != 1.0:  # ZeRO: reduce-scatter, then all-gather
+        ring = np.where((bt.zero >= 1)[:, None, None], ring * tc.sharded_sync_ratio, ring)
     sync = np.where(rm & (d > 1), ring, 0.0).max(axis=2)  # (B, S)
 
     upd_stage = (upd * rmf).max(axis=2)

@@ -113,7 +113,8 @@ def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
             e0, e1 = cut[s][k], cut[s][k + 1]
             p = float(tb.cum_params[e1] - tb.cum_params[e0])
             shard_in = (p / tpv / d * w_b / host[s]).max()
-            half = (0.5 * ring_allreduce_s(tb, rid, d, p / tpv * grad_b, tc.sync_scale)).max() \
+            half = (0.5 * tc.sharded_sync_ratio
+                    * ring_allreduce_s(tb, rid, d, p / tpv * grad_b, tc.sync_scale)).max() \
                 if d > 1 else 0.0
             fetch[s, k] = shard_in + half
             # the shard's optimizer state in from the host and out again with the new weights

@@ -162,7 +162,7 @@ def network(reps: int) -> dict:
     """One-way point-to-point time (ranks 0 -> 1, half a ping-pong) and all-reduce time over
     every rank, per message size in bytes."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    out: dict = {"p2p_s": {}, "all_reduce_s": {}, "ranks": world}
+    out: dict = {"p2p_s": {}, "all_reduce_s": {}, "sharded_sync_s": {}, "ranks": world}
     for size in SIZES:
         buf = torch.zeros(size // 4, dtype=torch.float32)
         if world > 1:
@@ -181,6 +181,14 @@ def network(reps: int) -> dict:
             # for a core, and every rank takes part, so every rank makes the same calls
             out["all_reduce_s"][size] = _mean_time(
                 lambda buf=buf: _clock(lambda: dist.all_reduce(buf)), reps)
+            # ZeRO's sync of the same bytes: reduce-scatter the gradient, all-gather the weights
+            chunks = list(buf[:buf.numel() // world * world].chunk(world))
+            mine = torch.empty_like(chunks[0])
+
+            def sharded(chunks=chunks, mine=mine):
+                dist.reduce_scatter(mine, chunks)
+                dist.all_gather(chunks, mine)
+            out["sharded_sync_s"][size] = _mean_time(lambda: _clock(sharded), reps)
     return out
 
 
@@ -200,21 +208,26 @@ def fit_link(times: dict[int, float]) -> tuple[float, float]:
 def time_constants(doc: dict, base: TimeConstants | None = None) -> TimeConstants:
     """The estimator's framework constants for a scenario whose links are this profile's
     measured link (``network.link``): pipeline transfers as measured (scale 1, no overhead),
-    and the gradient all-reduce scaled by the measured all-reduce over the ring all-reduce the
-    estimator models on that link, for the profile's process count (the median ratio over the
-    messages of 128 KB and more, where the gradients of a layer list lie)."""
+    the gradient all-reduce scaled by the measured all-reduce over the ring all-reduce the
+    estimator models on that link, for the profile's process count, and ZeRO's sync by its
+    measured reduce-scatter and all-gather over the measured all-reduce (at least 1). Each is
+    the median ratio over the messages of 128 KB and more, where the gradients of a layer list
+    lie."""
     base = base or TimeConstants()
     net = doc.get("network", {})
     link, measured = net.get("link"), net.get("all_reduce_s", {})
-    scale = base.sync_scale
+    scale, sharded = base.sync_scale, base.sharded_sync_ratio
     d = int(doc.get("processes", 1))
-    if link and d > 1:
-        ratios = [t / (2.0 * (d - 1) / d * int(size) / link["bandwidth_Bps"]
-                       + 2.0 * (d - 1) * link["latency_s"])
-                  for size, t in measured.items() if int(size) >= 2**17]
-        if ratios:
-            scale = statistics.median(ratios)
-    return replace(base, p2p_scale=1.0, p2p_overhead_s=0.0, sync_scale=scale)
+    big = {int(size): t for size, t in measured.items() if int(size) >= 2**17}
+    if link and d > 1 and big:
+        scale = statistics.median(
+            t / (2.0 * (d - 1) / d * size / link["bandwidth_Bps"] + 2.0 * (d - 1) * link["latency_s"])
+            for size, t in big.items())
+        zero = {int(size): t for size, t in net.get("sharded_sync_s", {}).items()}
+        if ratios := [zero[size] / t for size, t in big.items() if size in zero and t > 0]:
+            sharded = max(1.0, statistics.median(ratios))
+    return replace(base, p2p_scale=1.0, p2p_overhead_s=0.0, sync_scale=scale,
+                   sharded_sync_ratio=sharded)
 
 
 def run(spec: ModelSpec, model_name: str, tps: list[int], mbs_list: list[int], seq: int,
@@ -245,8 +258,8 @@ def run(spec: ModelSpec, model_name: str, tps: list[int], mbs_list: list[int], s
            "units": "seconds per microbatch: [forward, backward, update] per layer",
            "model_spec": spec.model_dump(), "seq_len": seq, "processes": world,
            "gpus": {device_name: gpus}, "network": {
-               "p2p_s": {str(k): v for k, v in net["p2p_s"].items()},
-               "all_reduce_s": {str(k): v for k, v in net["all_reduce_s"].items()}}}
+               key: {str(k): v for k, v in net[key].items()}
+               for key in ("p2p_s", "all_reduce_s", "sharded_sync_s")}}
     if net["p2p_s"]:
         bw, lat = fit_link(net["p2p_s"])
         doc["network"]["link"] = {"bandwidth_Bps": bw, "latency_s": lat}
