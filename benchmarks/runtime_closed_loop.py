@@ -3,7 +3,7 @@ the same number of processes, against the runtime's measured step time, for each
 plan (float32, gloo on CPU).
 
     python benchmarks/runtime_closed_loop.py [--steps 10] [--seq 128] [--hidden 384] [--vocab 1024]
-        [--only NAMES] [--no-caps]
+        [--rounds 3] [--only NAMES] [--no-caps]
 
 The model is `tiny`'s shape (4 blocks, 4 heads) at hidden size 384, vocabulary 1024 and sequence
 128 by default: a few milliseconds of work per layer and microbatch, so the operating system's
@@ -21,7 +21,9 @@ The scenario uses the profile's layer times and its measured point-to-point link
 latency) for links and TP traffic, with the time constants the profile gives
 (``profiler.time_constants``: transfers as measured, the gradient all-reduce scaled by the
 profile's measured all-reduce over the modelled one). Prints JSON: per plan, estimated and measured step
-time and the relative error (goal within 15%).
+time and the relative error (goal within 15%). Each plan is profiled and run ``--rounds`` times,
+the rounds going over all the plans in turn; the error is the median estimate's against the
+median measured step.
 """
 
 from __future__ import annotations
@@ -151,6 +153,19 @@ def train(p: TrainingPlan, spec: ModelSpec, args, share: float | None, out: Path
     return torch.load(out / "rank0.pt", weights_only=False)["step_time_s"]
 
 
+def summary(rows: list[tuple[float, float, float | None]], world: int, share: float | None) -> dict:
+    """A plan's rounds: the median estimate against the median measured step."""
+    est = statistics.median(e for e, _, _ in rows)
+    meas = statistics.median(m for _, m, _ in rows)
+    out = {"processes": world, "core_share": round(share, 3) if share else None,
+           "rounds": len(rows), "estimated_s": round(est, 5), "measured_s": round(meas, 5),
+           "error": round(est / meas - 1, 3),
+           "round_errors": [round(e / m - 1, 3) for e, m, _ in rows]}
+    if rows[0][2] is not None:
+        out["estimated_s_one_process_per_core"] = round(statistics.median(c for _, _, c in rows), 5)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
@@ -159,6 +174,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=384,
                     help=f"hidden size of the model (tiny's is {TINY.hidden_size})")
     ap.add_argument("--vocab", type=int, default=1024, help=f"(tiny's is {TINY.vocab_size})")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="profile-and-run rounds per plan (medians of each reported)")
     ap.add_argument("--only", help="comma-separated plan names (all by default)")
     ap.add_argument("--no-caps", action="store_true",
                     help="do not hold processes to an equal share of the cores")
@@ -174,34 +191,37 @@ def main() -> None:
     names = args.only.split(",") if args.only else list(PLANS)
     if unknown := sorted(set(names) - set(PLANS)):
         ap.error(f"--only: unknown plan {', '.join(unknown)}; plans: {', '.join(PLANS)}")
-    for name in names:
-        p = PLANS[name]
-        world = layout(p, spec).world
-        # where processes outnumber cores, each is held to an equal share of them, as a
-        # worker has a device of its own (else one process may have a core while two share
-        # the other, and an idle one leaves its share to the others)
-        share = cores / world if caps and world > cores else None
-        # profiled right before the run: this machine's speed drifts by 10-20% over minutes
-        prof = measure(tmp / f"{name}-profile-{world}.json", world, p, spec, args, share)
-        try:
-            est = estimated(tmp, name, prof, p, args.seq, world, spec)
-        except SpecError as e:
-            out[name] = {"processes": world, "estimated_s": None, "not_estimated": str(e)}
-            print(json.dumps({name: out[name]}), file=sys.stderr)
-            continue
-        times = train(p, spec, args, share, tmp / f"{name}-run")[2:]  # after 2 warm-up steps
-        meas = statistics.median(times)
-        out[name] = {"processes": world, "core_share": round(share, 3) if share else None,
-                     "estimated_s": round(est, 5), "measured_s": round(meas, 5),
-                     "error": round(est / meas - 1, 3)}
-        if world > cores and share is None:
-            # processes outnumber cores: the profile charges every layer the slowdown of all of
-            # them busy at once; the estimate from the profile of one process per core shows
-            # the other end (each busy process with a core of its own)
-            per_core = measure(tmp / f"{name}-profile-{cores}.json", cores, p, spec, args, None)
-            out[name]["estimated_s_one_process_per_core"] = round(
-                estimated(tmp, name, per_core, p, args.seq, world, spec), 5)
-        print(json.dumps({name: out[name]}), file=sys.stderr)
+    rounds: dict[str, list[tuple[float, float, float | None]]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        for name in names:
+            p = PLANS[name]
+            world = layout(p, spec).world
+            # where processes outnumber cores, each is held to an equal share of them, as a
+            # worker has a device of its own (else one process may have a core while two share
+            # the other, and an idle one leaves its share to the others)
+            share = cores / world if caps and world > cores else None
+            # profiled right before the run: this machine's speed drifts by 10-20% over minutes
+            prof = measure(tmp / f"{name}-{r}-profile-{world}.json", world, p, spec, args, share)
+            try:
+                est = estimated(tmp, name, prof, p, args.seq, world, spec)
+            except SpecError as e:
+                out[name] = {"processes": world, "estimated_s": None, "not_estimated": str(e)}
+                print(json.dumps({name: out[name]}), file=sys.stderr)
+                continue
+            times = train(p, spec, args, share, tmp / f"{name}-{r}-run")[2:]  # after 2 warm-up
+            per_core = None
+            if world > cores and share is None:
+                # processes outnumber cores: the profile charges every layer the slowdown of all
+                # of them busy at once; the estimate from the profile of one process per core
+                # shows the other end (each busy process with a core of its own)
+                per_core = estimated(tmp, name, measure(
+                    tmp / f"{name}-{r}-profile-{cores}.json", cores, p, spec, args, None),
+                    p, args.seq, world, spec)
+            rounds[name].append((est, statistics.median(times), per_core))
+            print(json.dumps({"round": r, name: {"estimated_s": round(est, 5), "measured_s": round(
+                rounds[name][-1][1], 5), "error": round(est / rounds[name][-1][1] - 1, 3)}}),
+                file=sys.stderr)
+            out[name] = summary(rounds[name], world, share)
     errs = [abs(v["error"]) for v in out.values() if "error" in v]
     out["mean_abs_error"] = round(statistics.mean(errs), 3) if errs else None
     print(json.dumps(out, indent=1))
