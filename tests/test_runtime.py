@@ -216,22 +216,22 @@ def test_time_constants_scale_the_all_reduce_to_the_measured_one():
     from shoal.runtime import profiler
 
     bw, lat, d = 4e9, 1e-4, 2
-    ring = {s: 2 * (d - 1) / d * s / bw + 2 * (d - 1) * lat for s in (2**10, 2**17, 2**20, 2**22)}
+    sizes = (2**10, 2**17, 2**20, 2**22, 2**24)
+    ring = {s: 2 * (d - 1) / d * s / bw + 2 * (d - 1) * lat for s in sizes}
     doc = {"processes": d, "network": {
         "link": {"bandwidth_Bps": bw, "latency_s": lat},
-        # small messages left out; of the rest, the median ratio
-        "all_reduce_s": {str(s): t * {2**10: 50, 2**17: 3, 2**20: 4, 2**22: 6}[s]
-                         for s, t in ring.items()}}}
+        # messages under 1 MB left out; of the rest, the median ratio
+        "all_reduce_s": {str(s): t * r for (s, t), r in zip(ring.items(), (50, 9, 3, 4, 6))}}}
     tc = profiler.time_constants(doc)
     assert tc.sync_scale == pytest.approx(4.0)
     assert (tc.p2p_scale, tc.p2p_overhead_s) == (1.0, 0.0)
     assert tc.sharded_sync_ratio == 1.0  # not measured: as an all-reduce
     assert profiler.time_constants({"processes": 1, "network": {}}).sync_scale == \
         profiler.TimeConstants().sync_scale
-    # ZeRO's reduce-scatter and all-gather against the measured all-reduce, above 128 KB
+    # ZeRO's reduce-scatter and all-gather against the measured all-reduce, from 1 MB
     ar = doc["network"]["all_reduce_s"]
-    doc["network"]["sharded_sync_s"] = {s: t * {str(2**10): 9.0, str(2**17): 1.5, str(2**20): 2.5,
-                                                 str(2**22): 3.0}[s] for s, t in ar.items()}
+    doc["network"]["sharded_sync_s"] = {s: t * r for (s, t), r in zip(ar.items(),
+                                                                     (9.0, 0.5, 1.5, 2.5, 3.0))}
     assert profiler.time_constants(doc).sharded_sync_ratio == pytest.approx(2.5)
     doc["network"]["sharded_sync_s"] = {s: 0.5 * t for s, t in ar.items()}
     assert profiler.time_constants(doc).sharded_sync_ratio == 1.0  # never below the all-reduce

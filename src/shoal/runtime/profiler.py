@@ -28,7 +28,7 @@ from shoal.profiles.compute import PROFILE_SCHEMA
 from shoal.runtime.model import Stage, TPGroup, token_loss
 from shoal.specs.model import ModelSpec
 
-SIZES = (2**10, 2**14, 2**17, 2**20, 2**22)  # bytes per message
+SIZES = (2**10, 2**14, 2**17, 2**20, 2**22, 2**24, 2**26)  # bytes per message
 
 
 WINDOW_S = 0.05  # timed seconds per measurement at least: several of the OS's time slices
@@ -211,14 +211,14 @@ def time_constants(doc: dict, base: TimeConstants | None = None) -> TimeConstant
     the gradient all-reduce scaled by the measured all-reduce over the ring all-reduce the
     estimator models on that link, for the profile's process count, and ZeRO's sync by its
     measured reduce-scatter and all-gather over the measured all-reduce (at least 1). Each is
-    the median ratio over the messages of 128 KB and more, where the gradients of a layer list
-    lie."""
+    the median ratio over the messages of 1 MB and more: a layer list's gradients are tens of
+    MB and more, where bandwidth, not latency, sets the time."""
     base = base or TimeConstants()
     net = doc.get("network", {})
     link, measured = net.get("link"), net.get("all_reduce_s", {})
     scale, sharded = base.sync_scale, base.sharded_sync_ratio
     d = int(doc.get("processes", 1))
-    big = {int(size): t for size, t in measured.items() if int(size) >= 2**17}
+    big = {int(size): t for size, t in measured.items() if int(size) >= 2**20}
     if link and d > 1 and big:
         scale = statistics.median(
             t / (2.0 * (d - 1) / d * size / link["bandwidth_Bps"] + 2.0 * (d - 1) * link["latency_s"])
