@@ -159,8 +159,8 @@ def _measure(forward_graph, scalar: bool, update, reps: int) -> list[float]:
 
 
 def network(reps: int) -> dict:
-    """One-way point-to-point time (ranks 0 -> 1, half a ping-pong) and all-reduce time over
-    every rank, per message size in bytes."""
+    """One-way point-to-point time (ranks 0 -> 1, half a ping-pong), and the all-reduce and
+    ZeRO's sync (reduce-scatter, then all-gather) over every rank, per message size in bytes."""
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict = {"p2p_s": {}, "all_reduce_s": {}, "sharded_sync_s": {}, "ranks": world}
     for size in SIZES:
