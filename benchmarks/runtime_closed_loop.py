@@ -29,6 +29,7 @@ median measured step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -123,7 +124,8 @@ def run(world: int, share: float | None, fn, *args) -> None:
         launch(world, capped, tag, share, fn, *args)
     finally:
         for d in CPU_CGROUP.glob(f"{tag}-rank*"):
-            d.rmdir()  # empty: its process has exited
+            with contextlib.suppress(OSError):  # not empty yet: left for the system to reap
+                d.rmdir()  # empty once its process has exited
 
 
 def measure(path: Path, world: int, p: TrainingPlan, spec: ModelSpec, args,
