@@ -45,7 +45,7 @@ from shoal.estimate import estimate  # noqa: E402
 from shoal.problem import load_problem  # noqa: E402
 from shoal.runtime import profiler  # noqa: E402
 from shoal.runtime.pipeline import layout  # noqa: E402
-from shoal.runtime.train import _run_from_json, global_batch, launch  # noqa: E402
+from shoal.runtime.train import global_batch, launch, spawn  # noqa: E402
 from shoal.specs.model import ModelSpec  # noqa: E402
 from shoal.specs.plan import TrainingPlan  # noqa: E402
 
@@ -144,15 +144,13 @@ def measure(path: Path, world: int, p: TrainingPlan, spec: ModelSpec, args,
     return path
 
 
-def train(p: TrainingPlan, spec: ModelSpec, args, share: float | None, out: Path) -> list[float]:
+def train(p: TrainingPlan, spec: ModelSpec, args, share: float | None) -> list[float]:
     """The runtime's step times (rank 0's) for ``args.steps`` steps of the plan."""
-    out.mkdir()
-    world = layout(p, spec).world
-    run(world, share, _run_from_json, p.model_dump_json(by_alias=True), spec.model_dump_json(),
-        args.steps, args.seq, 0, "float32", str(out), None, False)
     import torch
 
-    return torch.load(out / "rank0.pt", weights_only=False)["step_time_s"]
+    res = spawn(p, spec, args.steps, args.seq, dtype=torch.float32,
+                launcher=lambda world, fn, *a: run(world, share, fn, *a))
+    return res[0]["step_time_s"]
 
 
 def summary(rows: list[tuple[float, float, float | None]], world: int, share: float | None) -> dict:
@@ -210,7 +208,7 @@ def main() -> None:
                 out[name] = {"processes": world, "estimated_s": None, "not_estimated": str(e)}
                 print(json.dumps({name: out[name]}), file=sys.stderr)
                 continue
-            times = train(p, spec, args, share, tmp / f"{name}-{r}-run")[2:]  # after 2 warm-up
+            times = train(p, spec, args, share)[2:]  # after 2 warm-up steps
             per_core = None
             if world > cores and share is None:
                 # processes outnumber cores: the profile charges every layer the slowdown of all

@@ -214,13 +214,15 @@ def _run_from_json(plan_json: str, spec_json: str, steps: int, seq: int, seed: i
 
 def spawn(plan: TrainingPlan, spec: ModelSpec, steps: int, seq: int, *, seed: int = 0,
           dtype=torch.float64, out_dir: str | None = None, checkpoint_dir: str | None = None,
-          resume: bool = False) -> list[dict]:
-    """Run the plan's ranks as processes on this machine (gloo); each rank's saved result."""
+          resume: bool = False, launcher=None) -> list[dict]:
+    """Run the plan's ranks as processes on this machine (gloo); each rank's saved result.
+    ``launcher(world, fn, *args)`` starts them (``launch`` by default)."""
     from shoal.runtime.pipeline import layout
 
     world = layout(plan, spec).world
     with tempfile.TemporaryDirectory(prefix="shoal-run-") as tmp:
         out = out_dir or tmp  # results are read back before the temporary folder goes
-        launch(world, _run_from_json, plan.model_dump_json(by_alias=True), spec.model_dump_json(),
-               steps, seq, seed, str(dtype).split(".")[-1], out, checkpoint_dir, resume)
+        (launcher or launch)(world, _run_from_json, plan.model_dump_json(by_alias=True),
+                             spec.model_dump_json(), steps, seq, seed, str(dtype).split(".")[-1],
+                             out, checkpoint_dir, resume)
         return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]
