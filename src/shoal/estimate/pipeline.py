@@ -1,16 +1,17 @@
-"""Pipeline schedule times: when each stage of each pipeline ends, vectorised over pipelines.
+"""Pipeline schedule times: when each stage of each pipeline ends.
 
 For a pipeline of S stages running m microbatches, with ``f[s]``/``b[s]`` the forward/backward
 time of one microbatch on stage s (blocking sends and receives included), the schedule (1F1B or
 GPipe) is computed exactly by a max-plus recurrence over its operations in a topological order,
-vectorised over all pipelines of the same shape: an operation ends at max(end of the previous
-operation on its stage, end of its input) + its duration. Beyond ``4 S`` microbatches the
-recurrence runs ``4 S`` and adds the steady-state period per further microbatch (``max_s(f+b)``
-for 1F1B, ``max_s f + max_s b`` for GPipe); on random stage times (forward and backward drawn
-independently) that was never optimistic and at most 0.6% pessimistic
-(``benchmarks/estimate_vs_simulation.py``). The recurrence is monotone in the stage times, so a
-faster stage never makes the estimate slower. (The textbook ``(m-1) max_s t_s + sum_s t_s`` is
-exact only for identical stages: with unequal backward/forward ratios it can be optimistic.)
+run for all pipelines of the same shape at once (compiled, ``_recurrence``): an operation ends
+at max(end of the previous operation on its stage, end of its input) + its duration. Beyond
+``4 S`` microbatches the recurrence runs ``4 S`` and adds the steady-state period per further
+microbatch (``max_s(f+b)`` for 1F1B, ``max_s f + max_s b`` for GPipe); on random stage times
+(forward and backward drawn independently) that was never optimistic and at most 0.6%
+pessimistic (``benchmarks/estimate_vs_simulation.py``). The recurrence is monotone in the stage
+times, so a faster stage never makes the estimate slower. (The textbook
+``(m-1) max_s t_s + sum_s t_s`` is exact only for identical stages: with unequal
+backward/forward ratios it can be optimistic.)
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from functools import cache
 
 import numpy as np
 
+from shoal.jit import compiled
+
 STEADY_AFTER = 4  # x stages: microbatches simulated before extrapolating at the steady period
+LANES = 32  # pipelines the compiled recurrence runs at once (their ends stay in the cache)
 
 
 def stage_order(schedule: str, n_stages: int, s: int, m: int) -> list[tuple[str, int]]:
@@ -39,8 +43,9 @@ def stage_order(schedule: str, n_stages: int, s: int, m: int) -> list[tuple[str,
 
 
 @cache
-def op_order(n_stages: int, m: int, schedule: str) -> tuple[tuple[int, int, int, int], ...]:
-    """A topological order of the operations: (stage, is_backward, microbatch, dependency code).
+def op_order(n_stages: int, m: int, schedule: str) -> np.ndarray:
+    """A topological order of the operations, one row each: (stage, is_backward, microbatch,
+    dependency code).
 
     Dependency code: 0 none, 1 forward of the previous stage, 2 backward of the next stage,
     3 forward of the same stage (last stage's backward)."""
@@ -68,64 +73,52 @@ def op_order(n_stages: int, m: int, schedule: str) -> tuple[tuple[int, int, int,
                 progressed = True
         if not progressed:
             raise RuntimeError("schedule has a cycle")
-    return tuple(out)
+    ops = np.array(out, dtype=np.int64).reshape(-1, 4)
+    ops.flags.writeable = False
+    return ops
 
 
 def exact_ends(f: np.ndarray, b: np.ndarray, m: int, schedule: str) -> np.ndarray:
     """Exact end of each stage's last operation, for lanes ``f, b`` of shape (S, N) that all run
-    m microbatches: a max-plus recurrence over the operations in topological order (vectorised
-    over lanes; a few lanes run as plain floats, where numpy's per-call cost would dominate)."""
+    m microbatches: a max-plus recurrence over the operations in topological order."""
     S, N = f.shape
-    if N <= 4:
-        return np.array([_exact_ends_one(f[:, j].tolist(), b[:, j].tolist(), m, schedule)
-                         for j in range(N)]).T.reshape(S, N)
-    # (backward?, stage, microbatch) -> end; every end is read once by the operation waiting for
-    # it and dropped then, so only the microbatches in flight are held
-    fin: dict[tuple[int, int, int], np.ndarray] = {}
-    free = [np.zeros(N) for _ in range(S)]
-    dur = (f, b)
-    for s, bk, k, code in op_order(S, m, schedule):
-        if code == 0:
-            start = free[s]
-        elif code == 1:
-            start = np.maximum(free[s], fin.pop((0, s - 1, k)))
-        elif code == 2:
-            start = np.maximum(free[s], fin.pop((1, s + 1, k)))
-        else:
-            start = np.maximum(free[s], fin.pop((0, s, k)))
-        end = start + dur[bk][s]
-        if not (bk and s == 0):  # nothing waits for stage 0's backward
-            fin[bk, s, k] = end
-        free[s] = end
-    return np.stack(free)
+    out = np.empty((S, N))
+    _recurrence(op_order(S, m, schedule), np.ascontiguousarray(f, dtype=np.float64),
+                np.ascontiguousarray(b, dtype=np.float64), m, out)
+    return out
 
 
-def _exact_ends_one(f: list[float], b: list[float], m: int, schedule: str) -> list[float]:
-    """``exact_ends`` for one pipeline, in plain floats."""
-    S = len(f)
-    fwd = [[0.0] * m for _ in range(S)]
-    bwd = [[0.0] * m for _ in range(S)]
-    free = [0.0] * S
-    for s, bk, k, code in op_order(S, m, schedule):
-        start = free[s]
-        if code == 1:
-            dep = fwd[s - 1][k]
-        elif code == 2:
-            dep = bwd[s + 1][k]
-        elif code == 3:
-            dep = fwd[s][k]
-        else:
-            dep = 0.0
-        if dep > start:
-            start = dep
-        if bk:
-            end = start + b[s]
-            bwd[s][k] = end
-        else:
-            end = start + f[s]
-            fwd[s][k] = end
-        free[s] = end
-    return free
+@compiled
+def _recurrence(ops, f, b, m, out):
+    """``exact_ends``' recurrence: an operation starts at the later of its stage's last end and
+    its input's end. Lanes run LANES at a time."""
+    S, N = f.shape
+    ends = np.empty((2, S, m, LANES))  # (backward?, stage, microbatch, lane)
+    free = np.empty((S, LANES))  # each stage's last end so far
+    dur = np.empty((2, S, LANES))
+    for j0 in range(0, N, LANES):
+        n = min(LANES, N - j0)
+        for s in range(S):
+            for j in range(n):
+                free[s, j] = 0.0
+                dur[0, s, j] = f[s, j0 + j]
+                dur[1, s, j] = b[s, j0 + j]
+        for i in range(ops.shape[0]):
+            s, bk, k, code = ops[i, 0], ops[i, 1], ops[i, 2], ops[i, 3]
+            if code == 0:
+                for j in range(n):
+                    e = free[s, j] + dur[bk, s, j]
+                    ends[bk, s, k, j] = e
+                    free[s, j] = e
+            else:
+                db, ds = (0, s - 1) if code == 1 else ((1, s + 1) if code == 2 else (0, s))
+                for j in range(n):
+                    e = max(free[s, j], ends[db, ds, k, j]) + dur[bk, s, j]
+                    ends[bk, s, k, j] = e
+                    free[s, j] = e
+        for s in range(S):
+            for j in range(n):
+                out[s, j0 + j] = free[s, j]
 
 
 def schedule_times(f_all: np.ndarray, b_all: np.ndarray, m: np.ndarray, gpipe: np.ndarray,

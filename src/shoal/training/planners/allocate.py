@@ -24,6 +24,7 @@ from functools import cache
 
 import numpy as np
 
+from shoal.jit import compiled
 from shoal.mip import Model
 
 _BIG = np.int64(1) << 60  # no allocation (the dynamic program's fronts)
@@ -157,12 +158,13 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
     Each stage mixes at most two options, all of one region. With ``cheapest`` False, any
     such allocation (a feasibility test). Raises OutOfTime once past ``deadline``."""
     relax, extra = slots(D, total)
+    if len(avail) <= DP_KINDS:
+        return _solve_dp(_tables(stage_opts, D, region_of), avail, price, tau, relax, extra,
+                         deadline)
     allowed = [_allowed(opts, tau, relax) for opts in stage_opts]
     # a stage whose every option is over the bound has no replica for the busiest pipelines
     if any(all(o.time_s > tau for o in al) for al in allowed):
         return None
-    if len(avail) <= DP_KINDS:
-        return _solve_dp(allowed, D, avail, price, region_of, tau, relax, extra, deadline)
     load = _load(allowed, D, avail, tau, extra)
     if load.max() > 1.0:
         return None
@@ -252,80 +254,194 @@ def _greedy(allowed: list[list[Option]], D: int, avail: np.ndarray, region_of: l
     return Allocation(tuple(per_stage), tuple(int(a) - l for a, l in zip(avail, left)), tau)
 
 
-def _solve_dp(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-              region_of: list[int], tau: float, relax: float, extra: int,
-              deadline: float | None) -> Allocation | None:
+def _solve_dp(tables: _Tables, avail: np.ndarray, price: np.ndarray, tau: float, relax: float,
+              extra: int, deadline: float | None) -> Allocation | None:
     """``_solve`` for one or two kinds: the dynamic program of ``_dp_front``, the cheapest GPU
     usage on its last front (of equally cheap ones, the fewest of the first kind), and the
     stages' combos traced back from it."""
-    K = len(avail)
-    back: list[tuple[np.ndarray, np.ndarray, list]] = []
-    A, B = int(avail[0]), int(avail[1]) if K > 1 else 0
-    front = _dp_front(allowed, D, A, B, region_of, tau, relax, extra, deadline, back)
+    back: list[tuple[np.ndarray, Mixes]] = []
+    front = _dp_front(tables, *_caps(avail), tau, relax, extra, deadline, back)
     usage = None if front is None else _cheapest(front, avail, price)
     return None if usage is None else _trace(back, usage, tau)
 
 
-def _trace(back: list[tuple[np.ndarray, np.ndarray, list]], usage: tuple[int, ...],
+def _trace(back: list[tuple[np.ndarray, Mixes]], usage: tuple[int, ...],
            tau: float) -> Allocation:
     """The allocation reaching ``usage`` on ``_dp_front``'s last front, from its choices."""
     per_stage = []
     x = usage[0]
-    for combo, ca, combos in reversed(back):
-        per_stage.append(tuple((o.kind, o.tp, n) for o, n in combos[combo[x]]))
-        x -= int(ca[x])
+    for pick, combos in reversed(back):
+        mix = combos[int(pick[x])]
+        per_stage.append(tuple((o.kind, o.tp, n) for o, n in mix))
+        x -= sum(n * o.tp for o, n in mix if o.kind == 0)
     per_stage.reverse()
     return Allocation(tuple(per_stage), usage, tau)
 
 
-def _dp_front(allowed: list[list[Option]], D: int, A: int, B: int, region_of: list[int],
-              tau: float, relax: float, extra: int, deadline: float | None,
+@dataclass(frozen=True)
+class _Tables:
+    """A program's stages as ``_dp_stages`` reads them, at any bound. Stages of equal options
+    form a class (``of_stage``); class ``c`` has options ``opt_start[c]`` to
+    ``opt_start[c + 1]`` (``kinds``, ``tps``, ``times``; sorted by kind, then TP) and combos
+    ``starts[c]`` to ``starts[c + 1]``: every mix of one or two of its options of one region
+    (``_combos``; ``ia``, ``ib`` index the class's options), with their first- and second-kind
+    GPUs (``ca``, ``cb``) and times. A bound allows a subset of each class's options
+    (``_allowed``), and the combos of that subset are, in order, those of the class's combos
+    whose options it all holds."""
+
+    D: int
+    K: int
+    of_stage: np.ndarray
+    opt_start: np.ndarray
+    kinds: np.ndarray
+    tps: np.ndarray
+    times: np.ndarray
+    starts: np.ndarray
+    ia: np.ndarray
+    ib: np.ndarray
+    ca: np.ndarray
+    cb: np.ndarray
+    t_fast: np.ndarray
+    t_slow: np.ndarray
+    n_slow: np.ndarray
+    mixes: tuple[Mixes, ...]  # per class
+
+
+def _tables(stage_opts: list[list[Option]], D: int, region_of: list[int]) -> _Tables:
+    classes: dict[tuple[Option, ...], int] = {}
+    of_stage = np.empty(len(stage_opts), dtype=np.int64)
+    parts: list[tuple] = []
+    for s, opts in enumerate(stage_opts):
+        c = classes.get(key := tuple(opts))
+        if c is None:
+            c = classes[key] = len(parts)
+            parts.append(_class_arrays(tuple(sorted(set(opts), key=lambda o: (o.kind, o.tp))), D,
+                                       tuple(region_of)))
+        of_stage[s] = c
+    sizes = np.array([[len(p[1]), len(p[4])] for p in parts], dtype=np.int64).reshape(-1, 2)
+    opt_start, starts = np.zeros((2, len(parts) + 1), dtype=np.int64)
+    np.cumsum(sizes[:, 0], out=opt_start[1:])
+    np.cumsum(sizes[:, 1], out=starts[1:])
+    arrays = (parts[0][1:] if len(parts) == 1 else
+              tuple(np.concatenate(x) for x in zip(*(p[1:] for p in parts), strict=True)))
+    return _Tables(D, len(region_of), of_stage, opt_start, *arrays[:3], starts, *arrays[3:],
+                   tuple(p[0] for p in parts))
+
+
+@functools.lru_cache(maxsize=COMBO_CACHE)
+def _class_arrays(opts: tuple[Option, ...], D: int, region_of: tuple[int, ...]) -> tuple:
+    """One class's part of ``_Tables``: (Mixes, kinds, tps, times, ia, ib, ca, cb, t_fast,
+    t_slow, n_slow)."""
+    combos, use, t_fast, t_slow, n_slow = _combos(opts, D, region_of, len(region_of))
+    out = (combos, np.array([o.kind for o in opts], dtype=np.int64),
+           np.array([o.tp for o in opts], dtype=np.int64),
+           np.array([o.time_s for o in opts], dtype=np.float64), combos.ia, combos.ib,
+           np.ascontiguousarray(use[:, 0]),
+           np.ascontiguousarray(use[:, 1]) if use.shape[1] > 1 else np.zeros(len(use), np.int64),
+           t_fast, t_slow, n_slow)
+    for a in out[1:]:
+        a.flags.writeable = False
+    return out
+
+
+def _dp_front(tables: _Tables, A: int, B: int, tau: float, relax: float, extra: int,
+              deadline: float | None,
               back: list | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """A dynamic program over the stages that keeps, after each, the GPU-usage pairs no other
     dominates, held as one array: per count ``u`` of the first kind's GPUs (at most ``A``), the
     fewest of the second kind (at most ``B``) an allocation of the stages so far takes with
     exactly ``u`` of the first (a large number where none does, or where that pair is
-    dominated). Each stage is a min-plus convolution of the array with the stage's combos. Of
-    equal pairs it keeps the one whose earlier stages take the fewest of the first kind, then
-    the first combo. Returns the last front as (first-kind counts, ascending; second-kind
-    counts, descending), or None when it is empty; appends to ``back`` each stage's choices.
+    dominated). Each stage is a min-plus convolution of the array with the combos of the
+    stage's options that ``_allowed`` keeps (``_dp_stages``). Of equal pairs it keeps the one
+    whose earlier stages take the fewest of the first kind, then the first combo. Returns the
+    last front as (first-kind counts, ascending; second-kind counts, descending), or None when
+    it is empty; appends to ``back`` each stage's choices.
 
     Counts enter only as caps: a pair of the front at caps (A, B) is one of the front at any
     larger caps, reached through the same choices, so a front computed for a pool answers
     every smaller pool (``Fronts``)."""
-    u = np.arange(A + 1)
-    fewest = np.full(A + 2, _BIG)  # the last entry stays _BIG: where a combo takes too many
-    fewest[0] = 0
-    stages: dict[tuple[Option, ...], tuple] = {}  # stages of equal options share their combos
-    for al in allowed:
-        if deadline is not None and time.perf_counter() > deadline:
-            raise OutOfTime
-        prep = stages.get(key := tuple(al))
-        if prep is None:
-            combos, CU, ok_c = _stage_combos(al, D, region_of, len(region_of), tau, relax, extra)
-            if CU.shape[1] == 1:
-                CU = np.concatenate([CU, np.zeros_like(CU)], axis=1)
-            sel = np.nonzero(ok_c & (CU[:, 0] <= A) & (CU[:, 1] <= B))[0]
-            if len(sel) == 0:
-                return None
-            sel = sel[np.lexsort((sel, -CU[sel, 0]))]
-            ca, cb = CU[sel, 0], CU[sel, 1]
-            prev = u[None, :] - ca[:, None]  # (combos, A + 1): first-kind GPUs before this stage
-            prep = stages[key] = (combos, sel, ca, cb[:, None], np.where(prev >= 0, prev, A + 1))
-        combos, sel, ca, cb, gather = prep
-        vals = fewest[gather] + cb
-        pick = vals.argmin(axis=0)
-        front = vals[pick, u]
-        # dominated pairs (no fewer of the second kind than a pair with fewer of the first)
-        before = np.minimum.accumulate(np.concatenate([[_BIG], front[:-1]]))
-        front[(front > B) | (front >= before)] = _BIG
-        if not (front < _BIG).any():
-            return None
-        fewest[:-1] = front
-        if back is not None:
-            back.append((sel[pick], ca[pick], combos))
-    at = np.flatnonzero(fewest[:-1] < _BIG)
+    if deadline is not None and time.perf_counter() > deadline:
+        raise OutOfTime
+    t = tables
+    S = len(t.of_stage)
+    fewest = np.empty(A + 1, dtype=np.int64)
+    pick = np.empty((S, A + 1), dtype=np.int64)
+    done = _dp_stages(t.of_stage, t.opt_start, t.kinds, t.tps, t.times, t.starts, t.ia, t.ib,
+                     t.ca, t.cb, t.t_fast, t.t_slow, t.n_slow, t.K, tau, tau * relax,
+                     t.D - extra, A, B, fewest, pick)
+    if done < S:
+        return None
+    if back is not None:
+        back.extend((pick[s], t.mixes[t.of_stage[s]]) for s in range(S))
+    at = np.flatnonzero(fewest < _BIG)
     return at, fewest[at]
+
+
+@compiled
+def _dp_stages(of_stage, opt_start, kinds, tps, times, starts, ia, ib, ca, cb, t_fast, t_slow,
+               n_slow, K, tau, tau_relaxed, slow_cap, A, B, fewest, pick):
+    """``_dp_front``'s program (``_Tables``' arrays), compiled. Per class, the
+    options ``_allowed`` keeps under ``tau`` and ``tau_relaxed``; a stage takes the combos of
+    its class's kept options whose faster option is within ``tau`` and whose slower one is
+    within ``tau_relaxed`` when at most ``slow_cap`` replicas are on it, else within ``tau``.
+    Leaves the last front in ``fewest`` and each stage's combo per first-kind count in
+    ``pick`` (relative to its class's first combo); returns how many stages kept a non-empty
+    front."""
+    big = np.int64(1) << np.int64(60)
+    kept_opt = np.zeros(len(kinds), dtype=np.bool_)
+    best = np.empty(K, dtype=np.int64)
+    for c in range(len(opt_start) - 1):
+        o0, o1 = opt_start[c], opt_start[c + 1]
+        for lim in (tau, tau_relaxed):
+            best[:] = -1
+            for o in range(o0, o1):
+                k, b = kinds[o], best[kinds[o]]
+                if times[o] <= lim and (b < 0 or tps[o] < tps[b]
+                                        or (tps[o] == tps[b] and times[o] < times[b])):
+                    best[k] = o
+            for k in range(K):
+                if best[k] >= 0:
+                    kept_opt[best[k]] = True
+    fewest[:] = big
+    fewest[0] = 0
+    raw = np.empty(A + 1, dtype=np.int64)
+    for s in range(len(of_stage)):
+        cls = of_stage[s]
+        o0, c0, c1 = opt_start[cls], starts[cls], starts[cls + 1]
+        raw[:] = big
+        for c in range(c0, c1):
+            if not kept_opt[o0 + ia[c]] or (ib[c] >= 0 and not kept_opt[o0 + ib[c]]):
+                continue
+            if t_fast[c] > tau or t_slow[c] > (tau_relaxed if n_slow[c] <= slow_cap else tau):
+                continue
+            a, b = ca[c], cb[c]
+            if a > A or b > B:
+                continue
+            for u in range(a, A + 1):
+                f = fewest[u - a]
+                if f >= big:
+                    continue
+                v = f + b
+                # of equal counts, the combo taking the most of the first kind (the earlier
+                # stages the fewest), then the first
+                if v < raw[u] or (v == raw[u] and a > ca[c0 + pick[s, u]]):
+                    raw[u] = v
+                    pick[s, u] = c - c0
+        # only pairs within the caps that no pair with fewer of the first kind dominates
+        least = big
+        kept = False
+        for u in range(A + 1):
+            v = raw[u]
+            if v <= B and v < least:
+                fewest[u] = v
+                kept = True
+            else:
+                fewest[u] = big
+            if v < least:
+                least = v
+        if not kept:
+            return s
+    return len(of_stage)
 
 
 def _cheapest(front: tuple[np.ndarray, np.ndarray], avail: np.ndarray,
@@ -623,6 +739,7 @@ class _Program:
     key: tuple | None = None
     _solved: dict[tuple[float, bool], Allocation | None] = field(default_factory=dict)
     _back: dict[float, list] = field(default_factory=dict)  # choices of the fronts computed
+    _tables: _Tables | None = None
 
     @property
     def fronts(self) -> Fronts | None:
@@ -639,10 +756,10 @@ class _Program:
 
     def _front(self, tau: float, A: int, B: int) -> tuple[np.ndarray, np.ndarray] | None:
         relax, extra = slots(self.D, self.total)
-        allowed = [_allowed(opts, tau, relax) for opts in self.stage_opts]
+        if self._tables is None:
+            self._tables = _tables(self.stage_opts, self.D, self.region_of)
         back = self._back[tau] = []
-        return _dp_front(allowed, self.D, A, B, self.region_of, tau, relax, extra,
-                         self.deadline, back)
+        return _dp_front(self._tables, A, B, tau, relax, extra, self.deadline, back)
 
     def usage(self, tau: float) -> tuple[int, ...] | None:
         """The usage of ``solve(tau)`` (under three kinds or more, of any allocation under

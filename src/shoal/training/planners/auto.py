@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shoal.estimate.kernel import ring_allreduce_s
+from shoal.jit import compiled
 from shoal.profiles.network import bandwidth
 from shoal.training.planners import sailor
 from shoal.training.planners.allocate import (
@@ -96,22 +97,34 @@ def _linear_partition(space: Space, slow: list[tuple[str, int]], L: int, mbs: in
                       recompute: bool) -> tuple[tuple[int, int], ...]:
     """The split of L layers over stages of these (GPU, TP) minimising the slowest stage."""
     P = len(slow)
-    cum = [space.tb.cum_step(g, tp, mbs, recompute) for g, tp in slow]
-    # best[i][j]: smallest max stage time placing layers [0, j) on stages 0..i
-    best = np.full((P, L + 1), np.inf)
-    arg = np.zeros((P, L + 1), dtype=int)
-    best[0, 1:] = cum[0][1:] - cum[0][0]
-    for i in range(1, P):
-        for j in range(i + 1, L + 1):
-            cand = np.maximum(best[i - 1, i:j], cum[i][j] - cum[i][i:j])
-            q = int(np.argmin(cand))
-            best[i, j], arg[i, j] = cand[q], i + q
+    cum = np.array([space.tb.cum_step(g, tp, mbs, recompute) for g, tp in slow], dtype=float)
+    arg = np.zeros((P, L + 1), dtype=np.int64)
+    _min_max_cuts(cum, L, arg)
     edges = [L]
     for i in range(P - 1, 0, -1):
         edges.append(int(arg[i, edges[-1]]))
     edges.append(0)
     edges.reverse()
     return tuple((edges[i], edges[i + 1]) for i in range(P))
+
+
+@compiled
+def _min_max_cuts(cum, L, arg):
+    """``_linear_partition``'s dynamic program over cuts, compiled: best[i, j], the smallest
+    slowest stage placing layers [0, j) on stages 0..i (``cum[i]``: stage i's cumulative layer
+    times), and in ``arg[i, j]`` where stage i starts in it (of equal ones, the first)."""
+    P = cum.shape[0]
+    best = np.full((P, L + 1), np.inf)
+    for j in range(1, L + 1):
+        best[0, j] = cum[0, j] - cum[0, 0]
+    for i in range(1, P):
+        for j in range(i + 1, L + 1):
+            q = i
+            for c in range(i, j):
+                v = max(best[i - 1, c], cum[i, j] - cum[i, c])
+                if c == i or v < best[i, j]:
+                    best[i, j], q = v, c
+            arg[i, j] = q
 
 
 @dataclass(frozen=True)

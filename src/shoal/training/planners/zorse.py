@@ -46,6 +46,7 @@ import numpy as np
 from shoal.estimate import general, ministage
 from shoal.estimate.api import run_kernel
 from shoal.estimate.encode import encode_specs, schedule_key
+from shoal.jit import compiled
 from shoal.problem import Problem
 from shoal.training.planners.common import Evaluator, PlanSpec
 from shoal.training.planners.space import Space
@@ -92,36 +93,54 @@ def min_cut(W: np.ndarray) -> tuple[float, list[int]]:
     """Stoer-Wagner global minimum cut of the graph with symmetric weight matrix ``W`` (zero
     diagonal, at least two vertices): (cut weight, one side's vertex indices, sorted). Each
     phase grows a set by the most tightly connected vertex (ties: the lowest index); the last
-    vertex's connection is a cut, and the last two are merged. O(n^3), dense."""
+    vertex's connection is a cut, and the last two are merged (``_phases``). O(n^3), dense."""
     n = len(W)
-    W = np.array(W, dtype=float)
+    cuts, merged_into, merged = np.empty(n - 1), np.empty(n - 1, np.int64), np.empty(n - 1,
+                                                                                    np.int64)
+    _phases(np.array(W, dtype=float), cuts, merged_into, merged)
     members = [[i] for i in range(n)]
-    alive = list(range(n))
     best, best_side = math.inf, [0]
-    while len(alive) > 1:
-        sub = W[np.ix_(alive, alive)]
-        m = len(alive)
-        conn = sub[0].copy()
-        added = np.zeros(m, dtype=bool)
-        added[0] = True
-        prev = last = 0
-        for _ in range(1, m):
-            nxt = int(np.argmax(np.where(added, -np.inf, conn)))
-            prev, last = last, nxt
-            added[nxt] = True
-            if added.all():
-                break
-            conn += sub[nxt]
-        cut = float(conn[last])
-        s, t = alive[prev], alive[last]
+    for cut, s, t in zip(cuts.tolist(), merged_into.tolist(), merged.tolist(), strict=True):
         if cut < best:
             best, best_side = cut, sorted(members[t])
-        W[s] += W[t]
-        W[:, s] += W[:, t]
-        W[s, s] = 0.0
         members[s] += members[t]
-        alive.remove(t)
     return best, best_side
+
+
+@compiled
+def _phases(W, cuts, merged_into, merged):
+    """``min_cut``'s phases, compiled: per phase its cut and the two vertices merged (the last
+    into the one before it). Merges into ``W``."""
+    n = W.shape[0]
+    alive = np.arange(n)
+    conn = np.empty(n)
+    added = np.empty(n, dtype=np.bool_)
+    for phase in range(n - 1):
+        m = n - phase
+        for i in range(m):
+            conn[i] = W[alive[0], alive[i]]
+            added[i] = False
+        added[0] = True
+        prev = last = 0
+        for step in range(1, m):
+            nxt = -1
+            for i in range(m):
+                if not added[i] and (nxt < 0 or conn[i] > conn[nxt]):
+                    nxt = i
+            prev, last = last, nxt
+            added[nxt] = True
+            if step < m - 1:
+                for i in range(m):
+                    conn[i] += W[alive[nxt], alive[i]]
+        s, t = alive[prev], alive[last]
+        cuts[phase], merged_into[phase], merged[phase] = conn[last], s, t
+        for j in range(n):
+            W[s, j] += W[t, j]
+        for i in range(n):
+            W[i, s] += W[i, t]
+        W[s, s] = 0.0
+        for i in range(last, m - 1):
+            alive[i] = alive[i + 1]
 
 
 def split(space: Space, vertices: list[tuple[str, str, int]],

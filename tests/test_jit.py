@@ -1,0 +1,68 @@
+"""The compiled loops (``shoal.jit.compiled``) give exactly what their Python source gives, on
+random inputs: the allocation program, the pipeline recurrence, the min-max layer split and
+Stoer-Wagner's phases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tests.test_allocate import random_stages
+
+from shoal.estimate import pipeline
+from shoal.training.planners import allocate, auto, zorse
+
+
+def both(fn, *args):
+    """(result, written arrays) of the compiled ``fn`` and of its Python source, each on its
+    own copy of the arrays."""
+    out = []
+    for f in (fn, fn.py_func):
+        copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        out.append((f(*copies), [a for a in copies if isinstance(a, np.ndarray)]))
+    return out
+
+
+def assert_same(a, b):
+    assert a[0] == b[0]
+    for x, y in zip(a[1], b[1], strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_allocation_program(seed):
+    rng = np.random.default_rng(seed)
+    K, P, D = int(rng.integers(1, 3)), int(rng.integers(1, 6)), int(rng.integers(1, 6))
+    stages = random_stages(rng, K, P)
+    t = allocate._tables(stages, D, [0, int(rng.integers(0, 2))][:K])
+    A, B = int(rng.integers(0, 6 * D)), int(rng.integers(0, 6 * D)) if K > 1 else 0
+    tau = float(rng.choice(sorted({o.time_s for st in stages for o in st})))
+    args = (t.of_stage, t.opt_start, t.kinds, t.tps, t.times, t.starts, t.ia, t.ib, t.ca, t.cb,
+            t.t_fast, t.t_slow, t.n_slow, t.K, tau, tau * 1.2, D - 1, A, B,
+            np.empty(A + 1, np.int64), np.zeros((P, A + 1), np.int64))
+    compiled, python = both(allocate._dp_stages, *args)
+    assert_same(compiled, python)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_the_pipeline_recurrence(schedule):
+    rng = np.random.default_rng(1)
+    for S, N, m in [(1, 1, 1), (3, 40, 7), (6, 5, 24)]:
+        f, b = rng.uniform(0.1, 2.0, (S, N)), rng.uniform(0.1, 4.0, (S, N))
+        compiled, python = both(pipeline._recurrence, pipeline.op_order(S, m, schedule), f, b, m,
+                                np.empty((S, N)))
+        assert_same(compiled, python)
+
+
+def test_the_layer_split_and_the_min_cut():
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        L, P = int(rng.integers(2, 20)), int(rng.integers(1, 6))
+        cum = np.concatenate([np.zeros((P, 1)), np.cumsum(rng.choice([1.0, 2.0, 0.5], (P, L)),
+                                                           axis=1)], axis=1)
+        compiled, python = both(auto._min_max_cuts, cum, L, np.zeros((P, L + 1), np.int64))
+        assert_same(compiled, python)
+        n = int(rng.integers(2, 9))
+        W = np.triu(rng.choice([0.0, 1.0, 3.0, np.inf], (n, n)), 1)
+        compiled, python = both(zorse._phases, W + W.T, np.empty(n - 1),
+                                np.empty(n - 1, np.int64), np.empty(n - 1, np.int64))
+        assert_same(compiled, python)
