@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,8 +43,10 @@ class OutOfTime(Exception):
     is kept."""
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
+    """One way to run a stage's replica (a tuple: options key the programs' caches, hashed
+    often)."""
+
     kind: int  # index into the kinds
     tp: int
     time_s: float  # per microbatch, forward + backward, one replica
