@@ -45,37 +45,50 @@ def stage_order(schedule: str, n_stages: int, s: int, m: int) -> list[tuple[str,
 @cache
 def op_order(n_stages: int, m: int, schedule: str) -> np.ndarray:
     """A topological order of the operations, one row each: (stage, is_backward, microbatch,
-    dependency code).
+    dependency code): each stage's operations in its order (``stage_order``), the stages taken
+    in turn as far as their inputs are done.
 
     Dependency code: 0 none, 1 forward of the previous stage, 2 backward of the next stage,
     3 forward of the same stage (last stage's backward)."""
-    orders = [stage_order(schedule, n_stages, s, m) for s in range(n_stages)]
-    pos = [0] * n_stages
-    done: set[tuple[str, int, int]] = set()
-    out = []
-    total = sum(len(o) for o in orders)
-    while len(out) < total:
+    orders = np.array([[(kind == "B", k) for kind, k in stage_order(schedule, n_stages, s, m)]
+                       for s in range(n_stages)], dtype=np.int64).reshape(n_stages, 2 * m, 2)
+    ops = np.empty((2 * n_stages * m, 4), dtype=np.int64)
+    if _merge(orders, ops) < len(ops):
+        raise RuntimeError("schedule has a cycle")
+    ops.flags.writeable = False
+    return ops
+
+
+@compiled
+def _merge(orders, ops):
+    """``op_order``'s merge of the stages' orders into ``ops``; returns the operations placed
+    (fewer than all: a cycle)."""
+    S, n_ops = orders.shape[0], orders.shape[1]
+    done = np.zeros((2, S, n_ops // 2), dtype=np.bool_)  # (backward?, stage, microbatch)
+    pos = np.zeros(S, dtype=np.int64)
+    placed = 0
+    while placed < S * n_ops:
         progressed = False
-        for s in range(n_stages):
-            while pos[s] < len(orders[s]):
-                kind, k = orders[s][pos[s]]
-                if kind == "F":
-                    dep = ("F", s - 1, k) if s > 0 else None
+        for s in range(S):
+            while pos[s] < n_ops:
+                bk, k = orders[s, pos[s], 0], orders[s, pos[s], 1]
+                if not bk:
                     code = 1 if s > 0 else 0
+                    ready = s == 0 or done[0, s - 1, k]
+                elif s < S - 1:
+                    code, ready = 2, done[1, s + 1, k]
                 else:
-                    dep = ("B", s + 1, k) if s < n_stages - 1 else ("F", s, k)
-                    code = 2 if s < n_stages - 1 else 3
-                if dep is not None and dep not in done:
+                    code, ready = 3, done[0, s, k]
+                if not ready:
                     break
-                out.append((s, int(kind == "B"), k, code))
-                done.add((kind, s, k))
+                ops[placed, 0], ops[placed, 1], ops[placed, 2], ops[placed, 3] = s, bk, k, code
+                done[bk, s, k] = True
+                placed += 1
                 pos[s] += 1
                 progressed = True
         if not progressed:
-            raise RuntimeError("schedule has a cycle")
-    ops = np.array(out, dtype=np.int64).reshape(-1, 4)
-    ops.flags.writeable = False
-    return ops
+            break
+    return placed
 
 
 def exact_ends(f: np.ndarray, b: np.ndarray, m: int, schedule: str) -> np.ndarray:

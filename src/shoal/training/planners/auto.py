@@ -198,6 +198,7 @@ class Bounds:
         self._times: dict[int, tuple[Shape, list]] = {}
         self._tails: dict[tuple, float] = {}
         self._hops: dict[tuple, np.ndarray] = {}  # link ids of a hop's zone pairs
+        self._hop_times: dict[tuple, float] = {}  # _hop_s of one degree
         self._option_rings: dict[tuple, np.ndarray] = {}
 
     def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
@@ -382,6 +383,11 @@ class Bounds:
         of its hops goes from a replica of kind ``k`` (TP ``tp``) to one of kind ``k2``, over
         its fastest link between any zones of the two kinds (``kernel.ring_allreduce_s``; D:
         a number, or an array of them)."""
+        if np.ndim(D) == 0:
+            got = self._hop_times.get(one := (a, b, int(D), k, tp, k2))
+            if got is None:
+                got = self._hop_times[one] = self._hop_s(a, b, np.array([D]), k, tp, k2)[0]
+            return float(got)
         sp, tb = self.space, self.space.tb
         key = (k, tp, k2)
         rid = self._hops.get(key)
@@ -392,8 +398,7 @@ class Bounds:
                                                          tb.ti(tp)) for x in za for y in zb])
         nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * sp.grad_b
         d = np.asarray(D, dtype=float)[..., None]
-        t = ring_allreduce_s(tb, rid, d, nbytes, self.tc.sync_scale).min(axis=-1)
-        return float(t) if np.ndim(D) == 0 else t
+        return ring_allreduce_s(tb, rid, d, nbytes, self.tc.sync_scale).min(axis=-1)
 
     def _sends(self, s: int, P: int, mi: int, ti: np.ndarray, loose: bool = False):
         """(forward, backward) seconds per microbatch that stage ``s``'s replicas of TP
