@@ -311,6 +311,7 @@ class _Tables:
 
 
 def _tables(stage_opts: list[list[Option]], D: int, region_of: list[int]) -> _Tables:
+    """The program's ``_Tables``, from its stages' options (built once per program)."""
     classes: dict[tuple[Option, ...], int] = {}
     of_stage = np.empty(len(stage_opts), dtype=np.int64)
     parts: list[tuple] = []
@@ -383,8 +384,8 @@ def _dp_front(tables: _Tables, A: int, B: int, tau: float, relax: float, extra: 
 @compiled
 def _dp_stages(of_stage, opt_start, kinds, tps, times, starts, ia, ib, ca, cb, t_fast, t_slow,
                n_slow, K, tau, tau_relaxed, slow_cap, A, B, fewest, pick):
-    """``_dp_front``'s program (``_Tables``' arrays), compiled. Per class, the
-    options ``_allowed`` keeps under ``tau`` and ``tau_relaxed``; a stage takes the combos of
+    """``_dp_front``'s program (``_Tables``' arrays), compiled. Per class, the options
+    ``_allowed`` keeps under ``tau`` and ``tau_relaxed``; a stage takes the combos of
     its class's kept options whose faster option is within ``tau`` and whose slower one is
     within ``tau_relaxed`` when at most ``slow_cap`` replicas are on it, else within ``tau``.
     Leaves the last front in ``fewest`` and each stage's combo per first-kind count in
