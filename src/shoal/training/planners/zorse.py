@@ -95,8 +95,8 @@ def min_cut(W: np.ndarray) -> tuple[float, list[int]]:
     phase grows a set by the most tightly connected vertex (ties: the lowest index); the last
     vertex's connection is a cut, and the last two are merged (``_phases``). O(n^3), dense."""
     n = len(W)
-    cuts, merged_into, merged = np.empty(n - 1), np.empty(n - 1, np.int64), np.empty(n - 1,
-                                                                                    np.int64)
+    cuts = np.empty(n - 1)
+    merged_into, merged = np.empty((2, n - 1), dtype=np.int64)
     _phases(np.array(W, dtype=float), cuts, merged_into, merged)
     members = [[i] for i in range(n)]
     best, best_side = math.inf, [0]
