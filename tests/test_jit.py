@@ -1,6 +1,6 @@
 """The compiled loops (``shoal.jit.compiled``) give exactly what their Python source gives, on
-random inputs: the allocation program, the pipeline recurrence, the min-max layer split and
-Stoer-Wagner's phases."""
+random inputs: the allocation program, the pipeline recurrence, the min-max layer split,
+Stoer-Wagner's phases and the bounds' least level."""
 
 from __future__ import annotations
 
@@ -65,4 +65,21 @@ def test_the_layer_split_and_the_min_cut():
         W = np.triu(rng.choice([0.0, 1.0, 3.0, np.inf], (n, n)), 1)
         compiled, python = both(zorse._phases, W + W.T, np.empty(n - 1),
                                 np.empty(n - 1, np.int64), np.empty(n - 1, np.int64))
+        assert_same(compiled, python)
+
+
+def test_the_least_level():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        K, P = int(rng.integers(1, 5)), int(rng.integers(1, 7))
+        avail = rng.integers(0, 40, K).astype(float)
+        region_of = np.sort(rng.integers(0, 2, K))
+        region_of -= region_of[0]
+        region_N = np.bincount(region_of, weights=avail)
+        O = int(rng.integers(P, 5 * P))
+        stage = np.concatenate([np.arange(P), rng.integers(0, P, O - P)])
+        args = (np.round(rng.random(O) * 10, 1), 2.0 ** rng.integers(0, 4, O),
+                rng.integers(0, K, O), stage, P, int(rng.integers(1, 30)), avail, region_of,
+                region_N, allocate.kind_weights(K))
+        compiled, python = both(auto._least_level, *args)
         assert_same(compiled, python)

@@ -18,7 +18,11 @@ The search: (when minimising cost, Sailor's single-stage walk first, for an incu
 (shape, degree) pair gets a lower bound on iteration time and on $/iteration
 that holds for any allocation of the pool (see ``Bounds``). Pairs are taken cheapest bound
 first; each is given its allocation by the stage dynamic program and costed by the estimator in
-batches; the search stops when the next bound cannot beat the best plan found. Inside a pair,
+batches; the search stops when the next bound cannot beat the best plan found. A pair taken is
+first given a tighter bound, per option rather than per term (``Bounds.refined``: what a replica
+of each option costs the iteration, and the GPUs of the options under a level): when that
+cannot beat the best plan, the pair's own split is not allocated, and of a re-split shape only
+the re-split is (under its own refined bound). Inside a pair,
 an allocation whose pipelines can neither beat the best plan found nor join the throughput-cost
 front of the plans found (``Worth``: each pipeline's replicas run their microbatches at their
 option times with the least sends, plus the pair's least sync and update) is not built, and when
@@ -127,6 +131,63 @@ def _min_max_cuts(cum, L, arg):
             arg[i, j] = q
 
 
+@compiled
+def _least_level(level, tp, kind, stage, P, D, avail, region_of, region_N, W):
+    """``Bounds.refined``'s level: the smallest of ``level`` (one per option) at which the
+    pool holds D replicas of each of the P stages among the options at or under it, by the
+    conditions of ``Bounds._tau`` (per stage in one region, the stages per region, and the
+    GPUs all stages take from each kind together: LP dual bounds at weights ``W``); inf when
+    none does. Feasibility only grows with the level, so a bisection over the sorted levels
+    finds it."""
+    K, R = len(avail), len(region_N)
+    order = np.argsort(level)
+    lo, hi = 0, len(order)  # the answer's position in order; len(order): none
+    while lo < hi:
+        mid = (lo + hi) // 2
+        theta = level[order[mid]]
+        c = np.full((P, K), np.inf)  # fewest GPUs per replica of stage s from kind k
+        for o in range(len(level)):
+            if level[o] <= theta and tp[o] < c[stage[o], kind[o]]:
+                c[stage[o], kind[o]] = tp[o]
+        ok = True
+        gmin = np.full(R, np.inf)
+        for s in range(P):
+            most = 0.0
+            for r in range(R):
+                cap = 0.0
+                for k in range(K):
+                    if region_of[k] == r and c[s, k] < np.inf:
+                        cap += np.floor(avail[k] / c[s, k])
+                        gmin[r] = min(gmin[r], c[s, k])
+                most = max(most, cap)
+            if most < D:
+                ok = False
+        if ok:
+            stages = 0.0
+            for r in range(R):
+                if gmin[r] < np.inf:
+                    stages += np.floor(region_N[r] / (gmin[r] * D))
+            ok = stages >= P
+        m = 0
+        while ok and m < W.shape[0]:
+            den, have = 0.0, 0.0
+            for k in range(K):
+                have += W[m, k] * avail[k]
+            for s in range(P):
+                low = np.inf
+                for k in range(K):
+                    if c[s, k] < np.inf:
+                        low = min(low, W[m, k] * c[s, k])
+                den += low
+            ok = not (den > 0 and D * den > have)
+            m += 1
+        if ok:
+            hi = mid
+        else:
+            lo = mid + 1
+    return level[order[lo]] if lo < len(order) else np.inf
+
+
 @dataclass(frozen=True)
 class Shape:
     recompute: bool
@@ -200,6 +261,10 @@ class Bounds:
         self._hops: dict[tuple, np.ndarray] = {}  # link ids of a hop's zone pairs
         self._hop_times: dict[tuple, float] = {}  # _hop_s of one degree
         self._option_rings: dict[tuple, np.ndarray] = {}
+        self._refined: dict[tuple, tuple] = {}  # per shape, _refine_parts
+        self._stages: dict[tuple, tuple] = {}  # per stage, _stage_parts
+        self._out: dict[tuple[int, int], np.ndarray] = {}  # _out_links
+        self._weights_grid = kind_weights(len(self.avail))
 
     def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
         """(3, TPs): seconds per 2(D-1)/D of a stage's gradients over the fastest link of each
@@ -310,6 +375,96 @@ class Bounds:
                        total * busy_c.sum() + D * (rate[:, None] * (pre[:, None] + tail)).sum(axis=0))
         C = np.where(np.isfinite(T), C, np.inf)
         return T, C, tau, tail_min + tc.step_overhead_s
+
+    def refined(self, sh: Shape, D: int, total: int) -> tuple[float, float]:
+        """(time, cost) lower bounds on the plans of ``sh``'s own split with D pipelines, per
+        option rather than per term (one degree at a time, so the search asks it of the pairs
+        it takes, not of every pair). A replica of option o in stage s starts no sooner than
+        the least forwards of the stages before s, runs at least floor(n/D) microbatches at
+        its time with its least sends, and then its stage's ring all-reduce takes at least the
+        hop out of it (its fastest link to any kind, ``_hop_s``) before its update: the
+        iteration takes at least L(s, o). The smallest level at which the pool holds D
+        replicas of every stage among the options with L(s, o) under it (``_least_level``:
+        the conditions of ``_tau``) bounds the time; every stage's cheapest replica paid that
+        long, D times over, bounds the cost."""
+        start, t, X, lat, tp, kind, stage = self._refine_parts(sh)
+        n_lo = total // D
+        if D > 1:
+            ring = ((2.0 * (D - 1) / D) * X + (2.0 * (D - 1)) * lat).min(axis=1) * self.tc.sync_scale
+            level = start + n_lo * t + ring
+        else:
+            level = start + n_lo * t
+        T = _least_level(level, tp, kind, stage, len(sh.split), D, self.avail, self.region_of,
+                         self.region_N, self._weights_grid) + self.tc.step_overhead_s
+        return T, T * D * self.option_times(sh).rate_usd_s
+
+    def _refine_parts(self, sh: Shape):
+        """Per option of ``sh`` (stage by stage), what ``refined`` needs at any degree: its
+        start plus update, its time per microbatch with its least sends, and per link out of
+        it to any kind the two terms of a ring hop (``kernel.ring_allreduce_s``: seconds per
+        2(D-1)/D of the stage's gradients, and the latency); its TP, kind and stage."""
+        key = (sh.split, sh.mbs, sh.opts)
+        got = self._refined.get(key)
+        if got is None:
+            P, mi = len(sh.split), self.space.tb.mi(sh.mbs)
+            stages = [self._stage_parts(ab, mi, s == 0, s == P - 1, opts)
+                      for s, (ab, opts) in enumerate(zip(sh.split, sh.opts, strict=True))]
+            fpre = np.concatenate([[0.0], np.cumsum([x[0] for x in stages])[:-1]])
+            start = np.concatenate([f + x[1] for f, x in zip(fpre, stages, strict=True)])
+            width = max(x[3].shape[1] for x in stages)
+            X, lat = (np.full((len(start), width), np.inf) for _ in range(2))
+            i = 0
+            for x in stages:
+                n, w = x[3].shape
+                X[i:i + n, :w], lat[i:i + n, :w] = x[3], x[4]
+                i += n
+            got = self._refined[key] = (
+                start, np.concatenate([x[2] for x in stages]), X, lat,
+                np.concatenate([x[5] for x in stages]), np.concatenate([x[6] for x in stages]),
+                np.concatenate([np.full(len(x[5]), s) for s, x in enumerate(stages)]))
+        return got
+
+    def _stage_parts(self, ab: tuple[int, int], mi: int, first: bool, last: bool,
+                     opts: tuple[Option, ...]):
+        """``_refine_parts`` of one stage over layers ``ab`` (microbatch size index ``mi``):
+        its least forward per microbatch with sends, and per option its update, its time
+        with its least sends, its ring-hop terms per link out of it, its TP and its kind."""
+        key = (ab, mi, first, last, opts)
+        got = self._stages.get(key)
+        if got is None:
+            tb, tc = self.space.tb, self.tc
+            a, b = ab
+            k = np.array([o.kind for o in opts])
+            ti = np.array([tb.ti(o.tp) for o in opts])
+            s = 0 if first else 1
+            f_extra, b_extra = self._sends(s, s + 1 if last else s + 2, mi, ti)
+            g = self.gi[k]
+            f = (tb.cum_f[g, ti, mi, b] - tb.cum_f[g, ti, mi, a]) * tc.compute_scale
+            nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * self.space.grad_b
+            rids = [self._out_links(o.kind, o.tp) for o in opts]
+            width = max(len(r) for r in rids)
+            X, lat = (np.full((len(opts), width), np.inf) for _ in range(2))
+            for i, rid in enumerate(rids):
+                div = tb.flat_div.take(rid)
+                X[i, :len(rid)] = nbytes / (div * bandwidth(tb.flat_curve[rid], nbytes / div))
+                lat[i, :len(rid)] = tb.flat_lat.take(rid)
+            got = self._stages[key] = (
+                float((f + f_extra).min()), tb.cum_u[g, ti, b] - tb.cum_u[g, ti, a],
+                np.array([o.time_s for o in opts]) + f_extra + b_extra, X, lat,
+                np.array([o.tp for o in opts], dtype=float), k.astype(np.int64))
+        return got
+
+    def _out_links(self, k: int, tp: int) -> np.ndarray:
+        """Link ids from a replica of kind ``k`` at TP ``tp`` in any of its zones to any zone
+        of any kind (``_hop_s``'s links, over every kind)."""
+        got = self._out.get((k, tp))
+        if got is None:
+            sp, tb = self.space, self.space.tb
+            za = [tb.zones.index(z) for z, _ in sp.zones_of[sp.kinds[k]]]
+            got = self._out[(k, tp)] = np.array([
+                tb.link_id(self.gi[k], x, self.gi[k2], tb.zones.index(y), tb.ti(tp))
+                for x in za for k2, kind in enumerate(sp.kinds) for y, _ in sp.zones_of[kind]])
+        return got
 
     def _option_sync(self, ab: tuple[int, int], opts: tuple[Option, ...],
                      Ds: np.ndarray) -> np.ndarray:
@@ -452,52 +607,11 @@ class Bounds:
         """Per degree, the smallest slowest-replica time the pool's GPU counts allow: in all,
         per stage (its D replicas in one region, H5), stages per region, and the GPUs all
         stages' replicas take from each kind together (an LP dual bound, at
-        ``allocate.kind_weights``)."""
-        taus = np.unique(t)
-        ok = t[None, :] <= taus[:, None]  # (nT, O)
-        K = len(self.avail)
-        R = int(self.region_of.max()) + 1
-        nT = len(taus)
-        # per kind: fewest GPUs per replica of each stage meeting the time
-        c = np.full((nT, P, K), np.inf)
-        for s in range(P):
-            for kk in range(K):
-                sel = (st == s) & (k == kk)
-                if sel.any():
-                    c[:, s, kk] = np.where(ok[:, sel], tp[None, sel], np.inf).min(axis=1)
-        g = np.full((R, nT, P), np.inf)  # per region
-        cap = np.zeros((R, nT, P))  # replicas a region's kinds can give a stage
-        for kk in range(K):
-            r = self.region_of[kk]
-            m = c[:, :, kk]
-            fin = np.isfinite(m)
-            g[r] = np.minimum(g[r], m)
-            cap[r] += np.where(fin, np.floor(self.avail[kk] / np.where(fin, m, 1.0)), 0.0)
-        Dcap = cap.max(axis=0).min(axis=1)  # (nT,)
-        Dv = Ds[None, :].astype(float)
-        feas = Dv <= Dcap[:, None]  # (nT, nD)
-        if joint:
-            # replicas per stage the pool's counts allow (a fractional assignment: D replicas
-            # per stage, each taking c GPUs of a kind meeting the time): the LP dual bound
-            # min over weights w >= 0 of (w . avail) / sum_s min_k w_k c[s, k]
-            cols, cnt = np.unique(c.transpose(1, 0, 2).reshape(P, -1), axis=0,
-                                  return_counts=True)
-            cu = cols.reshape(len(cols), nT, K)  # distinct stages (U, nT, K)
-            Wt = kind_weights(len(self.avail))  # (M, K)
-            fin = np.isfinite(cu)
-            prod = np.where(fin[None], Wt[:, None, None, :] * np.where(fin, cu, 0.0)[None], np.inf)
-            den = (prod.min(axis=3) * cnt[None, :, None]).sum(axis=1)  # (M, nT)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = np.where(den > 0, (Wt @ self.avail)[:, None] / den, np.inf)
-            feas &= Dv <= ratio.min(axis=0)[:, None]
-        else:  # only the GPUs of all kinds together
-            feas &= Dv * g.min(axis=0).sum(axis=1)[:, None] <= self.N
-        gmin = g.min(axis=2)  # (R, nT)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            fit = np.floor(self.region_N[:, None, None] / (gmin[:, :, None] * Dv[None, :, :]))
-        feas &= np.where(np.isfinite(fit), fit, 0.0).sum(axis=0) >= P
-        first = np.where(feas.any(axis=0), feas.argmax(axis=0), -1)
-        return np.where(first >= 0, taus[np.maximum(first, 0)], np.inf)
+        ``allocate.kind_weights``; without ``joint``, the GPUs of all kinds together)."""
+        W = self._weights_grid if joint else np.ones((1, len(self.avail)))
+        args = (t.astype(float), tp.astype(float), k.astype(np.int64), st.astype(np.int64), P)
+        return np.array([_least_level(*args, int(D), self.avail, self.region_of, self.region_N, W)
+                         for D in Ds])
 
 
 def _shapes(space: Space, mbs_values: list[int], max_stages: int | None):
@@ -639,9 +753,17 @@ class _BranchAndBound:
                                   self.space.problem.timing.step_overhead_s, self.price,
                                   self.bounds.option_times(sh), ev.dominated,
                                   functools.partial(self.bounds.tails, sh.split, D=D))
-                    specs += _specs(self.space, sh, D,
-                                    float(self.tau[e]), self.avail, self.price, self.region_of,
-                                    levels, L, ev.allocation_deadline(), worth)
+                    total = self.space.problem.job.global_batch // sh.mbs
+
+                    def reach(s: Shape, D=D, total=total, worth=worth) -> bool:
+                        return not worth.out_of_reach(*self.bounds.refined(s, D, total))
+
+                    if not sh.rebalance and not reach(sh):
+                        ev.stats.pruned += 1  # its refined bound cannot beat the incumbent
+                    else:
+                        specs += _specs(self.space, sh, D, float(self.tau[e]), self.avail,
+                                        self.price, self.region_of, levels, L,
+                                        ev.allocation_deadline(), worth, reach)
                     j += 1
             except OutOfTime:
                 cut = ev.stats.truncated = True
@@ -728,6 +850,13 @@ class Worth:
         t = n_hi * tau + n_lo * self.shape.send_s + self.after_s
         return t, t * D * self.shape.rate_usd_s
 
+    def out_of_reach(self, t: float, usd: float) -> bool:
+        """Whether plans taking at least ``t`` seconds and ``usd`` per iteration cannot beat
+        the incumbent (the front aside: pairs are taken by their bounds against it alone)."""
+        return bool(np.isfinite(self.bar)
+                    and _key(np.array([t]), np.array([usd]), self.objective)[0]
+                    >= self.bar * (1 + 1e-9))
+
     def below(self, t: float, usd: float) -> bool:
         """Whether lower bounds ``t`` (iteration seconds) and ``usd`` (per iteration) leave
         room to beat the incumbent or to join the front."""
@@ -761,13 +890,23 @@ def stage_floors_s(a: Allocation, times: list[dict[tuple[int, int], float]], D: 
 
 
 def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of, levels: int,
-           L: int, deadline: float | None = None, worth: Worth | None = None) -> list:
+           L: int, deadline: float | None = None, worth: Worth | None = None,
+           reach: Callable[[Shape], bool] | None = None) -> list:
     """Plans of one (shape, degree) pair: its allocations, each in every zone packing, and
-    their variants; allocations ``worth`` says cannot beat the incumbent are not built. Raises
-    OutOfTime once an allocation passes ``deadline``."""
+    their variants; allocations ``worth`` says cannot beat the incumbent are not built, nor
+    plans of a split whose shape ``reach`` says cannot (``Bounds.refined``). Raises OutOfTime
+    once an allocation passes ``deadline``."""
     opts = [list(o) for o in sh.opts]
     total = space.problem.job.global_batch // sh.mbs
     memo, key = space.alloc_memo, (sh.split, sh.mbs, sh.recompute)
+    if reach is not None and not reach(sh):
+        if not sh.rebalance:
+            return []
+        # only the re-split may beat the incumbent: the fastest allocation gives its layers
+        a = fastest(opts, D, avail, price, region_of, at_least=tau / slots(D, total)[0],
+                    total=total, memo=memo, key=key, deadline=deadline)
+        return [] if a is None else _resplit(space, sh, a, opts, D, L, total, avail, price,
+                                             region_of, deadline, worth, reach)
     allocs = tradeoffs(opts, D, avail, price, region_of, levels=levels,
                        at_least=tau / slots(D, total)[0], total=total, memo=memo, key=key,
                        deadline=deadline)
@@ -814,13 +953,8 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
                         out.append(build_spec(space, ap, opts, sh.split, sh.mbs, D,
                                               recompute=sh.recompute))
     if sh.rebalance and allocs:
-        new = rebalanced(space, allocs[0], opts, L, sh.mbs, sh.recompute)
-        if new != sh.split and min(b - a for a, b in new) > 0:
-            o2 = sailor.stage_options(space, new, sh.mbs, sh.recompute, 0, 1, all_tp=True)
-            a2 = fastest(o2, D, avail, price, region_of, total=total, memo=memo,
-                         key=(new, sh.mbs, sh.recompute), deadline=deadline) if o2 else None
-            if a2 is not None and (worth is None or worth(a2, D, total, other_split=o2)):
-                out.append(build_spec(space, a2, o2, new, sh.mbs, D, recompute=sh.recompute))
+        out += _resplit(space, sh, allocs[0], opts, D, L, total, avail, price, region_of,
+                        deadline, worth, reach)
     # the allocation pools the zones of a region (H6) and ranks replicas by compute alone, so
     # on a pool spread over zones it may take a faster GPU in another zone where the estimate,
     # with the sends and egress across zones, prefers the same plan inside one zone
@@ -834,3 +968,24 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
                 out.append(build_spec(space, a3, opts, sh.split, sh.mbs, D,
                                       recompute=sh.recompute, packing="chain", home=z))
     return [s for s in out if s is not None]
+
+
+def _resplit(space: Space, sh: Shape, alloc: Allocation, opts: list[list[Option]], D: int, L: int,
+             total: int, avail, price, region_of, deadline: float | None, worth: Worth | None,
+             reach: Callable[[Shape], bool] | None) -> list:
+    """The plan of the layers re-split to allocation ``alloc``'s slowest replica types
+    (``rebalanced``) given the fastest allocation of the new split: none when the split is
+    the same, some stage would get no layer, or ``reach`` or ``worth`` rules it out."""
+    new = rebalanced(space, alloc, opts, L, sh.mbs, sh.recompute)
+    if new == sh.split or min(b - a for a, b in new) <= 0:
+        return []
+    o2 = sailor.stage_options(space, new, sh.mbs, sh.recompute, 0, 1, all_tp=True)
+    if not o2 or (reach is not None and not reach(
+            Shape(sh.recompute, sh.mbs, new, tuple(tuple(o) for o in o2), rebalance=False))):
+        return []
+    a2 = fastest(o2, D, avail, price, region_of, total=total, memo=space.alloc_memo,
+                 key=(new, sh.mbs, sh.recompute), deadline=deadline)
+    if a2 is None or (worth is not None and not worth(a2, D, total, other_split=o2)):
+        return []
+    sp = build_spec(space, a2, o2, new, sh.mbs, D, recompute=sh.recompute)
+    return [] if sp is None else [sp]
