@@ -83,11 +83,13 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     if seeds:
         ev.cost(list(dict.fromkeys(seeds)))
     full = strategy == "auto" and max_pairs is None
-    if full and len({k.gpu for k in space.kinds}) > 1:
-        zorse.search(ev, space, objective, mbs, max_stages)  # mixed groups: cheap, costed first
     if full and len({k.region for k in space.kinds}) > 1:
         atlas.search(ev, space, objective, mbs, max_stages)  # pipelines across datacenters
     STRATEGIES[strategy](ev, space, objective, mbs, max_stages)
+    if full and len({k.gpu for k in space.kinds}) > 1 and not ev.out_of_time():
+        # mixed groups, each simulated event by event: after the search, whose best plan
+        # spares most of them by their bounds
+        zorse.search(ev, space, objective, mbs, max_stages)
     if full and objective == "min-cost" and not ev.out_of_time():
         espresso.search(ev, space, objective, mbs, max_stages)  # its bounds use the incumbent
     return finish(ev, objective, top_k)

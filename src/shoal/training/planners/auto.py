@@ -387,7 +387,7 @@ class Bounds:
         replicas of every stage among the options with L(s, o) under it (``_least_level``:
         the conditions of ``_tau``) bounds the time; every stage's cheapest replica paid that
         long, D times over, bounds the cost."""
-        start, t, X, lat, tp, kind, stage = self._refine_parts(sh)
+        start, t, X, lat, tp, kind, stage, rate = self._refine_parts(sh)
         n_lo = total // D
         if D > 1:
             ring = ((2.0 * (D - 1) / D) * X + (2.0 * (D - 1)) * lat).min(axis=1) * self.tc.sync_scale
@@ -396,13 +396,14 @@ class Bounds:
             level = start + n_lo * t
         T = _least_level(level, tp, kind, stage, len(sh.split), D, self.avail, self.region_of,
                          self.region_N, self._weights_grid) + self.tc.step_overhead_s
-        return T, T * D * self.option_times(sh).rate_usd_s
+        return T, T * D * rate
 
     def _refine_parts(self, sh: Shape):
         """Per option of ``sh`` (stage by stage), what ``refined`` needs at any degree: its
         start plus update, its time per microbatch with its least sends, and per link out of
         it to any kind the two terms of a ring hop (``kernel.ring_allreduce_s``: seconds per
-        2(D-1)/D of the stage's gradients, and the latency); its TP, kind and stage."""
+        2(D-1)/D of the stage's gradients, and the latency); its TP, kind and stage; and the
+        least USD/s of one replica of every stage."""
         key = (sh.split, sh.mbs, sh.opts)
         got = self._refined.get(key)
         if got is None:
@@ -421,7 +422,8 @@ class Bounds:
             got = self._refined[key] = (
                 start, np.concatenate([x[2] for x in stages]), X, lat,
                 np.concatenate([x[5] for x in stages]), np.concatenate([x[6] for x in stages]),
-                np.concatenate([np.full(len(x[5]), s) for s, x in enumerate(stages)]))
+                np.concatenate([np.full(len(x[5]), s) for s, x in enumerate(stages)]),
+                sum(float((self.price_s[x[6]] * x[5]).min()) for x in stages))
         return got
 
     def _stage_parts(self, ab: tuple[int, int], mi: int, first: bool, last: bool,

@@ -27,16 +27,20 @@ def stage_options(space: Space, split, mbs: int, recompute: bool, zero: int, dp:
     P = len(split)
     out = []
     for i, (a, b) in enumerate(split):
-        opts = []
-        for k, kind in enumerate(space.kinds):
-            tp = space.min_tp(kind.gpu, mbs, a, b, P - i, recompute, zero, dp)
-            if tp is None or tp not in space.kind_tps[kind]:
-                continue
-            tps = [t for t in space.kind_tps[kind] if t >= tp] if all_tp else [tp]
-            opts += [Option(k, t, space.stage_time(kind.gpu, t, mbs, a, b, recompute)) for t in tps]
+        key = (a, b, P - i, mbs, recompute, zero, dp, all_tp)
+        opts = space.stage_opts.get(key)
+        if opts is None:
+            opts = space.stage_opts[key] = []
+            for k, kind in enumerate(space.kinds):
+                tp = space.min_tp(kind.gpu, mbs, a, b, P - i, recompute, zero, dp)
+                if tp is None or tp not in space.kind_tps[kind]:
+                    continue
+                tps = [t for t in space.kind_tps[kind] if t >= tp] if all_tp else [tp]
+                opts += [Option(k, t, space.stage_time(kind.gpu, t, mbs, a, b, recompute))
+                         for t in tps]
         if not opts:
             return None
-        out.append(opts)
+        out.append(list(opts))
     return out
 
 

@@ -93,6 +93,10 @@ class Space:
         self.alloc_memo, self.spec_memo = memos.setdefault(
             (tuple(self.kinds), self.prices, tuple(max(self.kind_tps[k], default=0)
                                                    for k in self.kinds)), (PoolMemo(), {}))
+        # each stage's options (``sailor.stage_options``), by the kinds and their TPs
+        self.stage_opts: dict = memos.setdefault(
+            ("stage options", tuple(self.kinds), tuple(tuple(self.kind_tps[k]) for k in self.kinds)),
+            {})
         # the allocation programs' fronts are computed for the largest pool the memo serves
         self.alloc_memo.fronts.raise_ceiling(
             np.array([self.avail[k] for k in self.kinds], dtype=np.int64))

@@ -317,14 +317,6 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
     usd_s = out["gpu_usd_per_s"]
     B = len(specs)
     for i in np.argsort(t_low, kind="stable"):
-        # memory needs no simulation: a plan out of memory is counted, not simulated
-        one = {k: v[i:i + 1] for k, v in out.items() if isinstance(v, np.ndarray) and len(v) == B}
-        (ministage if ministage.is_ministage(specs[i]) else general).memory(
-            problem, space.tb, specs[i], one)
-        if one["oom"][0]:
-            ev.stats.oom += 1
-            ev.stats.candidates_costed += 1
-            continue
         inc = ev.incumbent
         if inc is not None:
             low = {"max-throughput": t_low[i], "min-cost": t_low[i] * usd_s[i],
@@ -334,6 +326,14 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
             if low >= best:
                 ev.stats.pruned += 1
                 continue
+        # memory needs no simulation: a plan out of memory is counted, not simulated
+        one = {k: v[i:i + 1] for k, v in out.items() if isinstance(v, np.ndarray) and len(v) == B}
+        (ministage if ministage.is_ministage(specs[i]) else general).memory(
+            problem, space.tb, specs[i], one)
+        if one["oom"][0]:
+            ev.stats.oom += 1
+            ev.stats.candidates_costed += 1
+            continue
         ev.cost([specs[i]])
         if ev.out_of_time():
             return
