@@ -263,7 +263,6 @@ class Bounds:
         self._option_rings: dict[tuple, np.ndarray] = {}
         self._refined: dict[tuple, tuple] = {}  # per shape, _refine_parts
         self._stages: dict[tuple, tuple] = {}  # per stage, _stage_parts
-        self._out: dict[tuple[int, int], np.ndarray] = {}  # _out_links
         self._weights_grid = kind_weights(len(self.avail))
 
     def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
@@ -387,23 +386,21 @@ class Bounds:
         replicas of every stage among the options with L(s, o) under it (``_least_level``:
         the conditions of ``_tau``) bounds the time; every stage's cheapest replica paid that
         long, D times over, bounds the cost."""
-        start, t, X, lat, tp, kind, stage, rate = self._refine_parts(sh)
-        n_lo = total // D
+        start, t, rid, nbytes, tp, kind, stage, rate = self._refine_parts(sh)
+        level = start + (total // D) * t
         if D > 1:
-            ring = ((2.0 * (D - 1) / D) * X + (2.0 * (D - 1)) * lat).min(axis=1) * self.tc.sync_scale
-            level = start + n_lo * t + ring
-        else:
-            level = start + n_lo * t
+            level = level + ring_allreduce_s(self.space.tb, rid, float(D), nbytes,
+                                             self.tc.sync_scale).min(axis=1)
         T = _least_level(level, tp, kind, stage, len(sh.split), D, self.avail, self.region_of,
                          self.region_N, self._weights_grid) + self.tc.step_overhead_s
         return T, T * D * rate
 
     def _refine_parts(self, sh: Shape):
         """Per option of ``sh`` (stage by stage), what ``refined`` needs at any degree: its
-        start plus update, its time per microbatch with its least sends, and per link out of
-        it to any kind the two terms of a ring hop (``kernel.ring_allreduce_s``: seconds per
-        2(D-1)/D of the stage's gradients, and the latency); its TP, kind and stage; and the
-        least USD/s of one replica of every stage."""
+        start plus update, its time per microbatch with its least sends, the links out of it
+        to any kind (``_links``; a row padded with its own first link) and its stage's
+        gradient bytes; its TP, kind and stage; and the least USD/s of one replica of every
+        stage."""
         key = (sh.split, sh.mbs, sh.opts)
         got = self._refined.get(key)
         if got is None:
@@ -412,15 +409,12 @@ class Bounds:
                       for s, (ab, opts) in enumerate(zip(sh.split, sh.opts, strict=True))]
             fpre = np.concatenate([[0.0], np.cumsum([x[0] for x in stages])[:-1]])
             start = np.concatenate([f + x[1] for f, x in zip(fpre, stages, strict=True)])
-            width = max(x[3].shape[1] for x in stages)
-            X, lat = (np.full((len(start), width), np.inf) for _ in range(2))
-            i = 0
-            for x in stages:
-                n, w = x[3].shape
-                X[i:i + n, :w], lat[i:i + n, :w] = x[3], x[4]
-                i += n
+            rows = [r for x in stages for r in x[3]]
+            width = max(len(r) for r in rows)
+            rid = np.array([np.pad(r, (0, width - len(r)), mode="edge") for r in rows])
+            nbytes = np.concatenate([np.full((len(x[3]), 1), x[4]) for x in stages])
             got = self._refined[key] = (
-                start, np.concatenate([x[2] for x in stages]), X, lat,
+                start, np.concatenate([x[2] for x in stages]), rid, nbytes,
                 np.concatenate([x[5] for x in stages]), np.concatenate([x[6] for x in stages]),
                 np.concatenate([np.full(len(x[5]), s) for s, x in enumerate(stages)]),
                 sum(float((self.price_s[x[6]] * x[5]).min()) for x in stages))
@@ -429,8 +423,9 @@ class Bounds:
     def _stage_parts(self, ab: tuple[int, int], mi: int, first: bool, last: bool,
                      opts: tuple[Option, ...]):
         """``_refine_parts`` of one stage over layers ``ab`` (microbatch size index ``mi``):
-        its least forward per microbatch with sends, and per option its update, its time
-        with its least sends, its ring-hop terms per link out of it, its TP and its kind."""
+        its least forward per microbatch with sends; per option its update, its time with its
+        least sends and its links out to any kind; the stage's gradient bytes; per option its
+        TP and its kind."""
         key = (ab, mi, first, last, opts)
         got = self._stages.get(key)
         if got is None:
@@ -442,30 +437,14 @@ class Bounds:
             f_extra, b_extra = self._sends(s, s + 1 if last else s + 2, mi, ti)
             g = self.gi[k]
             f = (tb.cum_f[g, ti, mi, b] - tb.cum_f[g, ti, mi, a]) * tc.compute_scale
-            nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * self.space.grad_b
-            rids = [self._out_links(o.kind, o.tp) for o in opts]
-            width = max(len(r) for r in rids)
-            X, lat = (np.full((len(opts), width), np.inf) for _ in range(2))
-            for i, rid in enumerate(rids):
-                div = tb.flat_div.take(rid)
-                X[i, :len(rid)] = nbytes / (div * bandwidth(tb.flat_curve[rid], nbytes / div))
-                lat[i, :len(rid)] = tb.flat_lat.take(rid)
+            K = len(self.avail)
             got = self._stages[key] = (
                 float((f + f_extra).min()), tb.cum_u[g, ti, b] - tb.cum_u[g, ti, a],
-                np.array([o.time_s for o in opts]) + f_extra + b_extra, X, lat,
+                np.array([o.time_s for o in opts]) + f_extra + b_extra,
+                [np.concatenate([self._links(o.kind, o.tp, k2) for k2 in range(K)])
+                 for o in opts],
+                float(tb.cum_params[b] - tb.cum_params[a]) * self.space.grad_b,
                 np.array([o.tp for o in opts], dtype=float), k.astype(np.int64))
-        return got
-
-    def _out_links(self, k: int, tp: int) -> np.ndarray:
-        """Link ids from a replica of kind ``k`` at TP ``tp`` in any of its zones to any zone
-        of any kind (``_hop_s``'s links, over every kind)."""
-        got = self._out.get((k, tp))
-        if got is None:
-            sp, tb = self.space, self.space.tb
-            za = [tb.zones.index(z) for z, _ in sp.zones_of[sp.kinds[k]]]
-            got = self._out[(k, tp)] = np.array([
-                tb.link_id(self.gi[k], x, self.gi[k2], tb.zones.index(y), tb.ti(tp))
-                for x in za for k2, kind in enumerate(sp.kinds) for y, _ in sp.zones_of[kind]])
         return got
 
     def _option_sync(self, ab: tuple[int, int], opts: tuple[Option, ...],
@@ -545,17 +524,23 @@ class Bounds:
             if got is None:
                 got = self._hop_times[one] = self._hop_s(a, b, np.array([D]), k, tp, k2)[0]
             return float(got)
-        sp, tb = self.space, self.space.tb
-        key = (k, tp, k2)
-        rid = self._hops.get(key)
+        tb = self.space.tb
+        nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * self.space.grad_b
+        d = np.asarray(D, dtype=float)[..., None]
+        return ring_allreduce_s(tb, self._links(k, tp, k2), d, nbytes,
+                                self.tc.sync_scale).min(axis=-1)
+
+    def _links(self, k: int, tp: int, k2: int) -> np.ndarray:
+        """Link ids from a replica of kind ``k`` at TP ``tp`` to one of kind ``k2``, between
+        any zones of the two kinds."""
+        rid = self._hops.get((k, tp, k2))
         if rid is None:
+            sp, tb = self.space, self.space.tb
             za = [tb.zones.index(z) for z, _ in sp.zones_of[sp.kinds[k]]]
             zb = [tb.zones.index(z) for z, _ in sp.zones_of[sp.kinds[k2]]]
-            rid = self._hops[key] = np.array([tb.link_id(self.gi[k], x, self.gi[k2], y,
-                                                         tb.ti(tp)) for x in za for y in zb])
-        nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * sp.grad_b
-        d = np.asarray(D, dtype=float)[..., None]
-        return ring_allreduce_s(tb, rid, d, nbytes, self.tc.sync_scale).min(axis=-1)
+            rid = self._hops[(k, tp, k2)] = np.array([
+                tb.link_id(self.gi[k], x, self.gi[k2], y, tb.ti(tp)) for x in za for y in zb])
+        return rid
 
     def _sends(self, s: int, P: int, mi: int, ti: np.ndarray, loose: bool = False):
         """(forward, backward) seconds per microbatch that stage ``s``'s replicas of TP
