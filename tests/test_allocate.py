@@ -80,7 +80,33 @@ def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed, form, 
                 for k, tp, n in st:
                     use[k] += tp * n
             assert tuple(use) == got.usage
+            if K > allocate.DP_KINDS:  # the MIP alone, also where each stage's cheapest fits
+                relax, extra = allocate.slots(D, total)
+                allowed = [allocate._allowed(o, tau, relax) for o in stages]
+                mip = allocate._solve_mip(allowed, D, avail, price, region_of, tau, relax,
+                                          extra, None, True)
+                assert float(np.asarray(mip.usage) @ price) == pytest.approx(want[0], rel=1e-9)
     assert checked  # the seeds do reach feasible cases
+
+
+def test_each_stage_on_its_cheapest_combo_is_the_cheapest_allocation_when_it_fits():
+    """Three kinds, a pool large enough for every stage's own cheapest combo: the program
+    answers without the MIP, at the cost of every combination tried."""
+    rng = np.random.default_rng(7)
+    for _ in range(10):
+        P, D = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        stages = random_stages(rng, 3, P)
+        avail, price = np.full(3, 2 * D * P), rng.uniform(0.5, 3.0, size=3)
+        tau = max(min(o.time_s for o in st) for st in stages) * 1.5
+        relax, extra = allocate.slots(D, None)
+        allowed = [allocate._allowed(o, tau, relax) for o in stages]
+        own = allocate._each_cheapest(allowed, D, avail, price, [0, 0, 0], tau, relax, extra)
+        want = every_allocation(stages, D, avail, price, [0, 0, 0], tau, None)
+        assert own is not None and want is not None
+        assert float(np.asarray(own.usage) @ price) == pytest.approx(want[0], rel=1e-9)
+        assert allocate._solve(stages, D, avail, price, [0, 0, 0], tau) == own
+        assert allocate._each_cheapest(allowed, D, np.asarray(own.usage) - 1, price,
+                                       [0, 0, 0], tau, relax, extra) is None
 
 
 @pytest.mark.parametrize("form", ["combo", "option"])

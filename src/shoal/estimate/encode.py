@@ -58,12 +58,23 @@ def encode_specs(tb: CostTables, specs: list[PlanSpec]) -> Batch:
     ti = {tp: i for i, tp in enumerate(tb.tps)}
     zi = {name: i for i, name in enumerate(tb.zones)}
     mi = {mb: i for i, mb in enumerate(tb.mbs)}
+    where: list[tuple[int, int, int, int, int]] = []  # (plan, stage, first, last, replicas)
+    reps_all: list[tuple] = []
     for b, (_, _, _, _, stages) in enumerate(specs):
         for s, (a, e, reps) in enumerate(stages):
-            ls[b, s], le[b, s], smask[b, s] = a, e, True
-            for r, (gpu, tp, zone, mb) in enumerate(reps):
-                g[b, s, r], t[b, s, r], z[b, s, r] = gi[gpu], ti[tp], zi[zone]
-                m[b, s, r], rmask[b, s, r] = mb, True
+            where.append((b, s, a, e, len(reps)))
+            reps_all += reps
+    if where:
+        wb, ws, wa, we, wn = np.array(where, dtype=np.int64).T
+        ls[wb, ws], le[wb, ws], smask[wb, ws] = wa, we, True
+        rb, rs = np.repeat(wb, wn), np.repeat(ws, wn)
+        rr = np.arange(len(reps_all)) - np.repeat(np.cumsum(wn) - wn, wn)
+        n = len(reps_all)
+        g[rb, rs, rr] = np.fromiter((gi[r[0]] for r in reps_all), np.int64, n)
+        t[rb, rs, rr] = np.fromiter((ti[r[1]] for r in reps_all), np.int64, n)
+        z[rb, rs, rr] = np.fromiter((zi[r[2]] for r in reps_all), np.int64, n)
+        m[rb, rs, rr] = np.fromiter((r[3] for r in reps_all), np.int64, n)
+        rmask[rb, rs, rr] = True
     return Batch(
         mbs_idx=np.array([mi[sp[0]] for sp in specs]), ls=ls, le=le, smask=smask, g=g, t=t,
         z=z, m=m, rmask=rmask, recompute=np.array([sp[2] for sp in specs]),

@@ -106,10 +106,21 @@ def ring_allreduce_s(tb: CostTables, rid, d, gbytes, sync_scale: float = 1.0):
     """Seconds of a ring all-reduce of ``gbytes`` over ``d`` members whose slowest hop is link
     ``rid`` (``CostTables.link_id``): 2(d-1)/d of the bytes at the link's bandwidth for that
     message size, plus 2(d-1) latencies. Broadcasts over array inputs."""
+    return ring_from_terms(ring_terms(tb, rid, gbytes), d, sync_scale)
+
+
+def ring_terms(tb: CostTables, rid, gbytes) -> tuple[np.ndarray, np.ndarray]:
+    """The parts of ``ring_allreduce_s`` that do not depend on the member count: seconds to
+    move all ``gbytes`` over link ``rid`` at its bandwidth for that message size, and the
+    link's latency (``ring_from_terms`` combines them for a count)."""
     rdiv = tb.flat_div.take(rid)
-    vol = 2.0 * (d - 1) / d * gbytes
-    return (vol / (rdiv * bandwidth(tb.flat_curve[rid], gbytes / rdiv))
-            + 2.0 * (d - 1) * tb.flat_lat.take(rid)) * sync_scale
+    return gbytes / (rdiv * bandwidth(tb.flat_curve[rid], gbytes / rdiv)), tb.flat_lat.take(rid)
+
+
+def ring_from_terms(terms: tuple[np.ndarray, np.ndarray], d, sync_scale: float = 1.0):
+    """``ring_allreduce_s`` over ``d`` members from its ``ring_terms``; broadcasts."""
+    move, lat = terms
+    return (2.0 * (d - 1) / d * move + 2.0 * (d - 1) * lat) * sync_scale
 
 
 def _subset(bt: Batch, idx: np.ndarray, r: int) -> Batch:

@@ -164,6 +164,8 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
     if len(avail) <= DP_KINDS:
         return _solve_dp(_tables(stage_opts, D, region_of), avail, price, tau, relax, extra,
                          deadline)
+    if deadline is not None and time.perf_counter() > deadline:
+        raise OutOfTime
     allowed = [_allowed(opts, tau, relax) for opts in stage_opts]
     # a stage whose every option is over the bound has no replica for the busiest pipelines
     if any(all(o.time_s > tau for o in al) for al in allowed):
@@ -171,6 +173,9 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
     load = _load(allowed, D, avail, tau, extra)
     if load.max() > 1.0:
         return None
+    own = _each_cheapest(allowed, D, avail, price, region_of, tau, relax, extra)
+    if own is not None:
+        return own
     if not cheapest:
         # the scarcest GPUs by share of what is left, then by the weighting closest to binding
         W = kind_weights(len(avail)).T
@@ -198,6 +203,27 @@ def _load(allowed: list[list[Option]], D: int, avail: np.ndarray, tau: float,
         need += least
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(need > 0, need / (avail @ W), 0.0)
+
+
+def _each_cheapest(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
+                   region_of: list[int], tau: float, relax: float,
+                   extra: int) -> Allocation | None:
+    """Every stage on its own cheapest combo under the bound, when the pool holds them all
+    together: no allocation costs less, so it is the cheapest (else None)."""
+    K = len(avail)
+    usage = np.zeros(K, dtype=np.int64)
+    per_stage = []
+    for al in allowed:
+        combos, CU, ok = _stage_combos(al, D, region_of, K, tau, relax, extra)
+        idx = np.flatnonzero(ok)
+        if len(idx) == 0:
+            return None
+        c = int(idx[np.argmin(CU[idx] @ price)])
+        usage += CU[c]
+        per_stage.append(tuple((o.kind, o.tp, n) for o, n in combos[c]))
+    if (usage > avail).any():
+        return None
+    return Allocation(tuple(per_stage), tuple(int(u) for u in usage), tau)
 
 
 def _stage_combos(al: list[Option], D: int, region_of: list[int], K: int, tau: float,

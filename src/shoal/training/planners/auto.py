@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shoal.estimate.kernel import ring_allreduce_s
+from shoal.estimate.kernel import ring_from_terms, ring_terms
 from shoal.jit import compiled
 from shoal.profiles.network import bandwidth
 from shoal.training.planners import sailor
@@ -260,6 +260,7 @@ class Bounds:
         self._tails: dict[tuple, float] = {}
         self._hops: dict[tuple, np.ndarray] = {}  # link ids of a hop's zone pairs
         self._hop_times: dict[tuple, float] = {}  # _hop_s of one degree
+        self._hop_terms: dict[tuple, tuple] = {}  # kernel.ring_terms of a hop's links
         self._option_rings: dict[tuple, np.ndarray] = {}
         self._refined: dict[tuple, tuple] = {}  # per shape, _refine_parts
         self._stages: dict[tuple, tuple] = {}  # per stage, _stage_parts
@@ -386,20 +387,19 @@ class Bounds:
         replicas of every stage among the options with L(s, o) under it (``_least_level``:
         the conditions of ``_tau``) bounds the time; every stage's cheapest replica paid that
         long, D times over, bounds the cost."""
-        start, t, rid, nbytes, tp, kind, stage, rate = self._refine_parts(sh)
+        start, t, ring, tp, kind, stage, rate = self._refine_parts(sh)
         level = start + (total // D) * t
         if D > 1:
-            level = level + ring_allreduce_s(self.space.tb, rid, float(D), nbytes,
-                                             self.tc.sync_scale).min(axis=1)
+            level = level + ring_from_terms(ring, float(D), self.tc.sync_scale).min(axis=1)
         T = _least_level(level, tp, kind, stage, len(sh.split), D, self.avail, self.region_of,
                          self.region_N, self._weights_grid) + self.tc.step_overhead_s
         return T, T * D * rate
 
     def _refine_parts(self, sh: Shape):
         """Per option of ``sh`` (stage by stage), what ``refined`` needs at any degree: its
-        start plus update, its time per microbatch with its least sends, the links out of it
-        to any kind (``_links``; a row padded with its own first link) and its stage's
-        gradient bytes; its TP, kind and stage; and the least USD/s of one replica of every
+        start plus update, its time per microbatch with its least sends, the ``ring_terms``
+        of its stage's gradients over the links out of it to any kind (``_links``; a row
+        padded with its own last link); its TP, kind and stage; and the least USD/s of one replica of every
         stage."""
         key = (sh.split, sh.mbs, sh.opts)
         got = self._refined.get(key)
@@ -411,10 +411,14 @@ class Bounds:
             start = np.concatenate([f + x[1] for f, x in zip(fpre, stages, strict=True)])
             rows = [r for x in stages for r in x[3]]
             width = max(len(r) for r in rows)
-            rid = np.array([np.pad(r, (0, width - len(r)), mode="edge") for r in rows])
+            rid = np.empty((len(rows), width), dtype=np.int64)
+            for i, r in enumerate(rows):
+                rid[i, :len(r)] = r
+                rid[i, len(r):] = r[-1]
             nbytes = np.concatenate([np.full((len(x[3]), 1), x[4]) for x in stages])
             got = self._refined[key] = (
-                start, np.concatenate([x[2] for x in stages]), rid, nbytes,
+                start, np.concatenate([x[2] for x in stages]),
+                ring_terms(self.space.tb, rid, nbytes),
                 np.concatenate([x[5] for x in stages]), np.concatenate([x[6] for x in stages]),
                 np.concatenate([np.full(len(x[5]), s) for s, x in enumerate(stages)]),
                 sum(float((self.price_s[x[6]] * x[5]).min()) for x in stages))
@@ -524,11 +528,13 @@ class Bounds:
             if got is None:
                 got = self._hop_times[one] = self._hop_s(a, b, np.array([D]), k, tp, k2)[0]
             return float(got)
-        tb = self.space.tb
-        nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * self.space.grad_b
+        terms = self._hop_terms.get(key := (a, b, k, tp, k2))
+        if terms is None:
+            tb = self.space.tb
+            nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * self.space.grad_b
+            terms = self._hop_terms[key] = ring_terms(tb, self._links(k, tp, k2), nbytes)
         d = np.asarray(D, dtype=float)[..., None]
-        return ring_allreduce_s(tb, self._links(k, tp, k2), d, nbytes,
-                                self.tc.sync_scale).min(axis=-1)
+        return ring_from_terms(terms, d, self.tc.sync_scale).min(axis=-1)
 
     def _links(self, k: int, tp: int, k2: int) -> np.ndarray:
         """Link ids from a replica of kind ``k`` at TP ``tp`` to one of kind ``k2``, between

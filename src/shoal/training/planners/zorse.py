@@ -195,10 +195,21 @@ def _largest_remainder(weights: list[float], total: int, floor: int = 0) -> list
 
 
 def build(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: bool, zero: int,
-          schedule: str, inside_memo: dict | None = None) -> PlanSpec | None:
+          schedule: str, memo: dict | None = None) -> PlanSpec | None:
     """The plan of one partition (module docstring, Phase 2), or None if it has more groups
-    than layers or fewer microbatches than one per group. ``inside_memo`` keeps each group's
-    inside bandwidth across calls."""
+    than layers or fewer microbatches than one per group. ``memo`` keeps, across calls, each
+    group's inside bandwidth and each partition's stages per (microbatch size, recompute):
+    the stages do not depend on the ZeRO stage or the schedule."""
+    memo = memo if memo is not None else {}
+    key = ("stages", tuple(map(tuple, groups)), mbs, recompute)
+    if key not in memo:
+        memo[key] = _stages(space, vertices, groups, mbs, recompute, memo)
+    stages = memo[key]
+    return None if stages is None else (mbs, schedule, recompute, zero, stages)
+
+
+def _stages(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: bool,
+            memo: dict) -> tuple | None:
     p = space.problem
     L = p.n_layers
     total = p.job.global_batch // mbs
@@ -210,10 +221,8 @@ def build(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: 
         rate[gpu] = 1.0 / (float(cum[-1]) * p.timing.compute_scale)
     speed = [sum(rate[vertices[v][0]] * vertices[v][2] for v in grp) for grp in groups]
 
-    memo = inside_memo if inside_memo is not None else {}
-
     def inside(grp: list[int]) -> float:
-        key = tuple(grp)
+        key = ("inside", tuple(grp))
         if key not in memo:
             bws = [_intra(space, vertices[v]) for v in grp if vertices[v][2] > 1]
             bws += [_bandwidth(space, vertices[a], vertices[b])
@@ -230,7 +239,7 @@ def build(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: 
         reps = tuple((g, 1, z, m) for (g, z), m in zip(gpus, shares, strict=True))
         stages.append((a, a + n, reps))
         a += n
-    return (mbs, schedule, recompute, zero, tuple(stages))
+    return tuple(stages)
 
 
 def _with_ministages(sp: PlanSpec) -> list[PlanSpec]:
