@@ -255,15 +255,18 @@ class Bounds:
             per_region[pb.zone_region[z]] = per_region.get(pb.zone_region[z], 0) + n
         self.zone_most = max(per_zone.values(), default=0)
         self.region_most = max(per_region.values(), default=0)
-        self._sync: dict[tuple[int, int], np.ndarray] = {}
         self._times: dict[int, tuple[Shape, list]] = {}
-        self._tails: dict[tuple, float] = {}
-        self._hops: dict[tuple, np.ndarray] = {}  # link ids of a hop's zone pairs
-        self._hop_times: dict[tuple, float] = {}  # _hop_s of one degree
-        self._hop_terms: dict[tuple, tuple] = {}  # kernel.ring_terms of a hop's links
-        self._option_rings: dict[tuple, np.ndarray] = {}
-        self._refined: dict[tuple, tuple] = {}  # per shape, _refine_parts
-        self._stages: dict[tuple, tuple] = {}  # per stage, _stage_parts
+        self._option_rings: dict[tuple, np.ndarray] = {}  # these depend on the GPU counts
+        # what does not depend on the GPU counts, shared by every pool of the same kinds in
+        # the same zones (``Space.bound_memo``)
+        memo = self._memo = space.bound_memo
+        self._sync: dict[tuple[int, int], np.ndarray] = memo.setdefault("sync", {})
+        self._tails: dict[tuple, float] = memo.setdefault("tails", {})
+        self._hops: dict[tuple, np.ndarray] = memo.setdefault("hops", {})  # a hop's link ids
+        self._hop_times: dict[tuple, float] = memo.setdefault("hop times", {})  # one degree
+        self._hop_terms: dict[tuple, tuple] = memo.setdefault("hop terms", {})  # ring_terms
+        self._refined: dict[tuple, tuple] = memo.setdefault("refined", {})  # _refine_parts
+        self._stages: dict[tuple, tuple] = memo.setdefault("stages", {})  # _stage_parts
         self._weights_grid = kind_weights(len(self.avail))
 
     def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
@@ -294,11 +297,72 @@ class Bounds:
         looser terms bound: its time bound leaves out the joint GPU count and each option's
         own sends."""
         loose = sh.rebalance
+        tc = self.tc
+        P = len(sh.split)
+        D = Ds.astype(float)
+        n_hi, n_lo = np.ceil(total / D), np.floor(total / D)
+        (tmin, fmin, bmin, upd, busy_w, idle_w, busy_c, rate, ring_s, y, t_all, full_all, tps_,
+         kinds_, stage_) = self._shape_parts(sh)
+        pre = np.concatenate([[0.0], np.cumsum(tmin)[:-1]])  # forward and backward before s
+        fpre = np.concatenate([[0.0], np.cumsum(fmin)[:-1]])  # forwards before s
+        post = np.concatenate([np.cumsum(tmin[::-1])[::-1][1:], [0.0]])  # stages after s
+        # a stage whose D replicas (at its fewest GPUs each) outnumber one zone's or one
+        # region's GPUs all-reduces over at least one link between zones or regions
+        min_tp = np.array([min(o.tp for o in opts) for opts in sh.opts], dtype=float)
+        span = ((D[None, :] * min_tp[:, None] > self.zone_most).astype(int)
+                + (D[None, :] * min_tp[:, None] > self.region_most))
+        ring = np.take_along_axis(ring_s, span, axis=1)  # (P, nD)
+        sync = np.where(D[None, :] > 1, ((2 * (D - 1) / D)[None, :] * ring
+                                         + 2 * (D - 1)[None, :] * self.lat_min) * tc.sync_scale, 0.0)
+        if not loose:
+            sync = np.maximum(sync, np.array([self._option_sync(ab, opts, Ds)
+                                              for ab, opts in zip(sh.split, sh.opts, strict=True)]))
+        tail = sync + upd[:, None]  # (P, nD)
+        tail_min = tail.min(axis=0)
+        work = (total * busy_w.sum() + D * (pre * idle_w).sum()) / max(float(y @ self.avail), 1e-300)
+        tau = self._tau(t_all, tps_, kinds_, stage_, P, Ds)
+        if loose:
+            slow = (self._tau(t_all, tps_, kinds_, stage_, P, Ds, joint=False)
+                    + float((full_all - t_all).min()))
+        else:
+            slow = self._tau(full_all, tps_, kinds_, stage_, P, Ds)  # with sends
+        # the busiest pipeline's replica of stage s: it starts after the forwards before it,
+        # runs n microbatches (its last forward is followed by the later stages' forward and
+        # backward and its own backward), then the earlier stages' backwards and stage 0's tail
+        # follow; or its own tail follows directly
+        nh = n_hi[None, :]
+        chain = np.maximum(nh * tmin[:, None], nh * fmin[:, None] + (bmin + post)[:, None])
+        T = np.maximum.reduce([
+            tail_min + work,
+            n_lo * slow + tail_min,
+            (pre[:, None] + chain).max(axis=0) + tail[0],
+            (fpre[:, None] + chain + tail).max(axis=0),
+        ])
+        T = T + tc.step_overhead_s
+        if loose:
+            # the other splits are re-splits of the shape's own allocation: where the joint
+            # GPU count leaves the shape none, the pair has no plan at all
+            T = np.where(np.isfinite(tau), T, np.inf)
+        C = np.maximum(T * D * rate.sum(),
+                       total * busy_c.sum() + D * (rate[:, None] * (pre[:, None] + tail)).sum(axis=0))
+        C = np.where(np.isfinite(T), C, np.inf)
+        return T, C, tau, tail_min + tc.step_overhead_s
+
+    def _shape_parts(self, sh: Shape) -> tuple:
+        """What ``__call__`` needs of ``sh`` at any degree and pool of the same kinds and
+        zones, per stage: the least time per microbatch with sends, forward with sends,
+        backward and update; the least weighted and USD GPU-seconds per microbatch, weighted
+        GPUs and USD/s per replica; its gradients' ring seconds per link class (``_sync``);
+        the kinds' weights; and per option (stage by stage) its compute time, its time with
+        sends, its TP, kind and stage."""
+        loose = sh.rebalance
+        key = ("shape", sh.split, sh.mbs, sh.opts, loose)
+        got = self._memo.get(key)
+        if got is not None:
+            return got
         tb, tc = self.space.tb, self.tc
         P = len(sh.split)
         mi = tb.mi(sh.mbs)
-        D = Ds.astype(float)
-        n_hi, n_lo = np.ceil(total / D), np.floor(total / D)
         tmin, fmin, bmin, upd = (np.empty(P) for _ in range(4))
         busy_w = np.empty(P)  # weighted GPU-seconds per microbatch
         idle_w = np.empty(P)  # weighted GPUs per replica
@@ -329,52 +393,11 @@ class Bounds:
             tps.append(tp)
             kinds.append(k)
             stage_of.append(np.full(len(opts), s))
-        pre = np.concatenate([[0.0], np.cumsum(tmin)[:-1]])  # forward and backward before s
-        fpre = np.concatenate([[0.0], np.cumsum(fmin)[:-1]])  # forwards before s
-        post = np.concatenate([np.cumsum(tmin[::-1])[::-1][1:], [0.0]])  # stages after s
-        # a stage whose D replicas (at its fewest GPUs each) outnumber one zone's or one
-        # region's GPUs all-reduces over at least one link between zones or regions
-        min_tp = np.array([min(o.tp for o in opts) for opts in sh.opts], dtype=float)
-        span = ((D[None, :] * min_tp[:, None] > self.zone_most).astype(int)
-                + (D[None, :] * min_tp[:, None] > self.region_most))
-        ring = np.take_along_axis(ring_s, span, axis=1)  # (P, nD)
-        sync = np.where(D[None, :] > 1, ((2 * (D - 1) / D)[None, :] * ring
-                                         + 2 * (D - 1)[None, :] * self.lat_min) * tc.sync_scale, 0.0)
-        if not loose:
-            sync = np.maximum(sync, np.array([self._option_sync(ab, opts, Ds)
-                                              for ab, opts in zip(sh.split, sh.opts, strict=True)]))
-        tail = sync + upd[:, None]  # (P, nD)
-        tail_min = tail.min(axis=0)
-        work = (total * busy_w.sum() + D * (pre * idle_w).sum()) / max(float(y @ self.avail), 1e-300)
-        tps_, kinds_, stage_ = np.concatenate(tps), np.concatenate(kinds), np.concatenate(stage_of)
-        t_all, full_all = np.concatenate(times), np.concatenate(fulls)
-        tau = self._tau(t_all, tps_, kinds_, stage_, P, Ds)
-        if loose:
-            slow = (self._tau(t_all, tps_, kinds_, stage_, P, Ds, joint=False)
-                    + float((full_all - t_all).min()))
-        else:
-            slow = self._tau(full_all, tps_, kinds_, stage_, P, Ds)  # with sends
-        # the busiest pipeline's replica of stage s: it starts after the forwards before it,
-        # runs n microbatches (its last forward is followed by the later stages' forward and
-        # backward and its own backward), then the earlier stages' backwards and stage 0's tail
-        # follow; or its own tail follows directly
-        nh = n_hi[None, :]
-        chain = np.maximum(nh * tmin[:, None], nh * fmin[:, None] + (bmin + post)[:, None])
-        T = np.maximum.reduce([
-            tail_min + work,
-            n_lo * slow + tail_min,
-            (pre[:, None] + chain).max(axis=0) + tail[0],
-            (fpre[:, None] + chain + tail).max(axis=0),
-        ])
-        T = T + tc.step_overhead_s
-        if loose:
-            # the other splits are re-splits of the shape's own allocation: where the joint
-            # GPU count leaves the shape none, the pair has no plan at all
-            T = np.where(np.isfinite(tau), T, np.inf)
-        C = np.maximum(T * D * rate.sum(),
-                       total * busy_c.sum() + D * (rate[:, None] * (pre[:, None] + tail)).sum(axis=0))
-        C = np.where(np.isfinite(T), C, np.inf)
-        return T, C, tau, tail_min + tc.step_overhead_s
+        got = self._memo[key] = (
+            tmin, fmin, bmin, upd, busy_w, idle_w, busy_c, rate, ring_s, y,
+            np.concatenate(times).astype(float), np.concatenate(fulls),
+            np.concatenate(tps), np.concatenate(kinds), np.concatenate(stage_of))
+        return got
 
     def refined(self, sh: Shape, D: int, total: int) -> tuple[float, float]:
         """(time, cost) lower bounds on the plans of ``sh``'s own split with D pipelines, per

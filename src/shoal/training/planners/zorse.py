@@ -182,16 +182,14 @@ def split(space: Space, vertices: list[tuple[str, str, int]],
 
 def _largest_remainder(weights: list[float], total: int, floor: int = 0) -> list[int]:
     """Integers proportional to ``weights`` summing to ``total``, each at least ``floor``."""
-    n = len(weights)
-    base = [floor] * n
-    left = total - floor * n
     w = np.asarray(weights, dtype=float)
+    left = total - floor * len(w)
     raw = w / w.sum() * left
-    got = np.floor(raw).astype(int)
+    got = np.floor(raw).astype(np.int64)
     rem = left - int(got.sum())
     order = np.argsort(-(raw - got), kind="stable")
     got[order[:rem]] += 1
-    return [int(b + x) for b, x in zip(base, got, strict=True)]
+    return (got + floor).tolist()
 
 
 def build(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: bool, zero: int,
@@ -234,9 +232,11 @@ def _stages(space: Space, vertices, groups: list[list[int]], mbs: int, recompute
     layers = _largest_remainder([speed[i] for i in order], L, floor=1)
     stages, a = [], 0
     for i, n in zip(order, layers, strict=True):
-        gpus = [(vertices[v][0], vertices[v][1]) for v in groups[i] for _ in range(vertices[v][2])]
-        shares = _largest_remainder([rate[g] for g, _ in gpus], total)
-        reps = tuple((g, 1, z, m) for (g, z), m in zip(gpus, shares, strict=True))
+        grp = [vertices[v] for v in groups[i]]
+        shares = _largest_remainder(np.repeat([rate[g] for g, _, _ in grp],
+                                              [n for _, _, n in grp]), total)
+        reps = tuple((g, 1, z, m) for (g, z), m in zip(
+            ((g, z) for g, z, n in grp for _ in range(n)), shares, strict=True))
         stages.append((a, a + n, reps))
         a += n
     return tuple(stages)
