@@ -220,11 +220,20 @@ def _stages(space: Space, vertices, groups: list[list[int]], mbs: int, recompute
     speed = [sum(rate[vertices[v][0]] * vertices[v][2] for v in grp) for grp in groups]
 
     def inside(grp: list[int]) -> float:
+        """The slowest link between two GPUs of the group: inside a node, between two nodes
+        of one type and zone, or between nodes of two (each pair in the order the group
+        lists them; nodes of one type and zone are listed together)."""
         key = ("inside", tuple(grp))
         if key not in memo:
             bws = [_intra(space, vertices[v]) for v in grp if vertices[v][2] > 1]
-            bws += [_bandwidth(space, vertices[a], vertices[b])
-                    for i, a in enumerate(grp) for b in grp[i + 1:]]
+            nodes_of: dict[tuple[str, str], int] = {}
+            for v in grp:
+                nodes_of[vertices[v][:2]] = nodes_of.get(vertices[v][:2], 0) + 1
+            where = list(nodes_of)
+            for i, (g, z) in enumerate(where):
+                if nodes_of[(g, z)] > 1:
+                    bws.append(_link_bw(p.network, z, z, g, g))
+                bws += [_link_bw(p.network, z, z2, g, g2) for g2, z2 in where[i + 1:]]
             memo[key] = min(bws, default=math.inf)
         return memo[key]
 
