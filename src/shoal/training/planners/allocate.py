@@ -6,7 +6,8 @@ Each stage gets D replicas, each of one kind at that kind's smallest fitting TP 
 per-microbatch time of the slowest replica, the cheapest allocation is exact: with one or two
 kinds by Sailor's dynamic program over stages on the GPUs still free (keeping after each stage
 the GPU-usage vectors that no other dominates), with three kinds or more, where those sets grow
-to thousands of vectors per stage, by a MIP over the same choices. The smallest feasible ``tau``
+to thousands of vectors per stage, by a MIP over the same choices (unless every stage's own
+cheapest choice fits the pool together: no allocation is cheaper). The smallest feasible ``tau``
 is found by bisection over the distinct stage times (feasibility is monotone in ``tau``).
 
 Pool sizes enter the dynamic program only as caps, so a ``PoolMemo`` keeps each program's last
@@ -173,10 +174,11 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
     load = _load(allowed, D, avail, tau, extra)
     if load.max() > 1.0:
         return None
-    own = _each_cheapest(allowed, D, avail, price, region_of, tau, relax, extra)
-    if own is not None:
-        return own
-    if not cheapest:
+    if cheapest:
+        own = _each_cheapest(allowed, D, avail, price, region_of, tau, relax, extra)
+        if own is not None:
+            return own
+    else:
         # the scarcest GPUs by share of what is left, then by the weighting closest to binding
         W = kind_weights(len(avail)).T
         for weigh in (None, W[:, int(np.argmax(load))]):
