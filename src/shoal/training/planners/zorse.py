@@ -243,9 +243,12 @@ def _stages(space: Space, vertices, groups: list[list[int]], mbs: int, recompute
     for i, n in zip(order, layers, strict=True):
         grp = [vertices[v] for v in groups[i]]
         shares = _largest_remainder(np.repeat([rate[g] for g, _, _ in grp],
-                                              [n for _, _, n in grp]), total)
-        reps = tuple((g, 1, z, m) for (g, z), m in zip(
-            ((g, z) for g, z, n in grp for _ in range(n)), shares, strict=True))
+                                              [count for _, _, count in grp]), total)
+        gpus, zones = [], []
+        for g, z, count in grp:
+            gpus += [g] * count
+            zones += [z] * count
+        reps = tuple(zip(gpus, [1] * len(gpus), zones, shares, strict=True))
         stages.append((a, a + n, reps))
         a += n
     return tuple(stages)
