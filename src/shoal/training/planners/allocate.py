@@ -161,32 +161,42 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
     microbatches shared as by ``build.shares``; without, every replica takes at most ``tau``).
     Each stage mixes at most two options, all of one region. With ``cheapest`` False, any
     such allocation (a feasibility test). Raises OutOfTime once past ``deadline``."""
+    return _solve_exact(stage_opts, D, avail, price, region_of, tau, total, deadline,
+                        cheapest)[0]
+
+
+def _solve_exact(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
+                 region_of: list[int], tau: float, total: int | None,
+                 deadline: float | None, cheapest: bool) -> tuple[Allocation | None, bool]:
+    """``_solve``'s answer, and whether it is the cheapest (none counts as the cheapest): a
+    feasibility test answers with the cheapest allocation when it takes the MIP."""
     relax, extra = slots(D, total)
     if len(avail) <= DP_KINDS:
         return _solve_dp(_tables(stage_opts, D, region_of), avail, price, tau, relax, extra,
-                         deadline)
+                         deadline), True
     if deadline is not None and time.perf_counter() > deadline:
         raise OutOfTime
     allowed = [_allowed(opts, tau, relax) for opts in stage_opts]
     # a stage whose every option is over the bound has no replica for the busiest pipelines
     if any(all(o.time_s > tau for o in al) for al in allowed):
-        return None
+        return None, True
     load = _load(allowed, D, avail, tau, extra)
     if load.max() > 1.0:
-        return None
+        return None, True
     if cheapest:
         own = _each_cheapest(allowed, D, avail, price, region_of, tau, relax, extra)
         if own is not None:
-            return own
+            return own, True
     else:
         # the scarcest GPUs by share of what is left, then by the weighting closest to binding
         W = kind_weights(len(avail)).T
         for weigh in (None, W[:, int(np.argmax(load))]):
             found = _greedy(allowed, D, avail, region_of, tau, extra, weigh)
             if found is not None:
-                return found
-    return _solve_mip(allowed, D, avail, price, region_of, tau, relax, extra, deadline,
-                      cheapest)
+                return found, False
+    # a feasibility test that gets here also costs the allocations: when its bound is the
+    # one found, the cheapest is then known (a MIP with costs takes about a third longer)
+    return _solve_mip(allowed, D, avail, price, region_of, tau, relax, extra, deadline), True
 
 
 def _load(allowed: list[list[Option]], D: int, avail: np.ndarray, tau: float,
@@ -196,13 +206,16 @@ def _load(allowed: list[list[Option]], D: int, avail: np.ndarray, tau: float,
     dual) and no allocation fits."""
     W = kind_weights(len(avail)).T
     need = np.zeros(W.shape[1])
+    equal: dict[tuple[Option, ...], int] = {}  # stages of equal options count once, times n
     for al in allowed:
+        equal[key] = equal.get(key := tuple(al), 0) + 1
+    for al, n in equal.items():
         under = np.min([o.tp * W[o.kind] for o in al if o.time_s <= tau], axis=0)
         least = D * under
         over = [o.tp * W[o.kind] for o in al if o.time_s > tau]
         if over:  # at most D - extra replicas on an option over the bound
             least = np.minimum(least, (D - extra) * np.min(over, axis=0) + extra * under)
-        need += least
+        need += n * least
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(need > 0, need / (avail @ W), 0.0)
 
@@ -500,7 +513,7 @@ def _cheapest_at(front: tuple[np.ndarray, np.ndarray], A: int, B: int) -> slice 
 
 def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
                region_of: list[int], tau: float, relax: float, extra: int,
-               deadline: float | None, cheapest: bool) -> Allocation | None:
+               deadline: float | None) -> Allocation | None:
     """``_solve`` for three kinds or more, where the program's fronts grow large: a MIP solved
     by HiGHS, in one of two forms of the same choices (``_by_combo``, ``_by_option``). The combo
     form has no big-M rows, no binaries per region and no symmetry between equal stages: on
@@ -526,9 +539,9 @@ def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np
     use: list[tuple[list[int], list[float]]] = [([], []) for _ in range(K)]  # columns per kind
     regions = {region_of[o.kind] for al in classes for o in al}
     if len(regions) > 1 and n_combo <= COMBO_COLUMNS_PER_OPTION * n_option:
-        read = _by_combo(m, use, classes, D, price, region_of, tau, relax, extra, cheapest)
+        read = _by_combo(m, use, classes, D, price, region_of, tau, relax, extra)
     else:
-        read = _by_option(m, use, allowed, D, price, region_of, tau, extra, cheapest)
+        read = _by_option(m, use, allowed, D, price, region_of, tau, extra)
     if read is None:
         return None
     for k, (idx, val) in enumerate(use):
@@ -548,8 +561,7 @@ def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np
 
 
 def _by_combo(m: Model, use, classes: dict[tuple[Option, ...], list[int]], D: int,
-              price: np.ndarray, region_of: list[int], tau: float, relax: float, extra: int,
-              cheapest: bool):
+              price: np.ndarray, region_of: list[int], tau: float, relax: float, extra: int):
     """Columns: per class of equal stages, how many of them take each combo the bound allows
     (the dynamic program's choices); returns the reader of a solution, or None when a class
     has no combo."""
@@ -560,7 +572,7 @@ def _by_combo(m: Model, use, classes: dict[tuple[Option, ...], list[int]], D: in
         idx = np.flatnonzero(ok)
         if len(idx) == 0:
             return None
-        cost = CU[idx] @ price if cheapest else np.zeros(len(idx))
+        cost = CU[idx] @ price
         vs = [m.var(0, len(stages), float(c), integer=True) for c in cost]
         m.row(vs, [1] * len(vs), lo=len(stages), hi=len(stages))
         for v, c in zip(vs, idx, strict=True):
@@ -582,7 +594,7 @@ def _by_combo(m: Model, use, classes: dict[tuple[Option, ...], list[int]], D: in
 
 
 def _by_option(m: Model, use, allowed: list[list[Option]], D: int, price: np.ndarray,
-               region_of: list[int], tau: float, extra: int, cheapest: bool):
+               region_of: list[int], tau: float, extra: int):
     """Columns: per stage, the replicas it takes of each allowed option, with a binary per
     option (at most two used, at most one over ``tau`` with at most D - extra replicas) and
     per region (the options of one region only); returns the reader of a solution."""
@@ -592,7 +604,7 @@ def _by_option(m: Model, use, allowed: list[list[Option]], D: int, price: np.nda
         regions: dict[int, list[int]] = {}
         for o in al:
             cap = D - extra if o.time_s > tau else D
-            x = m.var(0, cap, float(price[o.kind] * o.tp) if cheapest else 0.0, integer=True)
+            x = m.var(0, cap, float(price[o.kind] * o.tp), integer=True)
             z = m.var(0, 1, integer=True)
             m.row([x, z], [1, -cap], hi=0)  # replicas only on a used option
             xs.append(x)
@@ -781,9 +793,11 @@ class _Program:
 
     def _solve(self, tau: float, cheapest: bool = True) -> Allocation | None:
         if (tau, cheapest) not in self._solved:
-            self._solved[(tau, cheapest)] = _solve(
-                self.stage_opts, self.D, self.avail, self.price, self.region_of, tau,
-                self.total, self.deadline, cheapest)
+            got, exact = _solve_exact(self.stage_opts, self.D, self.avail, self.price,
+                                      self.region_of, tau, self.total, self.deadline, cheapest)
+            self._solved[(tau, cheapest)] = got
+            if exact:
+                self._solved[(tau, True)] = got
         return self._solved[(tau, cheapest)]
 
     def _front(self, tau: float, A: int, B: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -832,8 +846,9 @@ class _Program:
 
 def _fastest(prog: _Program, at_least: float) -> Allocation | None:
     """The search over the stage times asks only whether a bound can be met (the fronts
-    answer that for one or two kinds, the MIP stops at a first allocation); the cheapest
-    allocation is found once, at the bound found. It bisects, except from a caller's bound
+    answer that for one or two kinds, beyond them a quick greedy fill, else the MIP, which
+    finds the cheapest allocation then); the cheapest allocation is found once, at the bound
+    found. It bisects, except from a caller's bound
     (``at_least``), where the answer mostly is or is a few bounds above: that bound is tried
     first, then bounds 1, 3, 7, ... above it until one is met, then the bisection narrows the
     last step. Feasibility is monotone in the bound, so the answer is the same either way."""
