@@ -125,3 +125,22 @@ def test_min_cut_is_the_minimum_cut(n, seed):
     assert got == pytest.approx(value, abs=1e-9)
     assert 0 < len(side) < n
     assert W[np.ix_(side, other)].sum() == pytest.approx(got, abs=1e-9)
+
+
+def test_a_spent_budget_stops_the_pass_before_it_builds_plans(setup, monkeypatch):
+    """Past the deadline the pass builds and costs nothing and marks the search truncated;
+    with time left it costs plans."""
+    from shoal.training.planners import zorse
+
+    pb, _, _ = setup
+    mbs = mbs_options(pb)
+    built = []
+    real = zorse.build
+    monkeypatch.setattr(zorse, "build", lambda *a, **k: built.append(1) or real(*a, **k))
+    for spent in (True, False):
+        built.clear()
+        ev = Evaluator(pb, mbs, pb.constraints, SearchStats("z"), "max-throughput")
+        ev.deadline = -1.0 if spent else None
+        zorse.search(ev, Space(pb, ev.tb), "max-throughput", mbs)
+        assert ev.stats.truncated == spent
+        assert (not built and ev.stats.candidates_costed == 0) if spent else built

@@ -312,6 +312,8 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
     specs: list[PlanSpec] = []
     memo: dict = {}
     for k in sorted(parts):
+        if ev.out_of_time():
+            return  # its plans are not costed: none of them is built
         for recompute in sorted(set(job.recompute), reverse=True):
             for zero in _zero_stages(job.zero_stage):
                 for schedule in job.schedule:
