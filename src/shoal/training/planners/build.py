@@ -53,9 +53,12 @@ def _build(space: Space, alloc: Allocation, stage_opts: list[list[Option]],
     used: dict[tuple[str, str], int] = {}
     stages = []
     for (a, b), opts, st in zip(split, stage_opts, alloc.per_stage, strict=True):
-        # slowest replicas first (of equally fast ones, the allocation's order)
-        runs = sorted(((next(o.time_s for o in opts if o.kind == k and o.tp == tp), k, tp, n)
-                       for k, tp, n in st), key=lambda r: -r[0])
+        # slowest replicas first (of equally fast ones, the allocation's order; one needs none)
+        if len(st) == 1:
+            runs = [(0.0, *st[0])]
+        else:
+            runs = sorted(((next(o.time_s for o in opts if o.kind == k and o.tp == tp), k, tp, n)
+                           for k, tp, n in st), key=lambda r: -r[0])
         zones: list[str] = []
         for _, k, tp, n in runs:
             kind = space.kinds[k]
