@@ -132,60 +132,68 @@ def _min_max_cuts(cum, L, arg):
 
 
 @compiled
-def _least_level(level, tp, kind, stage, P, D, avail, region_of, region_N, W):
-    """``Bounds.refined``'s level: the smallest of ``level`` (one per option) at which the
-    pool holds D replicas of each of the P stages among the options at or under it, by the
-    conditions of ``Bounds._tau`` (per stage in one region, the stages per region, and the
-    GPUs all stages take from each kind together: LP dual bounds at weights ``W``); inf when
-    none does. Feasibility only grows with the level, so a bisection over the sorted levels
-    finds it."""
+def _least_level(level, tp, kind, stage, P, Ds, avail, region_of, region_N, W):
+    """Per degree D in ``Ds``, ``Bounds.refined``'s level: the smallest of ``level`` (one per
+    option) at which the pool holds D replicas of each of the P stages among the options at
+    or under it, by the conditions of ``Bounds._tau`` (per stage in one region, the stages
+    per region, and the GPUs all stages take from each kind together: LP dual bounds at
+    weights ``W``); inf when none does. Feasibility only grows with the level, so a
+    bisection over the sorted levels finds it; it only shrinks as D grows, so a degree at
+    least the one before starts where that one's answer is."""
     K, R = len(avail), len(region_N)
     order = np.argsort(level)
-    lo, hi = 0, len(order)  # the answer's position in order; len(order): none
-    while lo < hi:
-        mid = (lo + hi) // 2
-        theta = level[order[mid]]
-        c = np.full((P, K), np.inf)  # fewest GPUs per replica of stage s from kind k
-        for o in range(len(level)):
-            if level[o] <= theta and tp[o] < c[stage[o], kind[o]]:
-                c[stage[o], kind[o]] = tp[o]
-        ok = True
-        gmin = np.full(R, np.inf)
-        for s in range(P):
-            most = 0.0
-            for r in range(R):
-                cap = 0.0
-                for k in range(K):
-                    if region_of[k] == r and c[s, k] < np.inf:
-                        cap += np.floor(avail[k] / c[s, k])
-                        gmin[r] = min(gmin[r], c[s, k])
-                most = max(most, cap)
-            if most < D:
-                ok = False
-        if ok:
-            stages = 0.0
-            for r in range(R):
-                if gmin[r] < np.inf:
-                    stages += np.floor(region_N[r] / (gmin[r] * D))
-            ok = stages >= P
-        m = 0
-        while ok and m < W.shape[0]:
-            den, have = 0.0, 0.0
-            for k in range(K):
-                have += W[m, k] * avail[k]
+    out = np.empty(len(Ds))
+    start = 0
+    for i in range(len(Ds)):
+        D = Ds[i]
+        lo = start if i > 0 and Ds[i - 1] <= D else 0
+        hi = len(order)  # the answer's position in order; len(order): none
+        while lo < hi:
+            mid = (lo + hi) // 2
+            theta = level[order[mid]]
+            c = np.full((P, K), np.inf)  # fewest GPUs per replica of stage s from kind k
+            for o in range(len(level)):
+                if level[o] <= theta and tp[o] < c[stage[o], kind[o]]:
+                    c[stage[o], kind[o]] = tp[o]
+            ok = True
+            gmin = np.full(R, np.inf)
             for s in range(P):
-                low = np.inf
+                most = 0.0
+                for r in range(R):
+                    cap = 0.0
+                    for k in range(K):
+                        if region_of[k] == r and c[s, k] < np.inf:
+                            cap += np.floor(avail[k] / c[s, k])
+                            gmin[r] = min(gmin[r], c[s, k])
+                    most = max(most, cap)
+                if most < D:
+                    ok = False
+            if ok:
+                stages = 0.0
+                for r in range(R):
+                    if gmin[r] < np.inf:
+                        stages += np.floor(region_N[r] / (gmin[r] * D))
+                ok = stages >= P
+            m = 0
+            while ok and m < W.shape[0]:
+                den, have = 0.0, 0.0
                 for k in range(K):
-                    if c[s, k] < np.inf:
-                        low = min(low, W[m, k] * c[s, k])
-                den += low
-            ok = not (den > 0 and D * den > have)
-            m += 1
-        if ok:
-            hi = mid
-        else:
-            lo = mid + 1
-    return level[order[lo]] if lo < len(order) else np.inf
+                    have += W[m, k] * avail[k]
+                for s in range(P):
+                    low = np.inf
+                    for k in range(K):
+                        if c[s, k] < np.inf:
+                            low = min(low, W[m, k] * c[s, k])
+                    den += low
+                ok = not (den > 0 and D * den > have)
+                m += 1
+            if ok:
+                hi = mid
+            else:
+                lo = mid + 1
+        out[i] = level[order[lo]] if lo < len(order) else np.inf
+        start = lo
+    return out
 
 
 @dataclass(frozen=True)
@@ -414,8 +422,9 @@ class Bounds:
         level = start + (total // D) * t
         if D > 1:
             level = level + ring_from_terms(ring, float(D), self.tc.sync_scale).min(axis=1)
-        T = _least_level(level, tp, kind, stage, len(sh.split), D, self.avail, self.region_of,
-                         self.region_N, self._weights_grid) + self.tc.step_overhead_s
+        T = _least_level(level, tp, kind, stage, len(sh.split), np.array([D], dtype=np.int64),
+                         self.avail, self.region_of, self.region_N,
+                         self._weights_grid)[0] + self.tc.step_overhead_s
         return T, T * D * rate
 
     def _refine_parts(self, sh: Shape):
@@ -626,8 +635,8 @@ class Bounds:
         ``allocate.kind_weights``; without ``joint``, the GPUs of all kinds together)."""
         W = self._weights_grid if joint else np.ones((1, len(self.avail)))
         args = (t.astype(float), tp.astype(float), k.astype(np.int64), st.astype(np.int64), P)
-        return np.array([_least_level(*args, int(D), self.avail, self.region_of, self.region_N, W)
-                         for D in Ds])
+        return _least_level(*args, np.asarray(Ds, dtype=np.int64), self.avail, self.region_of,
+                            self.region_N, W)
 
 
 def _shapes(space: Space, mbs_values: list[int], max_stages: int | None):

@@ -131,15 +131,16 @@ class Space:
     def _smallest_fitting_tp(self, gpu: str, mbs: int, a: int, b: int, in_flight: int,
                              recompute: bool, zero: int, dp: int) -> int | None:
         tb, mem = self.tb, self.problem.memory
-        cap = self.problem.gpus[gpu].memory_bytes
-        for tp in self.tps[gpu]:
-            ti = tb.ti(tp)
-            states, buffers, act = worker_memory(
-                tb, mem, self.state_b, a, b, ti, float(mbs), float(in_flight),
-                np.bool_(recompute), np.int64(zero), float(max(dp, 1)))
-            if mem.framework_bytes + float(states) + float(buffers) + float(act) <= cap:
-                return tp
-        return None
+        tps = self.tps[gpu]
+        if not tps:
+            return None
+        # every TP at once (the kernel's memory model broadcasts), the smallest that fits
+        states, buffers, act = worker_memory(
+            tb, mem, self.state_b, a, b, np.array([tb.ti(tp) for tp in tps]), float(mbs),
+            float(in_flight), np.bool_(recompute), np.int64(zero), float(max(dp, 1)))
+        fits = np.flatnonzero(mem.framework_bytes + states + buffers + act
+                              <= self.problem.gpus[gpu].memory_bytes)
+        return tps[int(fits[0])] if len(fits) else None
 
     def free(self, kind: Kind, zone: str, used: dict[tuple[str, str], int]) -> int:
         """GPUs of ``kind``'s type left in ``zone`` after ``used``."""
