@@ -123,24 +123,30 @@ class Space:
     def min_tp(self, gpu: str, mbs: int, a: int, b: int, in_flight: int, recompute: bool,
                zero: int, dp: int) -> int | None:
         """Smallest TP for which a worker holding layers [a, b) fits (H2), or None."""
-        key = (gpu, mbs, a, b, in_flight, recompute, zero, dp)
-        if key not in self._min_tp:
-            self._min_tp[key] = self._smallest_fitting_tp(*key)
-        return self._min_tp[key]
+        key = (gpu, mbs, in_flight, recompute, zero, dp)
+        table = self._min_tp.get(key)
+        if table is None:
+            table = self._min_tp[key] = self._smallest_fitting_tps(*key)
+        t = int(table[a, b])
+        return None if t < 0 else self.tps[gpu][t]
 
-    def _smallest_fitting_tp(self, gpu: str, mbs: int, a: int, b: int, in_flight: int,
-                             recompute: bool, zero: int, dp: int) -> int | None:
+    def _smallest_fitting_tps(self, gpu: str, mbs: int, in_flight: int, recompute: bool,
+                              zero: int, dp: int) -> np.ndarray:
+        """``min_tp`` for every layer range [a, b) at once (the kernel's memory model
+        broadcasts): per (a, b), the position in ``tps[gpu]`` of the smallest TP that fits, or
+        -1 (entries with a >= b are not read)."""
         tb, mem = self.tb, self.problem.memory
         tps = self.tps[gpu]
+        L = len(tb.cum_params) - 1
         if not tps:
-            return None
-        # every TP at once (the kernel's memory model broadcasts), the smallest that fits
+            return np.full((L + 1, L + 1), -1, dtype=np.int8)
+        ls, le = np.indices((L + 1, L + 1))
         states, buffers, act = worker_memory(
-            tb, mem, self.state_b, a, b, np.array([tb.ti(tp) for tp in tps]), float(mbs),
-            float(in_flight), np.bool_(recompute), np.int64(zero), float(max(dp, 1)))
-        fits = np.flatnonzero(mem.framework_bytes + states + buffers + act
-                              <= self.problem.gpus[gpu].memory_bytes)
-        return tps[int(fits[0])] if len(fits) else None
+            tb, mem, self.state_b, ls[..., None], le[..., None],
+            np.array([tb.ti(tp) for tp in tps]), float(mbs), float(in_flight),
+            np.bool_(recompute), np.int64(zero), float(max(dp, 1)))
+        fits = mem.framework_bytes + states + buffers + act <= self.problem.gpus[gpu].memory_bytes
+        return np.where(fits.any(axis=-1), fits.argmax(axis=-1), -1).astype(np.int8)
 
     def free(self, kind: Kind, zone: str, used: dict[tuple[str, str], int]) -> int:
         """GPUs of ``kind``'s type left in ``zone`` after ``used``."""
