@@ -694,6 +694,14 @@ class Fronts:
         self.ceiling: np.ndarray | None = None
         self._fronts: dict[tuple, dict[float, tuple[int, int, tuple | None]]] = {}
         self._allocs: dict[tuple, Allocation] = {}
+        self._tables: dict[tuple, _Tables] = {}
+
+    def tables(self, key: tuple, build: Callable[[], _Tables]) -> _Tables:
+        """The ``_Tables`` of program ``key`` (stage options and degree), built once."""
+        got = self._tables.get(key)
+        if got is None:
+            got = self._tables[key] = build()
+        return got
 
     def raise_ceiling(self, avail: np.ndarray) -> None:
         """Programs are computed for pools of up to ``avail`` GPUs per kind from now on."""
@@ -803,7 +811,10 @@ class _Program:
     def _front(self, tau: float, A: int, B: int) -> tuple[np.ndarray, np.ndarray] | None:
         relax, extra = slots(self.D, self.total)
         if self._tables is None:
-            self._tables = _tables(self.stage_opts, self.D, self.region_of)
+            fronts = self.fronts
+            self._tables = (_tables(self.stage_opts, self.D, self.region_of) if fronts is None
+                            else fronts.tables((*self.key, self.D), lambda: _tables(
+                                self.stage_opts, self.D, self.region_of)))
         back = self._back[tau] = []
         return _dp_front(self._tables, A, B, tau, relax, extra, self.deadline, back)
 

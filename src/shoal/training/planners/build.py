@@ -85,7 +85,10 @@ def _build(space: Space, alloc: Allocation, stage_opts: list[list[Option]],
                 zones += [z] * (more + 1)
                 left -= more + 1
                 prefer = z
-        reps = [(space.kinds[k].gpu, tp) for _, k, tp, n in runs for _ in range(n)]
-        stages.append((a, b, tuple((g, tp, z, m[j]) for j, ((g, tp), z)
-                                   in enumerate(zip(reps, zones, strict=True)))))
+        gpus: list[str] = []
+        tps: list[int] = []
+        for _, k, tp, n in runs:
+            gpus += [space.kinds[k].gpu] * n
+            tps += [tp] * n
+        stages.append((a, b, tuple(zip(gpus, tps, zones, m, strict=True))))
     return (mbs, schedule, recompute, zero, tuple(stages))
