@@ -79,14 +79,19 @@ def _link_bw(network, za: str, zb: str, ga: str, gb: str) -> float:
     return MESSAGE / t if t > 0 else math.inf
 
 
-def _intra(space: Space, node: tuple[str, str, int]) -> float:
-    """Bandwidth between the GPUs of one node."""
+def _intra(space: Space, gpu: str) -> float:
+    """Bandwidth between the GPUs of one node of type ``gpu``."""
     p = space.problem
-    link = p.network.intra.get(node[0])
+    return _intra_bw(p.network, gpu, p.gpus[gpu].intra_node_bw_Bps)
+
+
+@lru_cache(maxsize=1024)
+def _intra_bw(network, gpu: str, default_Bps: float) -> float:
+    link = network.intra.get(gpu)
     if link is not None:
         t = float(link.transfer_time(MESSAGE)) - link.latency_s
         return MESSAGE / t if t > 0 else math.inf
-    return p.gpus[node[0]].intra_node_bw_Bps
+    return default_Bps
 
 
 def min_cut(W: np.ndarray) -> tuple[float, list[int]]:
@@ -225,7 +230,7 @@ def _stages(space: Space, vertices, groups: list[list[int]], mbs: int, recompute
         lists them; nodes of one type and zone are listed together)."""
         key = ("inside", tuple(grp))
         if key not in memo:
-            bws = [_intra(space, vertices[v]) for v in grp if vertices[v][2] > 1]
+            bws = [_intra(space, g) for g in {vertices[v][0] for v in grp if vertices[v][2] > 1}]
             nodes_of: dict[tuple[str, str], int] = {}
             for v in grp:
                 nodes_of[vertices[v][:2]] = nodes_of.get(vertices[v][:2], 0) + 1
