@@ -407,6 +407,12 @@ class Bounds:
             np.concatenate(tps), np.concatenate(kinds), np.concatenate(stage_of))
         return got
 
+    def slowest(self, sh: Shape, D: int) -> float:
+        """The least time per microbatch of the slowest replica of any plan of ``sh``'s own
+        split with D pipelines, as ``__call__``'s third value (``_tau``)."""
+        t_all, _, tps_, kinds_, stage_ = self._shape_parts(sh)[10:]
+        return float(self._tau(t_all, tps_, kinds_, stage_, len(sh.split), np.array([D]))[0])
+
     def refined(self, sh: Shape, D: int, total: int) -> tuple[float, float]:
         """(time, cost) lower bounds on the plans of ``sh``'s own split with D pipelines, per
         option rather than per term (one degree at a time, so the search asks it of the pairs
@@ -780,10 +786,15 @@ class _BranchAndBound:
                                   functools.partial(self.bounds.tails, sh.split, D=D))
                     total = self.space.problem.job.global_batch // sh.mbs
 
-                    def reach(s: Shape, D=D, total=total, worth=worth) -> bool:
-                        return not worth.out_of_reach(*self.bounds.refined(s, D, total))
+                    def reach(s: Shape, D=D, total=total, worth=worth) -> float | None:
+                        """The least slowest-replica time of ``s``'s plans with D pipelines
+                        (``Bounds.slowest``), or None when its refined bound cannot beat
+                        the incumbent."""
+                        if worth.out_of_reach(*self.bounds.refined(s, D, total)):
+                            return None
+                        return self.bounds.slowest(s, D)
 
-                    if not sh.rebalance and not reach(sh):
+                    if not sh.rebalance and reach(sh) is None:
                         ev.stats.pruned += 1  # its refined bound cannot beat the incumbent
                     else:
                         specs += _specs(self.space, sh, D, float(self.tau[e]), self.avail,
@@ -916,7 +927,7 @@ def stage_floors_s(a: Allocation, times: list[dict[tuple[int, int], float]], D: 
 
 def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of, levels: int,
            L: int, deadline: float | None = None, worth: Worth | None = None,
-           reach: Callable[[Shape], bool] | None = None) -> list:
+           reach: Callable[[Shape], float | None] | None = None) -> list:
     """Plans of one (shape, degree) pair: its allocations, each in every zone packing, and
     their variants; allocations ``worth`` says cannot beat the incumbent are not built, nor
     plans of a split whose shape ``reach`` says cannot (``Bounds.refined``). Raises OutOfTime
@@ -924,7 +935,7 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
     opts = [list(o) for o in sh.opts]
     total = space.problem.job.global_batch // sh.mbs
     memo, key = space.alloc_memo, (sh.split, sh.mbs, sh.recompute)
-    if reach is not None and not reach(sh):
+    if reach is not None and reach(sh) is None:
         if not sh.rebalance:
             return []
         # only the re-split may beat the incumbent: the fastest allocation gives its layers
@@ -997,19 +1008,24 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
 
 def _resplit(space: Space, sh: Shape, alloc: Allocation, opts: list[list[Option]], D: int, L: int,
              total: int, avail, price, region_of, deadline: float | None, worth: Worth | None,
-             reach: Callable[[Shape], bool] | None) -> list:
+             reach: Callable[[Shape], float | None] | None) -> list:
     """The plan of the layers re-split to allocation ``alloc``'s slowest replica types
     (``rebalanced``) given the fastest allocation of the new split: none when the split is
-    the same, some stage would get no layer, or ``reach`` or ``worth`` rules it out."""
+    the same, some stage would get no layer, or ``reach`` or ``worth`` rules it out (the
+    allocation program starts from ``reach``'s least slowest-replica time)."""
     new = rebalanced(space, alloc, opts, L, sh.mbs, sh.recompute)
     if new == sh.split or min(b - a for a, b in new) <= 0:
         return []
     o2 = sailor.stage_options(space, new, sh.mbs, sh.recompute, 0, 1, all_tp=True)
-    if not o2 or (reach is not None and not reach(
-            Shape(sh.recompute, sh.mbs, new, tuple(tuple(o) for o in o2), rebalance=False))):
+    if not o2:
         return []
-    a2 = fastest(o2, D, avail, price, region_of, total=total, memo=space.alloc_memo,
-                 key=(new, sh.mbs, sh.recompute), deadline=deadline)
+    slowest = 0.0 if reach is None else reach(
+        Shape(sh.recompute, sh.mbs, new, tuple(tuple(o) for o in o2), rebalance=False))
+    if slowest is None or not np.isfinite(slowest):
+        return []  # out of reach, or no allocation holds D replicas of every stage
+    a2 = fastest(o2, D, avail, price, region_of, at_least=slowest / slots(D, total)[0],
+                 total=total, memo=space.alloc_memo, key=(new, sh.mbs, sh.recompute),
+                 deadline=deadline)
     if a2 is None or (worth is not None and not worth(a2, D, total, other_split=o2)):
         return []
     sp = build_spec(space, a2, o2, new, sh.mbs, D, recompute=sh.recompute)
