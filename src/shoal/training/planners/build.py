@@ -63,11 +63,21 @@ def _build(space: Space, alloc: Allocation, stage_opts: list[list[Option]],
         for _, k, tp, n in runs:
             kind = space.kinds[k]
             if packing == "pipeline":
-                for j in range(len(zones), len(zones) + n):
-                    z = space.place(kind, tp, used, stages[-1][2][j][2] if stages else None)
+                j, end = len(zones), len(zones) + n
+                while j < end:
+                    prefer = stages[-1][2][j][2] if stages else None
+                    z = space.place(kind, tp, used, prefer)
                     if z is None:
                         return None
-                    zones.append(z)
+                    more = 0
+                    if z == prefer:  # the next replicas preferring it too go there while it has room
+                        run = 1
+                        while j + run < end and stages[-1][2][j + run][2] == prefer:
+                            run += 1
+                        more = min(run - 1, space.free(kind, z, used) // tp)
+                        used[(kind.gpu, z)] += more * tp
+                    zones += [z] * (more + 1)
+                    j += more + 1
                 continue
             if zones:
                 prefer = zones[-1]
