@@ -859,10 +859,10 @@ def _fastest(prog: _Program, at_least: float) -> Allocation | None:
     """The search over the stage times asks only whether a bound can be met (the fronts
     answer that for one or two kinds, beyond them a quick greedy fill, else the MIP, which
     finds the cheapest allocation then); the cheapest allocation is found once, at the bound
-    found. It bisects, except from a caller's bound
-    (``at_least``), where the answer mostly is or is a few bounds above: that bound is tried
-    first, then bounds 1, 3, 7, ... above it until one is met, then the bisection narrows the
-    last step. Feasibility is monotone in the bound, so the answer is the same either way."""
+    found. It bisects, except from a caller's bound (``at_least``), where the answer mostly
+    is or is a few bounds above: that bound is tried first, then bounds 1, 3, 7, ... above
+    it until one is met, then the bisection narrows the last step. Feasibility is monotone
+    in the bound, so the answer is the same either way."""
     relax, _ = slots(prog.D, prog.total)
     stage_opts = prog.stage_opts
     taus = sorted({t for opts in stage_opts for o in opts for t in (o.time_s, o.time_s / relax)})
