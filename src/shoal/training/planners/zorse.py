@@ -318,7 +318,7 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
     memo: dict = {}
     for k in sorted(parts):
         if ev.out_of_time():
-            return  # its plans are not costed: none of them is built
+            return  # the budget is spent: no more plans are built, and none of the pass's costed
         for recompute in sorted(set(job.recompute), reverse=True):
             for zero in _zero_stages(job.zero_stage):
                 for schedule in job.schedule:
