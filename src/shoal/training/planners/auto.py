@@ -403,7 +403,7 @@ class Bounds:
             stage_of.append(np.full(len(opts), s))
         got = self._memo[key] = (
             tmin, fmin, bmin, upd, busy_w, idle_w, busy_c, rate, ring_s, y,
-            np.concatenate(times).astype(float), np.concatenate(fulls),
+            np.concatenate(times), np.concatenate(fulls),
             np.concatenate(tps), np.concatenate(kinds), np.concatenate(stage_of))
         return got
 
@@ -640,7 +640,8 @@ class Bounds:
         stages' replicas take from each kind together (an LP dual bound, at
         ``allocate.kind_weights``; without ``joint``, the GPUs of all kinds together)."""
         W = self._weights_grid if joint else np.ones((1, len(self.avail)))
-        args = (t.astype(float), tp.astype(float), k.astype(np.int64), st.astype(np.int64), P)
+        args = (np.asarray(t, dtype=float), np.asarray(tp, dtype=float),
+                np.asarray(k, dtype=np.int64), np.asarray(st, dtype=np.int64), P)
         return _least_level(*args, np.asarray(Ds, dtype=np.int64), self.avail, self.region_of,
                             self.region_N, W)
 
@@ -786,20 +787,16 @@ class _BranchAndBound:
                                   functools.partial(self.bounds.tails, sh.split, D=D))
                     total = self.space.problem.job.global_batch // sh.mbs
 
-                    def reach(s: Shape, D=D, total=total, worth=worth) -> float | None:
-                        """The least slowest-replica time of ``s``'s plans with D pipelines
-                        (``Bounds.slowest``), or None when its refined bound cannot beat
-                        the incumbent."""
-                        if worth.out_of_reach(*self.bounds.refined(s, D, total)):
-                            return None
-                        return self.bounds.slowest(s, D)
+                    def reach(s: Shape, D=D, total=total, worth=worth) -> bool:
+                        return not worth.out_of_reach(*self.bounds.refined(s, D, total))
 
-                    if not sh.rebalance and reach(sh) is None:
+                    if not sh.rebalance and not reach(sh):
                         ev.stats.pruned += 1  # its refined bound cannot beat the incumbent
                     else:
                         specs += _specs(self.space, sh, D, float(self.tau[e]), self.avail,
                                         self.price, self.region_of, levels, L,
-                                        ev.allocation_deadline(), worth, reach)
+                                        ev.allocation_deadline(), worth, reach,
+                                        functools.partial(self.bounds.slowest, D=D))
                     j += 1
             except OutOfTime:
                 cut = ev.stats.truncated = True
@@ -927,22 +924,24 @@ def stage_floors_s(a: Allocation, times: list[dict[tuple[int, int], float]], D: 
 
 def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of, levels: int,
            L: int, deadline: float | None = None, worth: Worth | None = None,
-           reach: Callable[[Shape], float | None] | None = None) -> list:
+           reach: Callable[[Shape], bool] | None = None,
+           slowest: Callable[[Shape], float] | None = None) -> list:
     """Plans of one (shape, degree) pair: its allocations, each in every zone packing, and
     their variants; allocations ``worth`` says cannot beat the incumbent are not built, nor
-    plans of a split whose shape ``reach`` says cannot (``Bounds.refined``). Raises OutOfTime
-    once an allocation passes ``deadline``."""
+    plans of a split whose shape ``reach`` says cannot (``Bounds.refined``); a re-split's
+    allocation program starts from ``slowest`` (``Bounds.slowest``). Raises OutOfTime once an
+    allocation passes ``deadline``."""
     opts = [list(o) for o in sh.opts]
     total = space.problem.job.global_batch // sh.mbs
     memo, key = space.alloc_memo, (sh.split, sh.mbs, sh.recompute)
-    if reach is not None and reach(sh) is None:
+    if reach is not None and not reach(sh):
         if not sh.rebalance:
             return []
         # only the re-split may beat the incumbent: the fastest allocation gives its layers
         a = fastest(opts, D, avail, price, region_of, at_least=tau / slots(D, total)[0],
                     total=total, memo=memo, key=key, deadline=deadline)
         return [] if a is None else _resplit(space, sh, a, opts, D, L, total, avail, price,
-                                             region_of, deadline, worth, reach)
+                                             region_of, deadline, worth, reach, slowest)
     allocs = tradeoffs(opts, D, avail, price, region_of, levels=levels,
                        at_least=tau / slots(D, total)[0], total=total, memo=memo, key=key,
                        deadline=deadline)
@@ -990,7 +989,7 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
                                               recompute=sh.recompute))
     if sh.rebalance and allocs:
         out += _resplit(space, sh, allocs[0], opts, D, L, total, avail, price, region_of,
-                        deadline, worth, reach)
+                        deadline, worth, reach, slowest)
     # the allocation pools the zones of a region (H6) and ranks replicas by compute alone, so
     # on a pool spread over zones it may take a faster GPU in another zone where the estimate,
     # with the sends and egress across zones, prefers the same plan inside one zone
@@ -1008,22 +1007,25 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
 
 def _resplit(space: Space, sh: Shape, alloc: Allocation, opts: list[list[Option]], D: int, L: int,
              total: int, avail, price, region_of, deadline: float | None, worth: Worth | None,
-             reach: Callable[[Shape], float | None] | None) -> list:
+             reach: Callable[[Shape], bool] | None,
+             slowest: Callable[[Shape], float] | None) -> list:
     """The plan of the layers re-split to allocation ``alloc``'s slowest replica types
     (``rebalanced``) given the fastest allocation of the new split: none when the split is
     the same, some stage would get no layer, or ``reach`` or ``worth`` rules it out (the
-    allocation program starts from ``reach``'s least slowest-replica time)."""
+    allocation program starts from ``slowest``'s least slowest-replica time)."""
     new = rebalanced(space, alloc, opts, L, sh.mbs, sh.recompute)
     if new == sh.split or min(b - a for a, b in new) <= 0:
         return []
     o2 = sailor.stage_options(space, new, sh.mbs, sh.recompute, 0, 1, all_tp=True)
     if not o2:
         return []
-    slowest = 0.0 if reach is None else reach(
-        Shape(sh.recompute, sh.mbs, new, tuple(tuple(o) for o in o2), rebalance=False))
-    if slowest is None or not np.isfinite(slowest):
-        return []  # out of reach, or no allocation holds D replicas of every stage
-    a2 = fastest(o2, D, avail, price, region_of, at_least=slowest / slots(D, total)[0],
+    sh2 = Shape(sh.recompute, sh.mbs, new, tuple(tuple(o) for o in o2), rebalance=False)
+    if reach is not None and not reach(sh2):
+        return []
+    least = 0.0 if slowest is None else slowest(sh2)
+    if not np.isfinite(least):
+        return []  # no allocation holds D replicas of every stage
+    a2 = fastest(o2, D, avail, price, region_of, at_least=least / slots(D, total)[0],
                  total=total, memo=space.alloc_memo, key=(new, sh.mbs, sh.recompute),
                  deadline=deadline)
     if a2 is None or (worth is not None and not worth(a2, D, total, other_split=o2)):

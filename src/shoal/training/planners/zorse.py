@@ -185,7 +185,8 @@ def split(space: Space, vertices: list[tuple[str, str, int]],
     return out
 
 
-def _largest_remainder(weights: list[float], total: int, floor: int = 0) -> list[int]:
+def _largest_remainder(weights: list[float] | np.ndarray, total: int,
+                       floor: int = 0) -> list[int]:
     """Integers proportional to ``weights`` summing to ``total``, each at least ``floor``."""
     w = np.asarray(weights, dtype=float)
     left = total - floor * len(w)
