@@ -416,37 +416,56 @@ class Bounds:
     def refined(self, sh: Shape, D: int, total: int) -> tuple[float, float]:
         """(time, cost) lower bounds on the plans of ``sh``'s own split with D pipelines, per
         option rather than per term (one degree at a time, so the search asks it of the pairs
-        it takes, not of every pair). A replica of option o in stage s starts no sooner than
-        the least forwards of the stages before s, runs at least floor(n/D) microbatches at
-        its time with its least sends, and then its stage's ring all-reduce takes at least the
-        hop out of it (its fastest link to any kind, ``_hop_s``) before its update: the
-        iteration takes at least L(s, o). The smallest level at which the pool holds D
-        replicas of every stage among the options with L(s, o) under it (``_least_level``:
-        the conditions of ``_tau``) bounds the time; every stage's cheapest replica paid that
-        long, D times over, bounds the cost."""
-        start, t, ring, tp, kind, stage, rate = self._refine_parts(sh)
-        level = start + (total // D) * t
+        it takes, not of every pair). With n = floor(total / D), the fewest microbatches a
+        pipeline runs, a replica of option o in stage s (forward f_o and backward b_o per
+        microbatch, with its least sends) starts no sooner than the least forwards of the
+        stages before s, and its stage's last backward ends no sooner than that plus the longer
+        of n (f_o + b_o) and n f_o + (the later stages' least forward and backward) + b_o (the
+        last microbatch goes down the pipeline and back before its backward). Then its stage's
+        ring all-reduce takes at least the hop out of it (its fastest link to any kind,
+        ``_hop_s``) and its update follows; and each earlier stage s' ends at least the least
+        backwards of stages s'..s-1 later, and then takes at least its own least ring and
+        update: the iteration takes at least L(s, o), the largest of these. The smallest
+        level at which the pool holds D replicas of every stage among the options with
+        L(s, o) under it (``_least_level``: the conditions of ``_tau``) bounds the time;
+        every stage's cheapest replica paid that long, D times over, bounds the cost."""
+        fpre, t, f, post, upd, ring, tp, kind, stage, bsum, rate = self._refine_parts(sh)
+        n = total // D
+        own = upd
         if D > 1:
-            level = level + ring_from_terms(ring, float(D), self.tc.sync_scale).min(axis=1)
-        T = _least_level(level, tp, kind, stage, len(sh.split), np.array([D], dtype=np.int64),
+            own = own + ring_from_terms(ring, float(D), self.tc.sync_scale).min(axis=1)
+        P = len(sh.split)
+        least = np.full(P, np.inf)  # per stage, its least ring and update
+        np.minimum.at(least, stage, own)
+        # per stage s, the most max_{s' < s} (bsum[s] - bsum[s'] + least[s']) (none for s = 0)
+        earlier = np.concatenate([[-np.inf], np.maximum.accumulate(least - bsum)[:-1]]) + bsum
+        level = (fpre + np.maximum(n * t, n * f + (t - f) + post)
+                 + np.maximum(own, earlier[stage]))
+        T = _least_level(level, tp, kind, stage, P, np.array([D], dtype=np.int64),
                          self.avail, self.region_of, self.region_N,
                          self._weights_grid)[0] + self.tc.step_overhead_s
         return T, T * D * rate
 
     def _refine_parts(self, sh: Shape):
-        """Per option of ``sh`` (stage by stage), what ``refined`` needs at any degree: its
-        start plus update, its time per microbatch with its least sends, the ``ring_terms``
-        of its stage's gradients over the links out of it to any kind (``_links``; a row
-        padded with its own last link); its TP, kind and stage; and the least USD/s of one replica of every
-        stage."""
+        """Per option of ``sh`` (stage by stage), what ``refined`` needs at any degree: the
+        least forwards of the stages before its stage; its time per microbatch and its
+        forward, with its least sends; the least forward and backward of the stages after its
+        stage; its update; the ``ring_terms`` of its stage's gradients over the links out of
+        it to any kind (``_links``; a row padded with its own last link); its TP, kind and
+        stage. Per stage, the least backwards of the stages before it; and the least USD/s of
+        one replica of every stage."""
         key = (sh.split, sh.mbs, sh.opts)
         got = self._refined.get(key)
         if got is None:
             P, mi = len(sh.split), self.space.tb.mi(sh.mbs)
             stages = [self._stage_parts(ab, mi, s == 0, s == P - 1, opts)
                       for s, (ab, opts) in enumerate(zip(sh.split, sh.opts, strict=True))]
-            fpre = np.concatenate([[0.0], np.cumsum([x[0] for x in stages])[:-1]])
-            start = np.concatenate([f + x[1] for f, x in zip(fpre, stages, strict=True)])
+            per = [len(x[5]) for x in stages]
+            fmin = np.array([x[0] for x in stages])
+            tmin = np.array([x[2].min() for x in stages])
+            bmin = np.array([(x[2] - x[7]).min() for x in stages])
+            fpre = np.concatenate([[0.0], np.cumsum(fmin)[:-1]])
+            post = np.concatenate([np.cumsum(tmin[::-1])[::-1][1:], [0.0]])
             rows = [r for x in stages for r in x[3]]
             width = max(len(r) for r in rows)
             rid = np.empty((len(rows), width), dtype=np.int64)
@@ -455,10 +474,12 @@ class Bounds:
                 rid[i, len(r):] = r[-1]
             nbytes = np.concatenate([np.full((len(x[3]), 1), x[4]) for x in stages])
             got = self._refined[key] = (
-                start, np.concatenate([x[2] for x in stages]),
+                np.repeat(fpre, per), np.concatenate([x[2] for x in stages]),
+                np.concatenate([x[7] for x in stages]), np.repeat(post, per),
+                np.concatenate([x[1] for x in stages]),
                 ring_terms(self.space.tb, rid, nbytes),
                 np.concatenate([x[5] for x in stages]), np.concatenate([x[6] for x in stages]),
-                np.concatenate([np.full(len(x[5]), s) for s, x in enumerate(stages)]),
+                np.repeat(np.arange(P), per), np.concatenate([[0.0], np.cumsum(bmin)[:-1]]),
                 sum(float((self.price_s[x[6]] * x[5]).min()) for x in stages))
         return got
 
@@ -467,7 +488,7 @@ class Bounds:
         """``_refine_parts`` of one stage over layers ``ab`` (microbatch size index ``mi``):
         its least forward per microbatch with sends; per option its update, its time with its
         least sends and its links out to any kind; the stage's gradient bytes; per option its
-        TP and its kind."""
+        TP, its kind and its forward with its least sends."""
         key = (ab, mi, first, last, opts)
         got = self._stages.get(key)
         if got is None:
@@ -486,7 +507,8 @@ class Bounds:
                 [np.concatenate([self._links(o.kind, o.tp, k2) for k2 in range(K)])
                  for o in opts],
                 float(tb.cum_params[b] - tb.cum_params[a]) * self.space.grad_b,
-                np.array([o.tp for o in opts], dtype=float), k.astype(np.int64))
+                np.array([o.tp for o in opts], dtype=float), k.astype(np.int64),
+                f + f_extra)
         return got
 
     def _option_sync(self, ab: tuple[int, int], opts: tuple[Option, ...],

@@ -202,22 +202,30 @@ def build(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: 
           schedule: str, memo: dict | None = None) -> PlanSpec | None:
     """The plan of one partition (module docstring, Phase 2), or None if it has more groups
     than layers or fewer microbatches than one per group. ``memo`` keeps, across calls, each
-    group's inside bandwidth and each partition's stages per (microbatch size, recompute):
-    the stages do not depend on the ZeRO stage or the schedule."""
+    group's inside bandwidth and each partition's layout and stages per (microbatch size,
+    recompute): they do not depend on the ZeRO stage or the schedule."""
     memo = memo if memo is not None else {}
     key = ("stages", tuple(map(tuple, groups)), mbs, recompute)
     if key not in memo:
-        memo[key] = _stages(space, vertices, groups, mbs, recompute, memo)
+        got = layout(space, vertices, groups, mbs, recompute, memo)
+        memo[key] = None if got is None else _stages(space, vertices, groups, mbs, got)
     stages = memo[key]
     return None if stages is None else (mbs, schedule, recompute, zero, stages)
 
 
-def _stages(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: bool,
-            memo: dict) -> tuple | None:
+def layout(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: bool,
+           memo: dict) -> tuple | None:
+    """The partition's stages before their replicas are dealt: per stage in pipeline order,
+    its layers [a, b), its group's index and the GPUs' full-model rates by type; None when
+    there are more groups than layers. Kept in ``memo`` (with each group's inside
+    bandwidth)."""
+    key = ("layout", tuple(map(tuple, groups)), mbs, recompute)
+    if key in memo:
+        return memo[key]
     p = space.problem
     L = p.n_layers
-    total = p.job.global_batch // mbs
     if len(groups) > L:
+        memo[key] = None
         return None
     rate = {}
     for gpu in {v[0] for v in vertices}:
@@ -245,8 +253,20 @@ def _stages(space: Space, vertices, groups: list[list[int]], mbs: int, recompute
 
     order = sorted(range(len(groups)), key=lambda i: (-inside(groups[i]), i))
     layers = _largest_remainder([speed[i] for i in order], L, floor=1)
-    stages, a = [], 0
+    out, a = [], 0
     for i, n in zip(order, layers, strict=True):
+        out.append((a, a + n, i))
+        a += n
+    memo[key] = got = (tuple(out), rate)
+    return got
+
+
+def _stages(space: Space, vertices, groups: list[list[int]], mbs: int, lay: tuple) -> tuple:
+    """The partition's stages from its ``layout``: inside a group, one replica per GPU with
+    microbatch shares in proportion to the GPU's speed."""
+    total = space.problem.job.global_batch // mbs
+    stages, rate = [], lay[1]
+    for a, b, i in lay[0]:
         grp = [vertices[v] for v in groups[i]]
         shares = _largest_remainder(np.repeat([rate[g] for g, _, _ in grp],
                                               [count for _, _, count in grp]), total)
@@ -255,8 +275,7 @@ def _stages(space: Space, vertices, groups: list[list[int]], mbs: int, recompute
             gpus += [g] * count
             zones += [z] * count
         reps = tuple(zip(gpus, [1] * len(gpus), zones, shares, strict=True))
-        stages.append((a, a + n, reps))
-        a += n
+        stages.append((a, b, reps))
     return tuple(stages)
 
 
@@ -269,13 +288,15 @@ def _with_ministages(sp: PlanSpec) -> list[PlanSpec]:
     return [(sp[0], schedule_key("zorse", v), *sp[2:]) for v in counts]
 
 
-def _cannot_fit(space: Space, sp: PlanSpec) -> bool:
-    """True when some GPU of the plan cannot hold its stage even with one microbatch in flight
-    at TP 1 (a lower bound of its memory): the plan is out of memory without simulating it."""
-    mbs, _, recompute, zero, stages = sp
-    for a, b, reps in stages:
-        for gpu in {g for g, _, _, _ in reps}:
-            if space.min_tp(gpu, mbs, a, b, 1, recompute, zero, len(reps)) != 1:
+def _cannot_fit(space: Space, vertices, groups: list[list[int]], lay: tuple, mbs: int,
+                recompute: bool, zero: int) -> bool:
+    """True when some GPU of the partition's plan (its ``layout``) cannot hold its stage even
+    with one microbatch in flight at TP 1 (a lower bound of its memory): the plan is out of
+    memory without building or simulating it."""
+    for a, b, i in lay[0]:
+        n = sum(vertices[v][2] for v in groups[i])  # the group's replicas
+        for gpu in {vertices[v][0] for v in groups[i]}:
+            if space.min_tp(gpu, mbs, a, b, 1, recompute, zero, n) != 1:
                 return True
     return False
 
@@ -326,15 +347,19 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                     if schedule == "zorse" and not (recompute and zero == 2):
                         continue  # ministages checkpoint every layer and run ZeRO-2
                     for mbs in mbs_values:
+                        lay = layout(space, vertices, parts[k], mbs, recompute, memo)
+                        if lay is None:
+                            continue
+                        if schedule != "zorse" and _cannot_fit(space, vertices, parts[k], lay,
+                                                               mbs, recompute, zero):
+                            ev.stats.oom += 1
+                            ev.stats.candidates_costed += 1
+                            continue
                         sp = build(space, vertices, parts[k], mbs, recompute, zero, schedule, memo)
                         if sp is None:
                             continue
                         if schedule == "zorse":
                             specs += _with_ministages(sp)
-                            continue
-                        if _cannot_fit(space, sp):
-                            ev.stats.oom += 1
-                            ev.stats.candidates_costed += 1
                             continue
                         specs.append(sp)
     if not specs:
