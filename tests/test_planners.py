@@ -228,3 +228,15 @@ def test_strategies_keep_to_the_jobs_recompute_settings(allowed):
     only = search(pb, strategy="auto", objective="max-throughput").ranked[0]
     ex = search(pb, strategy="exhaustive", objective="max-throughput").ranked[0]
     assert only.iteration_time_s <= ex.iteration_time_s * 1.01
+
+
+@pytest.mark.parametrize("case", range(len(SMALL_PROBLEMS)))
+@pytest.mark.parametrize("objective", ["max-throughput", "min-cost", "max-throughput-per-dollar"])
+def test_search_without_the_front_finds_the_same_best_plan(objective, case):
+    pb = small_problem(*SMALL_PROBLEMS[case])
+    full = search(pb, objective=objective)
+    best = search(pb, objective=objective, front=False)
+    assert best.ranked[0].iteration_time_s == pytest.approx(full.ranked[0].iteration_time_s,
+                                                            rel=1e-12)
+    assert best.ranked[0].cost_usd == pytest.approx(full.ranked[0].cost_usd, rel=1e-12)
+    assert best.stats.candidates_costed <= full.stats.candidates_costed

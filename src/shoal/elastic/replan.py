@@ -55,6 +55,9 @@ class Replanner:
     top_k: int = 5
     budget_s: float | None = None
     max_seeds: int = 64
+    # the searches build plans only to beat the best (no throughput-cost front: a re-plan
+    # needs the best plans, ``search``'s ``front``)
+    front: bool = False
     reuse: Reuse = field(default_factory=Reuse)
     calls: list[ReplanCall] = field(default_factory=list)
     _results: dict[tuple, SearchResult | InfeasibleError] = field(default_factory=dict)
@@ -80,7 +83,7 @@ class Replanner:
                 problem, strategy=self.strategy, objective=self.objective,
                 constraints=self.constraints, top_k=self.top_k, budget_s=self.budget_s,
                 reuse=self.reuse, seeds=tuple(seeds),
-                max_pairs=CHECK_PAIRS if inherited else None)
+                max_pairs=CHECK_PAIRS if inherited else None, front=self.front)
         except InfeasibleError as exc:
             res = exc
         self._results[key] = res

@@ -46,7 +46,7 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
            constraints: Constraints | None = None, top_k: int = 10,
            max_stages: int | None = None, budget_s: float | None = None,
            reuse: Reuse | None = None, seeds: tuple = (),
-           max_pairs: int | None = None) -> SearchResult:
+           max_pairs: int | None = None, front: bool = True) -> SearchResult:
     """Ranked plans for ``problem`` under ``objective`` and ``constraints`` (default: the
     scenario's), with the throughput-cost Pareto front and search statistics. ``budget_s``
     bounds the search time (``auto`` stops taking new plan shapes; the result says it was
@@ -55,8 +55,11 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     the pool, costed first so that the search starts with an incumbent. ``auto`` also costs
     the plan shapes of ``zorse`` (when the pool mixes GPU types) and, under min-cost, of
     ``espresso``, and, when the pool spans regions, Atlas's layouts (pipelines across
-    datacenters, data parallelism inside each), unless ``max_pairs`` bounds it. Raises
-    InfeasibleError naming the binding constraint when nothing fits."""
+    datacenters, data parallelism inside each), unless ``max_pairs`` bounds it. Without
+    ``front``, ``auto`` builds no plan only for the throughput-cost front (one that cannot
+    beat the best plan so far): the best plan is the same, the front and the plans ranked
+    below the best are those met on the way. Raises InfeasibleError naming the binding
+    constraint when nothing fits."""
     if strategy not in STRATEGIES:
         raise SpecError("unknown strategy", field="--strategy", value=strategy,
                         allowed=", ".join(STRATEGIES))
@@ -77,6 +80,7 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     if budget_s is not None:
         ev.deadline = stats.started + budget_s
     ev.max_pairs = max_pairs
+    ev.front = front
     if not space.kinds:
         raise InfeasibleError("the pool has no GPUs the job can use", binding="pool",
                               relaxation="add GPUs (with bf16 support for a mixed-bf16 job)")

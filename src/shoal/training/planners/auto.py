@@ -805,20 +805,21 @@ class _BranchAndBound:
                     D = int(self.Ds[e])
                     worth = Worth(objective, bar, float(self.after[e]),
                                   self.space.problem.timing.step_overhead_s, self.price,
-                                  self.bounds.option_times(sh), ev.dominated,
+                                  self.bounds.option_times(sh), ev.beaten,
                                   functools.partial(self.bounds.tails, sh.split, D=D))
                     total = self.space.problem.job.global_batch // sh.mbs
 
                     def reach(s: Shape, D=D, total=total, worth=worth) -> bool:
                         return not worth.out_of_reach(*self.bounds.refined(s, D, total))
 
-                    if not sh.rebalance and not reach(sh):
+                    own = reach(sh)  # the pair's own split may beat the incumbent
+                    if not sh.rebalance and not own:
                         ev.stats.pruned += 1  # its refined bound cannot beat the incumbent
                     else:
                         specs += _specs(self.space, sh, D, float(self.tau[e]), self.avail,
                                         self.price, self.region_of, levels, L,
                                         ev.allocation_deadline(), worth, reach,
-                                        functools.partial(self.bounds.slowest, D=D))
+                                        functools.partial(self.bounds.slowest, D=D), own)
                     j += 1
             except OutOfTime:
                 cut = ev.stats.truncated = True
@@ -947,16 +948,19 @@ def stage_floors_s(a: Allocation, times: list[dict[tuple[int, int], float]], D: 
 def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of, levels: int,
            L: int, deadline: float | None = None, worth: Worth | None = None,
            reach: Callable[[Shape], bool] | None = None,
-           slowest: Callable[[Shape], float] | None = None) -> list:
+           slowest: Callable[[Shape], float] | None = None, own: bool | None = None) -> list:
     """Plans of one (shape, degree) pair: its allocations, each in every zone packing, and
     their variants; allocations ``worth`` says cannot beat the incumbent are not built, nor
-    plans of a split whose shape ``reach`` says cannot (``Bounds.refined``); a re-split's
-    allocation program starts from ``slowest`` (``Bounds.slowest``). Raises OutOfTime once an
-    allocation passes ``deadline``."""
+    plans of a split whose shape ``reach`` says cannot (``Bounds.refined``; ``own``: what it
+    says of ``sh``, when the caller has asked); a re-split's allocation program starts from
+    ``slowest`` (``Bounds.slowest``). Raises OutOfTime once an allocation passes
+    ``deadline``."""
     opts = [list(o) for o in sh.opts]
     total = space.problem.job.global_batch // sh.mbs
     memo, key = space.alloc_memo, (sh.split, sh.mbs, sh.recompute)
-    if reach is not None and not reach(sh):
+    if own is None and reach is not None:
+        own = reach(sh)
+    if own is not None and not own:
         if not sh.rebalance:
             return []
         # only the re-split may beat the incumbent: the fastest allocation gives its layers
@@ -1035,13 +1039,22 @@ def _resplit(space: Space, sh: Shape, alloc: Allocation, opts: list[list[Option]
     (``rebalanced``) given the fastest allocation of the new split: none when the split is
     the same, some stage would get no layer, or ``reach`` or ``worth`` rules it out (the
     allocation program starts from ``slowest``'s least slowest-replica time)."""
-    new = rebalanced(space, alloc, opts, L, sh.mbs, sh.recompute)
-    if new == sh.split or min(b - a for a, b in new) <= 0:
+    # the re-split's shape (or None), kept with the stage options: it depends on the kinds
+    # and their TPs, not on the GPU counts
+    key = ("resplit", alloc.per_stage, sh.split, sh.mbs, sh.recompute)
+    sh2 = space.stage_opts.get(key, False)
+    if sh2 is False:
+        new = rebalanced(space, alloc, opts, L, sh.mbs, sh.recompute)
+        sh2 = None
+        if new != sh.split and min(b - a for a, b in new) > 0:
+            o2 = sailor.stage_options(space, new, sh.mbs, sh.recompute, 0, 1, all_tp=True)
+            if o2:
+                sh2 = Shape(sh.recompute, sh.mbs, new, tuple(tuple(o) for o in o2),
+                            rebalance=False)
+        space.stage_opts[key] = sh2
+    if sh2 is None:
         return []
-    o2 = sailor.stage_options(space, new, sh.mbs, sh.recompute, 0, 1, all_tp=True)
-    if not o2:
-        return []
-    sh2 = Shape(sh.recompute, sh.mbs, new, tuple(tuple(o) for o in o2), rebalance=False)
+    new, o2 = sh2.split, [list(o) for o in sh2.opts]
     if reach is not None and not reach(sh2):
         return []
     least = 0.0 if slowest is None else slowest(sh2)

@@ -109,6 +109,9 @@ class Evaluator:
         self.deadline: float | None = None  # perf_counter time after which the search stops
         self.max_pairs: int | None = None  # (shape, degree) pairs a bounded search allocates
         self.incumbent: Candidate | None = None  # best feasible plan so far under the objective
+        # whether plans that cannot beat the incumbent are still built to fill the
+        # throughput-cost front (a caller that needs only the best plans turns it off)
+        self.front = True
         # the feasible plans' (seconds, USD) per iteration that no other beats in both: by
         # time ascending, so by cost descending
         self._front_t: list[float] = []
@@ -186,6 +189,12 @@ class Evaluator:
             self.incumbent = cand
         self._onto_front(cand.iteration_time_s, cand.cost_usd)
         return True
+
+    def beaten(self, t: float, usd: float) -> bool:
+        """Whether a plan taking at least ``t`` seconds and ``usd`` per iteration is of no
+        use to the search beyond beating the incumbent: always, when the search does not look
+        for the throughput-cost front (``front``), else when it is ``dominated``."""
+        return not self.front or self.dominated(t, usd)
 
     def dominated(self, t: float, usd: float) -> bool:
         """True when a feasible plan found so far takes at most ``t`` seconds and ``usd``
