@@ -719,7 +719,12 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
     cons = ev.constraints
     shapes: list[Shape] = []
     rows = []  # per shape: degrees, time bounds, cost bounds, slowest-replica bounds
-    for sh in _shapes(space, mbs_values, max_stages):
+    # the shapes depend on the kinds and their TPs, not on the GPU counts: kept with the
+    # stage options for every pool of the same kinds
+    key = ("shapes", tuple(mbs_values), max_stages)
+    if key not in space.stage_opts:
+        space.stage_opts[key] = list(_shapes(space, mbs_values, max_stages))
+    for sh in space.stage_opts[key]:
         if sh is None:
             ev.stats.no_fit += 1
             continue

@@ -288,14 +288,15 @@ def _with_ministages(sp: PlanSpec) -> list[PlanSpec]:
     return [(sp[0], schedule_key("zorse", v), *sp[2:]) for v in counts]
 
 
-def _cannot_fit(space: Space, vertices, groups: list[list[int]], lay: tuple, mbs: int,
+def _cannot_fit(space: Space, sizes: list[tuple[int, tuple[str, ...]]], lay: tuple, mbs: int,
                 recompute: bool, zero: int) -> bool:
-    """True when some GPU of the partition's plan (its ``layout``) cannot hold its stage even
-    with one microbatch in flight at TP 1 (a lower bound of its memory): the plan is out of
-    memory without building or simulating it."""
+    """True when some GPU of the partition's plan (its ``layout``; ``sizes``: per group, its
+    GPUs and their types) cannot hold its stage even with one microbatch in flight at TP 1
+    (a lower bound of its memory): the plan is out of memory without building or simulating
+    it."""
     for a, b, i in lay[0]:
-        n = sum(vertices[v][2] for v in groups[i])  # the group's replicas
-        for gpu in {vertices[v][0] for v in groups[i]}:
+        n, gpus = sizes[i]
+        for gpu in gpus:
             if space.min_tp(gpu, mbs, a, b, 1, recompute, zero, n) != 1:
                 return True
     return False
@@ -341,17 +342,24 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
     for k in sorted(parts):
         if ev.out_of_time():
             return  # the budget is spent: no more plans are built, and none of the pass's costed
+        # per group: its GPUs (its replicas) and their types
+        sizes = [(sum(vertices[v][2] for v in grp), tuple({vertices[v][0]: 0 for v in grp}))
+                 for grp in parts[k]]
+        lays: dict = {}  # the partition's layout per (recompute, microbatch size)
         for recompute in sorted(set(job.recompute), reverse=True):
             for zero in _zero_stages(job.zero_stage):
                 for schedule in job.schedule:
                     if schedule == "zorse" and not (recompute and zero == 2):
                         continue  # ministages checkpoint every layer and run ZeRO-2
                     for mbs in mbs_values:
-                        lay = layout(space, vertices, parts[k], mbs, recompute, memo)
+                        if (recompute, mbs) not in lays:
+                            lays[(recompute, mbs)] = layout(space, vertices, parts[k], mbs,
+                                                            recompute, memo)
+                        lay = lays[(recompute, mbs)]
                         if lay is None:
                             continue
-                        if schedule != "zorse" and _cannot_fit(space, vertices, parts[k], lay,
-                                                               mbs, recompute, zero):
+                        if schedule != "zorse" and _cannot_fit(space, sizes, lay, mbs,
+                                                               recompute, zero):
                             ev.stats.oom += 1
                             ev.stats.candidates_costed += 1
                             continue
