@@ -275,6 +275,9 @@ class Bounds:
         self._hop_terms: dict[tuple, tuple] = memo.setdefault("hop terms", {})  # ring_terms
         self._refined: dict[tuple, tuple] = memo.setdefault("refined", {})  # _refine_parts
         self._stages: dict[tuple, tuple] = memo.setdefault("stages", {})  # _stage_parts
+        # the same two, by shape object (cheaper to look up than by content; shapes are kept
+        # across pools): (shape, parts) by (which, id)
+        self._by_shape: dict[tuple, tuple] = memo.setdefault("by shape", {})
         self._weights_grid = kind_weights(len(self.avail))
 
     def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
@@ -364,9 +367,13 @@ class Bounds:
         the kinds' weights; and per option (stage by stage) its compute time, its time with
         sends, its TP, kind and stage."""
         loose = sh.rebalance
+        mine = self._by_shape.get(("shape", id(sh)))
+        if mine is not None and mine[0] is sh:
+            return mine[1]
         key = ("shape", sh.split, sh.mbs, sh.opts, loose)
         got = self._memo.get(key)
         if got is not None:
+            self._by_shape[("shape", id(sh))] = (sh, got)
             return got
         tb, tc = self.space.tb, self.tc
         P = len(sh.split)
@@ -405,6 +412,7 @@ class Bounds:
             tmin, fmin, bmin, upd, busy_w, idle_w, busy_c, rate, ring_s, y,
             np.concatenate(times), np.concatenate(fulls),
             np.concatenate(tps), np.concatenate(kinds), np.concatenate(stage_of))
+        self._by_shape[("shape", id(sh))] = (sh, got)
         return got
 
     def slowest(self, sh: Shape, D: int) -> float:
@@ -454,6 +462,9 @@ class Bounds:
         it to any kind (``_links``; a row padded with its own last link); its TP, kind and
         stage. Per stage, the least backwards of the stages before it; and the least USD/s of
         one replica of every stage."""
+        mine = self._by_shape.get(("refine", id(sh)))
+        if mine is not None and mine[0] is sh:
+            return mine[1]
         key = (sh.split, sh.mbs, sh.opts)
         got = self._refined.get(key)
         if got is None:
@@ -481,6 +492,7 @@ class Bounds:
                 np.concatenate([x[5] for x in stages]), np.concatenate([x[6] for x in stages]),
                 np.repeat(np.arange(P), per), np.concatenate([[0.0], np.cumsum(bmin)[:-1]]),
                 sum(float((self.price_s[x[6]] * x[5]).min()) for x in stages))
+        self._by_shape[("refine", id(sh))] = (sh, got)
         return got
 
     def _stage_parts(self, ab: tuple[int, int], mi: int, first: bool, last: bool,
