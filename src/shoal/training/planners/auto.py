@@ -870,8 +870,9 @@ class _OptionTimes:
 @dataclass(frozen=True)
 class Worth:
     """Whether an allocation may beat the incumbent (score ``bar`` under ``objective``) or
-    join the throughput-cost front of the plans found (``dominated``: whether a plan found
-    takes at most given seconds and USD per iteration).
+    join the throughput-cost front of the plans found (``beaten``: whether plans taking at
+    least given seconds and USD per iteration are of no use beyond the incumbent, as
+    ``Evaluator.beaten``: always when the search does not look for the front).
     Whatever its zones, a plan of allocation ``a`` takes at least, over its options' times
     with the least sends (``shape.times``), its pipelines' time (``stage_floors_s`` of the first
     stage) plus ``after_s`` (the pair's least gradient sync and update, and the step overhead),
@@ -886,7 +887,7 @@ class Worth:
     overhead_s: float
     price_h: np.ndarray
     shape: _OptionTimes
-    dominated: Callable[[float, float], bool] = lambda t, usd: False
+    beaten: Callable[[float, float], bool] = lambda t, usd: False
     # per stage of an allocation of the pair's split: its least sync and update (Bounds.tails)
     tails: Callable[[tuple], np.ndarray] | None = None
 
@@ -934,7 +935,7 @@ class Worth:
         """Whether lower bounds ``t`` (iteration seconds) and ``usd`` (per iteration) leave
         room to beat the incumbent or to join the front."""
         key = _key(np.array([t]), np.array([usd]), self.objective)[0]
-        return bool(key < self.bar * (1 + 1e-9)) or not self.dominated(t, usd)
+        return bool(key < self.bar * (1 + 1e-9)) or not self.beaten(t, usd)
 
 
 def stage_floors_s(a: Allocation, times: list[dict[tuple[int, int], float]], D: int,
