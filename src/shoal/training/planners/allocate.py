@@ -664,6 +664,8 @@ class PoolMemo:
     def __init__(self) -> None:
         self._d: dict[tuple, list[tuple[np.ndarray, list[Allocation]]]] = {}
         self.fronts = Fronts()
+        # per program (key, degree, microbatches): the bounds ``_fastest`` searches over
+        self.bounds: dict[tuple, tuple[list[float], dict[float, int], float]] = {}
 
     def get(self, key: tuple, avail: np.ndarray, at_least: float = 0.0) -> list[Allocation] | None:
         for pool, res in self._d.get(key, ()):
@@ -863,18 +865,14 @@ def _fastest(prog: _Program, at_least: float) -> Allocation | None:
     is or is a few bounds above: that bound is tried first, then bounds 1, 3, 7, ... above
     it until one is met, then the bisection narrows the last step. Feasibility is monotone
     in the bound, so the answer is the same either way."""
-    relax, _ = slots(prog.D, prog.total)
-    stage_opts = prog.stage_opts
-    taus = sorted({t for opts in stage_opts for o in opts for t in (o.time_s, o.time_s / relax)})
+    taus, index, least = _bounds(prog)
     if not taus:
         return None
-    # no bound below the slowest stage's fastest option can be met
-    floor = max(max(min(o.time_s for o in opts) for opts in stage_opts) / relax, at_least)
+    floor = max(least, at_least)
     lo = int(np.searchsorted(taus, floor - 1e-15 * max(floor, 1.0)))
     hi = len(taus) - 1
     lo = min(lo, hi)  # a bound above every stage time: the answer does not depend on it
     # bounds whose fronts are kept narrow the bisection (feasibility is monotone in the bound)
-    index = {t: i for i, t in enumerate(taus)}
     klo, khi = lo, hi + 1  # above the last bound kept infeasible; the first kept feasible
     for t, ok in prog.known(taus[lo], taus[hi]).items():
         i = index.get(t, -1)
@@ -912,6 +910,24 @@ def _fastest(prog: _Program, at_least: float) -> Allocation | None:
         else:
             lo = mid + 1
     return prog.solve(taus[hi])
+
+
+def _bounds(prog: _Program) -> tuple[list[float], dict[float, int], float]:
+    """The bounds ``_fastest`` searches over: every stage time, and every one over the
+    slower pipelines' slack (``slots``), ascending, with their positions; and the least bound
+    that can be met (the slowest stage's fastest option, over that slack). Kept per program in
+    the memo."""
+    key = None if prog.memo is None or prog.key is None else (*prog.key, prog.D, prog.total)
+    got = None if key is None else prog.memo.bounds.get(key)
+    if got is None:
+        relax, _ = slots(prog.D, prog.total)
+        opts = prog.stage_opts
+        taus = sorted({t for st in opts for o in st for t in (o.time_s, o.time_s / relax)})
+        least = max(min(o.time_s for o in st) for st in opts) / relax if taus else 0.0
+        got = (taus, {t: i for i, t in enumerate(taus)}, least)
+        if key is not None:
+            prog.memo.bounds[key] = got
+    return got
 
 
 def tradeoffs(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
