@@ -89,7 +89,8 @@ def rebalanced(space: Space, alloc: Allocation, opts: list[list[Option]], L: int
     kept per (GPU, TP) of the stages (``Space.resplits``)."""
     slow = []
     for st, o in zip(alloc.per_stage, opts, strict=True):
-        k, tp, _ = max(st, key=lambda x: next(op.time_s for op in o if op.kind == x[0] and op.tp == x[1]))
+        k, tp, _ = st[0] if len(st) == 1 else max(
+            st, key=lambda x: next(op.time_s for op in o if op.kind == x[0] and op.tp == x[1]))
         slow.append((space.kinds[k].gpu, tp))
     key = (tuple(slow), L, mbs, recompute)
     if key not in space.resplits:
@@ -129,6 +130,36 @@ def _min_max_cuts(cum, L, arg):
                 if c == i or v < best[i, j]:
                     best[i, j], q = v, c
             arg[i, j] = q
+
+
+@compiled
+def _refined_level(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync_scale):
+    """``Bounds.refined``'s level per option (``_refine_parts``' arrays; ``move``, ``lat``:
+    its ring terms, as ``kernel.ring_from_terms`` combines them), compiled: its own least
+    ring over D members and update; per stage the least of those; and L(s, o)."""
+    own = upd.copy()
+    if D > 1:
+        d = float(D)
+        c_move, c_lat = 2.0 * (d - 1) / d, 2.0 * (d - 1)
+        for i in range(len(own)):
+            best = np.inf
+            for j in range(move.shape[1]):
+                best = min(best, (c_move * move[i, j] + c_lat * lat[i, j]) * sync_scale)
+            own[i] = upd[i] + best
+    least = np.full(P, np.inf)  # per stage, its least ring and update
+    for i in range(len(own)):
+        least[stage[i]] = min(least[stage[i]], own[i])
+    # per stage s, the most max_{s' < s} (bsum[s] - bsum[s'] + least[s']) (none for s = 0)
+    earlier = np.empty(P)
+    most = -np.inf
+    for s in range(P):
+        earlier[s] = most + bsum[s]
+        most = max(most, least[s] - bsum[s])
+    level = np.empty(len(own))
+    for i in range(len(own)):
+        level[i] = (fpre[i] + max(n * t[i], n * f[i] + (t[i] - f[i]) + post[i])
+                    + max(own[i], earlier[stage[i]]))
+    return level
 
 
 @compiled
@@ -263,7 +294,6 @@ class Bounds:
             per_region[pb.zone_region[z]] = per_region.get(pb.zone_region[z], 0) + n
         self.zone_most = max(per_zone.values(), default=0)
         self.region_most = max(per_region.values(), default=0)
-        self._times: dict[int, tuple[Shape, list]] = {}
         self._option_rings: dict[tuple, np.ndarray] = {}  # these depend on the GPU counts
         # what does not depend on the GPU counts, shared by every pool of the same kinds in
         # the same zones (``Space.bound_memo``)
@@ -273,11 +303,14 @@ class Bounds:
         self._hops: dict[tuple, np.ndarray] = memo.setdefault("hops", {})  # a hop's link ids
         self._hop_times: dict[tuple, float] = memo.setdefault("hop times", {})  # one degree
         self._hop_terms: dict[tuple, tuple] = memo.setdefault("hop terms", {})  # ring_terms
+        self._rings_of: dict[tuple, list] = memo.setdefault("option rings", {})  # _option_hops
         self._refined: dict[tuple, tuple] = memo.setdefault("refined", {})  # _refine_parts
         self._stages: dict[tuple, tuple] = memo.setdefault("stages", {})  # _stage_parts
         # the same two, by shape object (cheaper to look up than by content; shapes are kept
         # across pools): (shape, parts) by (which, id)
         self._by_shape: dict[tuple, tuple] = memo.setdefault("by shape", {})
+        # the shapes' option times with their least sends (``option_times``), by shape object
+        self._times: dict[int, tuple[Shape, _OptionTimes]] = memo.setdefault("times", {})
         self._weights_grid = kind_weights(len(self.avail))
 
     def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
@@ -385,7 +418,7 @@ class Bounds:
         rate = np.empty(P)  # USD/s per replica
         ring_s = np.empty((P, 3))
         y = self._weights(sh)
-        times, fulls, tps, kinds, stage_of = [], [], [], [], []
+        fulls = []
         for s, ((a, b), opts) in enumerate(zip(sh.split, sh.opts, strict=True)):
             k = np.array([o.kind for o in opts])
             tp = np.array([o.tp for o in opts], dtype=float)
@@ -403,22 +436,30 @@ class Bounds:
             busy_c[s] = (self.price_s[k] * t * tp).min()
             rate[s] = (self.price_s[k] * tp).min()
             ring_s[s] = self._ring_bytes_time(a, b)[:, np.unique(ti)].min(axis=1)
-            times.append(t_c)
             fulls.append(t)
-            tps.append(tp)
-            kinds.append(k)
-            stage_of.append(np.full(len(opts), s))
-        got = self._memo[key] = (
-            tmin, fmin, bmin, upd, busy_w, idle_w, busy_c, rate, ring_s, y,
-            np.concatenate(times), np.concatenate(fulls),
-            np.concatenate(tps), np.concatenate(kinds), np.concatenate(stage_of))
+        t_all, tps, kinds, stage_of = self._options_of(sh)
+        got = self._memo[key] = (tmin, fmin, bmin, upd, busy_w, idle_w, busy_c, rate, ring_s, y,
+                                 t_all, np.concatenate(fulls), tps, kinds, stage_of)
         self._by_shape[("shape", id(sh))] = (sh, got)
+        return got
+
+    def _options_of(self, sh: Shape) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per option of ``sh`` (stage by stage): its compute time per microbatch, its TP, its
+        kind and its stage (by shape object)."""
+        mine = self._by_shape.get(("options", id(sh)))
+        if mine is not None and mine[0] is sh:
+            return mine[1]
+        flat = [o for opts in sh.opts for o in opts]
+        got = (np.array([o.time_s for o in flat]), np.array([o.tp for o in flat], dtype=float),
+               np.array([o.kind for o in flat]),
+               np.repeat(np.arange(len(sh.opts)), [len(opts) for opts in sh.opts]))
+        self._by_shape[("options", id(sh))] = (sh, got)
         return got
 
     def slowest(self, sh: Shape, D: int) -> float:
         """The least time per microbatch of the slowest replica of any plan of ``sh``'s own
         split with D pipelines, as ``__call__``'s third value (``_tau``)."""
-        t_all, _, tps_, kinds_, stage_ = self._shape_parts(sh)[10:]
+        t_all, tps_, kinds_, stage_ = self._options_of(sh)
         return float(self._tau(t_all, tps_, kinds_, stage_, len(sh.split), np.array([D]))[0])
 
     def refined(self, sh: Shape, D: int, total: int) -> tuple[float, float]:
@@ -438,17 +479,9 @@ class Bounds:
         L(s, o) under it (``_least_level``: the conditions of ``_tau``) bounds the time;
         every stage's cheapest replica paid that long, D times over, bounds the cost."""
         fpre, t, f, post, upd, ring, tp, kind, stage, bsum, rate = self._refine_parts(sh)
-        n = total // D
-        own = upd
-        if D > 1:
-            own = own + ring_from_terms(ring, float(D), self.tc.sync_scale).min(axis=1)
         P = len(sh.split)
-        least = np.full(P, np.inf)  # per stage, its least ring and update
-        np.minimum.at(least, stage, own)
-        # per stage s, the most max_{s' < s} (bsum[s] - bsum[s'] + least[s']) (none for s = 0)
-        earlier = np.concatenate([[-np.inf], np.maximum.accumulate(least - bsum)[:-1]]) + bsum
-        level = (fpre + np.maximum(n * t, n * f + (t - f) + post)
-                 + np.maximum(own, earlier[stage]))
+        level = _refined_level(fpre, t, f, post, upd, ring[0], ring[1], stage, bsum, P,
+                               total // D, D, self.tc.sync_scale)
         T = _least_level(level, tp, kind, stage, P, np.array([D], dtype=np.int64),
                          self.avail, self.region_of, self.region_N,
                          self._weights_grid)[0] + self.tc.step_overhead_s
@@ -477,18 +510,14 @@ class Bounds:
             bmin = np.array([(x[2] - x[7]).min() for x in stages])
             fpre = np.concatenate([[0.0], np.cumsum(fmin)[:-1]])
             post = np.concatenate([np.cumsum(tmin[::-1])[::-1][1:], [0.0]])
-            rows = [r for x in stages for r in x[3]]
-            width = max(len(r) for r in rows)
-            rid = np.empty((len(rows), width), dtype=np.int64)
-            for i, r in enumerate(rows):
-                rid[i, :len(r)] = r
-                rid[i, len(r):] = r[-1]
-            nbytes = np.concatenate([np.full((len(x[3]), 1), x[4]) for x in stages])
+            # the stages' ring terms, each row padded with its own last link's
+            width = max(x[3][0].shape[1] for x in stages)
+            ring = tuple(np.concatenate([_pad_last(x[3][i], width) for x in stages])
+                         for i in range(2))
             got = self._refined[key] = (
                 np.repeat(fpre, per), np.concatenate([x[2] for x in stages]),
                 np.concatenate([x[7] for x in stages]), np.repeat(post, per),
-                np.concatenate([x[1] for x in stages]),
-                ring_terms(self.space.tb, rid, nbytes),
+                np.concatenate([x[1] for x in stages]), ring,
                 np.concatenate([x[5] for x in stages]), np.concatenate([x[6] for x in stages]),
                 np.repeat(np.arange(P), per), np.concatenate([[0.0], np.cumsum(bmin)[:-1]]),
                 sum(float((self.price_s[x[6]] * x[5]).min()) for x in stages))
@@ -499,8 +528,9 @@ class Bounds:
                      opts: tuple[Option, ...]):
         """``_refine_parts`` of one stage over layers ``ab`` (microbatch size index ``mi``):
         its least forward per microbatch with sends; per option its update, its time with its
-        least sends and its links out to any kind; the stage's gradient bytes; per option its
-        TP, its kind and its forward with its least sends."""
+        least sends and the ``ring_terms`` of the stage's gradients over its links out to any
+        kind (a row per option, padded with its own last link); the stage's gradient bytes;
+        per option its TP, its kind and its forward with its least sends."""
         key = (ab, mi, first, last, opts)
         got = self._stages.get(key)
         if got is None:
@@ -513,12 +543,17 @@ class Bounds:
             g = self.gi[k]
             f = (tb.cum_f[g, ti, mi, b] - tb.cum_f[g, ti, mi, a]) * tc.compute_scale
             K = len(self.avail)
+            rows = [np.concatenate([self._links(o.kind, o.tp, k2) for k2 in range(K)])
+                    for o in opts]
+            rid = np.empty((len(rows), max(len(r) for r in rows)), dtype=np.int64)
+            for i, r in enumerate(rows):
+                rid[i, :len(r)] = r
+                rid[i, len(r):] = r[-1]
+            nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * self.space.grad_b
             got = self._stages[key] = (
                 float((f + f_extra).min()), tb.cum_u[g, ti, b] - tb.cum_u[g, ti, a],
                 np.array([o.time_s for o in opts]) + f_extra + b_extra,
-                [np.concatenate([self._links(o.kind, o.tp, k2) for k2 in range(K)])
-                 for o in opts],
-                float(tb.cum_params[b] - tb.cum_params[a]) * self.space.grad_b,
+                ring_terms(tb, rid, nbytes), nbytes,
                 np.array([o.tp for o in opts], dtype=float), k.astype(np.int64),
                 f + f_extra)
         return got
@@ -536,28 +571,44 @@ class Bounds:
         key = (ab, opts)
         got = self._option_rings.get(key)
         if got is None or len(got) < n:
-            a, b = ab
             D = np.arange(1, n + 1)
             hold = [np.floor(self.avail[o.kind] / o.tp) for o in opts]  # replicas of each
             got = np.full(n, np.inf)
+            for i, j, ring in self._option_hops(ab, opts, n):
+                if j < 0:
+                    got = np.where(hold[i] >= D, np.minimum(got, ring[:n]), got)
+                    continue
+                o, o2 = opts[i], opts[j]
+                if o2.kind == o.kind:  # at least one replica on each, the rest on the smaller TP
+                    room = np.where((D - 1) * min(o.tp, o2.tp) + max(o.tp, o2.tp)
+                                    <= self.avail[o.kind], D, 0)
+                else:
+                    room = np.where((hold[i] >= 1) & (hold[j] >= 1), hold[i] + hold[j], 0)
+                got = np.where((D >= 2) & (room >= D), np.minimum(got, ring[:n]), got)
+            got = np.where(D > 1, np.where(np.isfinite(got), got, 0.0), 0.0)
+            self._option_rings[key] = got
+        return got[Ds - 1]
+
+    def _option_hops(self, ab: tuple[int, int], opts: tuple[Option, ...],
+                     n: int) -> list[tuple[int, int, np.ndarray]]:
+        """``_option_sync``'s rings at degrees 1..n or more, whatever the pool holds: (i, -1,
+        its ring on option i alone) and (i, j, the ring with hops between options i and j of
+        one region)."""
+        got = self._rings_of.get(key := (ab, opts))
+        if got is None or len(got[0][2]) < n:
+            a, b = ab
+            D = np.arange(1, n + 1)
+            got = []
             for i, o in enumerate(opts):
-                got = np.where(hold[i] >= D, np.minimum(got, self._hop_s(a, b, D, o.kind, o.tp,
-                                                                         o.kind)), got)
+                got.append((i, -1, self._hop_s(a, b, D, o.kind, o.tp, o.kind)))
                 for j in range(i + 1, len(opts)):
                     o2 = opts[j]
                     if self.region_of[o.kind] != self.region_of[o2.kind]:
                         continue
-                    if o2.kind == o.kind:  # at least one replica on each, the rest on the smaller TP
-                        room = np.where((D - 1) * min(o.tp, o2.tp) + max(o.tp, o2.tp)
-                                        <= self.avail[o.kind], D, 0)
-                    else:
-                        room = np.where((hold[i] >= 1) & (hold[j] >= 1), hold[i] + hold[j], 0)
-                    ring = np.maximum(self._hop_s(a, b, D, o.kind, o.tp, o2.kind),
-                                      self._hop_s(a, b, D, o2.kind, o2.tp, o.kind))
-                    got = np.where((D >= 2) & (room >= D), np.minimum(got, ring), got)
-            got = np.where(D > 1, np.where(np.isfinite(got), got, 0.0), 0.0)
-            self._option_rings[key] = got
-        return got[Ds - 1]
+                    got.append((i, j, np.maximum(self._hop_s(a, b, D, o.kind, o.tp, o2.kind),
+                                                 self._hop_s(a, b, D, o2.kind, o2.tp, o.kind))))
+            self._rings_of[key] = got
+        return got
 
     def tails(self, split: tuple[tuple[int, int], ...], per_stage, D: int) -> np.ndarray:
         """Per stage of an allocation (``Allocation.per_stage``, D replicas a stage) on the
@@ -678,6 +729,13 @@ class Bounds:
                 np.asarray(k, dtype=np.int64), np.asarray(st, dtype=np.int64), P)
         return _least_level(*args, np.asarray(Ds, dtype=np.int64), self.avail, self.region_of,
                             self.region_N, W)
+
+
+def _pad_last(a: np.ndarray, width: int) -> np.ndarray:
+    """``a`` (2-D) widened to ``width`` columns by repeating each row's last."""
+    if a.shape[1] == width:
+        return a
+    return np.concatenate([a, np.repeat(a[:, -1:], width - a.shape[1], axis=1)], axis=1)
 
 
 def _shapes(space: Space, mbs_values: list[int], max_stages: int | None):
@@ -1058,17 +1116,21 @@ def _resplit(space: Space, sh: Shape, alloc: Allocation, opts: list[list[Option]
     the same, some stage would get no layer, or ``reach`` or ``worth`` rules it out (the
     allocation program starts from ``slowest``'s least slowest-replica time)."""
     # the re-split's shape (or None), kept with the stage options: it depends on the kinds
-    # and their TPs, not on the GPU counts
+    # and their TPs, not on the GPU counts; one shape object per split (the bounds keep their
+    # parts by shape object)
     key = ("resplit", alloc.per_stage, sh.split, sh.mbs, sh.recompute)
     sh2 = space.stage_opts.get(key, False)
     if sh2 is False:
         new = rebalanced(space, alloc, opts, L, sh.mbs, sh.recompute)
         sh2 = None
         if new != sh.split and min(b - a for a, b in new) > 0:
-            o2 = sailor.stage_options(space, new, sh.mbs, sh.recompute, 0, 1, all_tp=True)
-            if o2:
-                sh2 = Shape(sh.recompute, sh.mbs, new, tuple(tuple(o) for o in o2),
-                            rebalance=False)
+            own = ("resplit shape", new, sh.mbs, sh.recompute)
+            sh2 = space.stage_opts.get(own, False)
+            if sh2 is False:
+                o2 = sailor.stage_options(space, new, sh.mbs, sh.recompute, 0, 1, all_tp=True)
+                sh2 = space.stage_opts[own] = (
+                    Shape(sh.recompute, sh.mbs, new, tuple(tuple(o) for o in o2),
+                          rebalance=False) if o2 else None)
         space.stage_opts[key] = sh2
     if sh2 is None:
         return []
