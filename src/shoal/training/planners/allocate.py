@@ -64,11 +64,22 @@ class Mixes:
     """A stage's combos as arrays: combo ``c`` puts ``na[c]`` replicas on option ``ia[c]`` and
     the rest on option ``ib[c]`` (-1: all on ``ia[c]``); ``self[c]`` is ((option, count), ...)."""
 
-    __slots__ = ("opts", "ia", "ib", "na", "D")
+    __slots__ = ("opts", "ia", "ib", "na", "D", "_entries")
 
     def __init__(self, opts: tuple[Option, ...], ia: np.ndarray, ib: np.ndarray, na: np.ndarray,
                  D: int):
         self.opts, self.ia, self.ib, self.na, self.D = opts, ia, ib, na, D
+        self._entries: dict[int, tuple[tuple[tuple[int, int, int], ...], int]] = {}
+
+    def entry(self, c: int) -> tuple[tuple[tuple[int, int, int], ...], int]:
+        """Combo ``c`` as an allocation's stage ((kind, TP, count), ...) and the GPUs it
+        takes of the first kind (kept)."""
+        got = self._entries.get(c)
+        if got is None:
+            mix = self[c]
+            got = self._entries[c] = (tuple((o.kind, o.tp, n) for o, n in mix),
+                                      sum(n * o.tp for o, n in mix if o.kind == 0))
+        return got
 
     def __len__(self) -> int:
         return len(self.ia)
@@ -315,9 +326,9 @@ def _trace(back: list[tuple[np.ndarray, Mixes]], usage: tuple[int, ...],
     per_stage = []
     x = usage[0]
     for pick, combos in reversed(back):
-        mix = combos[int(pick[x])]
-        per_stage.append(tuple((o.kind, o.tp, n) for o, n in mix))
-        x -= sum(n * o.tp for o, n in mix if o.kind == 0)
+        stage, first = combos.entry(int(pick[x]))
+        per_stage.append(stage)
+        x -= first
     per_stage.reverse()
     return Allocation(tuple(per_stage), usage, tau)
 
@@ -715,6 +726,20 @@ class Fronts:
               ) -> tuple[int, ...] | None:
         """The cheapest usage within ``avail`` of program ``key`` under ``tau``, from its front
         at the ceiling (``front(A, B)`` computes it at those caps when it is not kept)."""
+        got = self._kept(key, tau, avail, front)
+        return None if got is None else _cheapest(got, avail, price)
+
+    def feasible(self, key: tuple, tau: float, avail: np.ndarray,
+                 front: Callable[[int, int], tuple[np.ndarray, np.ndarray] | None]) -> bool:
+        """Whether ``usage`` finds one (without finding the cheapest)."""
+        got = self._kept(key, tau, avail, front)
+        return got is not None and _cheapest_at(got, *_caps(avail)) is not None
+
+    def _kept(self, key: tuple, tau: float, avail: np.ndarray,
+              front: Callable[[int, int], tuple[np.ndarray, np.ndarray] | None]
+              ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Program ``key``'s front under ``tau`` at caps holding ``avail``, computed at the
+        ceiling when it is not kept."""
         A, B = _caps(avail)
         kept = self._fronts.setdefault(key, {})
         got = kept.get(tau)
@@ -722,7 +747,7 @@ class Fronts:
             cap = self.ceiling if self.ceiling is not None else avail
             cA, cB = max(A, int(cap[0])), max(B, int(cap[1])) if len(avail) > 1 else 0
             got = kept[tau] = (cA, cB, front(cA, cB))
-        return None if got[2] is None else _cheapest(got[2], avail, price)
+        return got[2]
 
     def known(self, key: tuple, avail: np.ndarray, lo: float, hi: float) -> dict[float, bool]:
         """Per bound in [lo, hi] whose front is kept at caps holding ``avail``: whether an
@@ -830,6 +855,14 @@ class _Program:
         return fronts.usage((*self.key, self.D, self.total), tau, self.avail, self.price,
                             lambda A, B: self._front(tau, A, B))
 
+    def feasible(self, tau: float) -> bool:
+        """Whether some allocation meets ``tau`` (``usage`` is not None)."""
+        fronts = self.fronts
+        if fronts is None:
+            return self.usage(tau) is not None
+        return fronts.feasible((*self.key, self.D, self.total), tau, self.avail,
+                               lambda A, B: self._front(tau, A, B))
+
     def known(self, lo: float, hi: float) -> dict[float, bool]:
         """``Fronts.known`` for this program (nothing without fronts)."""
         fronts = self.fronts
@@ -888,24 +921,24 @@ def _fastest(prog: _Program, at_least: float) -> Allocation | None:
             return None  # not even the largest bound is met
         lo = klo
         near = at_least > 0.0  # a caller's bound: the answer is mostly at it or a few above
-        if near and lo < hi and prog.usage(taus[lo]) is not None:
+        if near and lo < hi and prog.feasible(taus[lo]):
             return prog.solve(taus[lo])
-        if prog.usage(taus[hi]) is None:
+        if not prog.feasible(taus[hi]):
             return None  # not even the largest bound is met
         # from a caller's bound, gallop up from the first bound, then bisect
         step = 1
         while near and lo < hi:
             probe = min(lo + step, hi)
-            if probe == hi or prog.usage(taus[probe]) is not None:
+            if probe == hi or prog.feasible(taus[probe]):
                 hi = probe
                 break
             lo, step = probe, 2 * step
         lo += 1 if near and lo < hi else 0
-    elif prog.usage(taus[hi]) is None:  # kept fronts that disagree: they are not used
+    elif not prog.feasible(taus[hi]):  # kept fronts that disagree: they are not used
         return None
     while lo < hi:
         mid = (lo + hi) // 2
-        if prog.usage(taus[mid]) is not None:
+        if prog.feasible(taus[mid]):
             hi = mid
         else:
             lo = mid + 1

@@ -1007,12 +1007,14 @@ def stage_floors_s(a: Allocation, times: list[dict[tuple[int, int], float]], D: 
     all m after stages s..b-1 have run the first microbatch forward, and then stages b-1..s
     run the last one backward, so stage s ends at least sum_{s<=i<b} t_i + m t_b after it
     starts. For s = 0 that is the pipeline's end."""
-    per = []
+    vals, counts = [], []
     for s, (st, time_of) in enumerate(zip(a.per_stage, times, strict=True)):
         rank = time_of if order is None else order[s]
-        runs = sorted(st, key=lambda r: -rank[(r[0], r[1])])  # stable, as build_spec
-        per.append(np.repeat([time_of[(k, tp)] for k, tp, _ in runs], [n for _, _, n in runs]))
-    t = np.array(per)  # (stages, pipelines)
+        # stable, as build_spec
+        for k, tp, n in (st if len(st) == 1 else sorted(st, key=lambda r: -rank[(r[0], r[1])])):
+            vals.append(time_of[(k, tp)])
+            counts.append(n)
+    t = np.repeat(vals, counts).reshape(len(times), -1)  # (stages, pipelines)
     m = np.asarray(shares(total, D))
     before = np.cumsum(t, axis=0) - t  # the stages before b, per pipeline
     reach = before + m[None, :] * t  # stage b's last backward from the start of stage 0

@@ -218,7 +218,7 @@ def layout(space: Space, vertices, groups: list[list[int]], mbs: int, recompute:
     """The partition's stages before their replicas are dealt: per stage in pipeline order,
     its layers [a, b), its group's index and the GPUs' full-model rates by type; None when
     there are more groups than layers. Kept in ``memo`` (with each group's inside
-    bandwidth)."""
+    bandwidth and the rates per microbatch size and recompute)."""
     key = ("layout", tuple(map(tuple, groups)), mbs, recompute)
     if key in memo:
         return memo[key]
@@ -227,10 +227,12 @@ def layout(space: Space, vertices, groups: list[list[int]], mbs: int, recompute:
     if len(groups) > L:
         memo[key] = None
         return None
-    rate = {}
-    for gpu in {v[0] for v in vertices}:
-        cum = space.tb.cum_step(gpu, 1, mbs, recompute)
-        rate[gpu] = 1.0 / (float(cum[-1]) * p.timing.compute_scale)
+    rate = memo.get(("rates", mbs, recompute))
+    if rate is None:
+        gpus = {v[0] for v in vertices}
+        rate = memo[("rates", mbs, recompute)] = {
+            gpu: 1.0 / (float(space.tb.cum_step(gpu, 1, mbs, recompute)[-1])
+                        * p.timing.compute_scale) for gpu in gpus}
     speed = [sum(rate[vertices[v][0]] * vertices[v][2] for v in grp) for grp in groups]
 
     def inside(grp: list[int]) -> float:
