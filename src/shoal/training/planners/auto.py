@@ -320,7 +320,7 @@ class Bounds:
         key = (a, b)
         if key not in self._sync:
             tb = self.space.tb
-            nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * 2.0
+            nbytes = self.space.grad_bytes(a, b)
             div = tb.flat_div
             t = nbytes / (div * bandwidth(tb.flat_curve, nbytes / div))
             T = len(tb.tps)
@@ -504,10 +504,10 @@ class Bounds:
             P, mi = len(sh.split), self.space.tb.mi(sh.mbs)
             stages = [self._stage_parts(ab, mi, s == 0, s == P - 1, opts)
                       for s, (ab, opts) in enumerate(zip(sh.split, sh.opts, strict=True))]
-            per = [len(x[5]) for x in stages]
+            per = [len(x[4]) for x in stages]
             fmin = np.array([x[0] for x in stages])
             tmin = np.array([x[2].min() for x in stages])
-            bmin = np.array([(x[2] - x[7]).min() for x in stages])
+            bmin = np.array([(x[2] - x[6]).min() for x in stages])
             fpre = np.concatenate([[0.0], np.cumsum(fmin)[:-1]])
             post = np.concatenate([np.cumsum(tmin[::-1])[::-1][1:], [0.0]])
             # the stages' ring terms, each row padded with its own last link's
@@ -516,11 +516,11 @@ class Bounds:
                          for i in range(2))
             got = self._refined[key] = (
                 np.repeat(fpre, per), np.concatenate([x[2] for x in stages]),
-                np.concatenate([x[7] for x in stages]), np.repeat(post, per),
+                np.concatenate([x[6] for x in stages]), np.repeat(post, per),
                 np.concatenate([x[1] for x in stages]), ring,
-                np.concatenate([x[5] for x in stages]), np.concatenate([x[6] for x in stages]),
+                np.concatenate([x[4] for x in stages]), np.concatenate([x[5] for x in stages]),
                 np.repeat(np.arange(P), per), np.concatenate([[0.0], np.cumsum(bmin)[:-1]]),
-                sum(float((self.price_s[x[6]] * x[5]).min()) for x in stages))
+                sum(float((self.price_s[x[5]] * x[4]).min()) for x in stages))
         self._by_shape[("refine", id(sh))] = (sh, got)
         return got
 
@@ -529,8 +529,8 @@ class Bounds:
         """``_refine_parts`` of one stage over layers ``ab`` (microbatch size index ``mi``):
         its least forward per microbatch with sends; per option its update, its time with its
         least sends and the ``ring_terms`` of the stage's gradients over its links out to any
-        kind (a row per option, padded with its own last link); the stage's gradient bytes;
-        per option its TP, its kind and its forward with its least sends."""
+        kind (a row per option, padded with its own last link); per option its TP, its kind
+        and its forward with its least sends."""
         key = (ab, mi, first, last, opts)
         got = self._stages.get(key)
         if got is None:
@@ -549,11 +549,10 @@ class Bounds:
             for i, r in enumerate(rows):
                 rid[i, :len(r)] = r
                 rid[i, len(r):] = r[-1]
-            nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * self.space.grad_b
             got = self._stages[key] = (
                 float((f + f_extra).min()), tb.cum_u[g, ti, b] - tb.cum_u[g, ti, a],
                 np.array([o.time_s for o in opts]) + f_extra + b_extra,
-                ring_terms(tb, rid, nbytes), nbytes,
+                ring_terms(tb, rid, self.space.grad_bytes(a, b)),
                 np.array([o.tp for o in opts], dtype=float), k.astype(np.int64),
                 f + f_extra)
         return got
@@ -654,7 +653,7 @@ class Bounds:
         terms = self._hop_terms.get(key := (a, b, k, tp, k2))
         if terms is None:
             tb = self.space.tb
-            nbytes = float(tb.cum_params[b] - tb.cum_params[a]) * self.space.grad_b
+            nbytes = self.space.grad_bytes(a, b)
             terms = self._hop_terms[key] = ring_terms(tb, self._links(k, tp, k2), nbytes)
         d = np.asarray(D, dtype=float)[..., None]
         return ring_from_terms(terms, d, self.tc.sync_scale).min(axis=-1)

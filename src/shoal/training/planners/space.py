@@ -120,6 +120,10 @@ class Space:
         cum = self.tb.cum_step(gpu, tp, mbs, recompute)
         return float(cum[b] - cum[a]) * self.problem.timing.compute_scale
 
+    def grad_bytes(self, a: int, b: int) -> float:
+        """Bytes of one replica's gradients of layers [a, b)."""
+        return float(self.tb.cum_params[b] - self.tb.cum_params[a]) * self.grad_b
+
     def min_tp(self, gpu: str, mbs: int, a: int, b: int, in_flight: int, recompute: bool,
                zero: int, dp: int) -> int | None:
         """Smallest TP for which a worker holding layers [a, b) fits (H2), or None."""
