@@ -11,7 +11,7 @@ from functools import cache
 
 import numpy as np
 import pytest
-from tests.test_planners import SMALL_PROBLEMS, small_problem
+from tests.test_planners import SMALL_PROBLEMS, problem, small_problem
 
 from shoal.estimate.api import run_specs, tables_for
 from shoal.training.planners import sailor, search
@@ -35,14 +35,15 @@ def _exhaustive(case: int):
 def _shape_plans(space: Space, res):
     """The exhaustive plans that are plans of one of ``auto``'s shapes (one data-parallel degree
     for every stage, every replica among the shape's options, at most two options a stage, as
-    the allocation program mixes): (plan, shape, degree)."""
+    the allocation program mixes, all in one region): (plan, shape, degree)."""
     shapes: dict = {}
+    region = space.problem.zone_region
     for c in res.ranked:
         mbs, _, recompute, _, stages = c.spec
         split = tuple((a, b) for a, b, _ in stages)
         D = len(stages[0][2])
         if any(len(reps) != D or len({(g, tp) for g, tp, _, _ in reps}) > 2
-               for _, _, reps in stages):
+               or len({region[z] for _, _, z, _ in reps}) > 1 for _, _, reps in stages):
             continue
         if (mbs, recompute, split) not in shapes:
             opts = sailor.stage_options(space, split, mbs, recompute, 0, 1, all_tp=True)
@@ -50,8 +51,8 @@ def _shape_plans(space: Space, res):
                 recompute, mbs, split, tuple(tuple(o) for o in opts), rebalance=False)
         sh = shapes[(mbs, recompute, split)]
         if not sh or any(
-                (space.kinds.index(Kind(g, "us-central1")), tp) not in {(o.kind, o.tp) for o in st}
-                for (_, _, reps), st in zip(stages, sh.opts, strict=True) for g, tp, _, _ in reps):
+                (space.kinds.index(Kind(g, region[z])), tp) not in {(o.kind, o.tp) for o in st}
+                for (_, _, reps), st in zip(stages, sh.opts, strict=True) for g, tp, z, _ in reps):
             continue  # a replica outside the shape's options (they count every microbatch in flight)
         yield c, sh, D
 
@@ -76,6 +77,43 @@ def test_no_plan_beats_its_bound(case):
             assert c.cost_usd * (1 + 1e-9) >= C, (c.spec, C, c.cost_usd)
         checked += 1
     assert checked > 10
+
+
+def test_no_plan_across_regions_beats_its_refined_bound():
+    """On a pool of two regions, plans whose stages sit in different regions send across
+    them between two stages on every pipeline: ``Bounds.refined`` counts it (the least level
+    over the plans in one region and, per pair of stages, those crossing between them). No
+    plan of the exhaustive space beats it, and it is above the bound that ignores it for
+    some pairs."""
+    gpus = ("A100-40GB", "V100-16GB")
+    pb = problem(
+        model={"name": "rand", "num_layers": 3, "hidden_size": 1024, "num_heads": 16,
+               "vocab_size": 32000, "max_seq_len": 2048},
+        job={"global_batch": 8, "seq_len": 2048, "schedule": ["1f1b"], "zero_stage": [0]},
+        pool__regions={"us-central1": {"zones": {"us-central1-a": {"gpus": dict(zip(gpus, (2, 1)))}}},
+                       "us-west1": {"zones": {"us-west1-b": {"gpus": dict(zip(gpus, (1, 2)))}}}},
+        pool__gpus_per_node={"A100-40GB": 2, "V100-16GB": 2},
+        network__defaults={"same_zone": {"bandwidth": "100Gbps", "latency": "20us"},
+                           "same_region": {"bandwidth": "25Gbps", "latency": "1ms"},
+                           "cross_region": {"bandwidth": "1Gbps", "latency": "30ms"}})
+    res = search(pb, strategy="exhaustive", top_k=10 ** 7)
+    space = Space(pb, tables_for(pb, mbs_options(pb)))
+    avail, price, region_of = sailor.arrays(space)
+    bounds = Bounds(space, avail, price, region_of)
+    plain = Bounds(space, avail, price, region_of)
+    plain.cross = None  # the same bound without the sends across regions
+    checked, crossing, above = 0, 0, set()
+    for c, sh, D in _shape_plans(space, res):
+        total = pb.job.global_batch // sh.mbs
+        T, C = bounds.refined(sh, D, total)
+        assert c.iteration_time_s * (1 + 1e-9) >= T, (c.spec, T, c.iteration_time_s)
+        assert c.cost_usd * (1 + 1e-9) >= C, (c.spec, C, c.cost_usd)
+        checked += 1
+        crossing += len({pb.zone_region[st[2][0][2]] for st in c.spec[4]}) > 1
+        if plain.refined(sh, D, total)[0] * (1 + 1e-6) < T:
+            above.add((sh, D))
+    assert checked > 10 and crossing > 5
+    assert above
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))

@@ -81,12 +81,29 @@ def test_the_least_level():
         Ds = rng.integers(1, 30, int(rng.integers(1, 8)))
         if rng.random() < 0.5:
             Ds = np.sort(Ds)
-        args = (np.round(rng.random(O) * 10, 1), 2.0 ** rng.integers(0, 4, O),
-                rng.integers(0, K, O), stage, P, Ds, avail, region_of, region_N,
-                allocate.kind_weights(K))
+        V = int(rng.integers(1, 4))
+        levels = np.round(rng.random((V, O)) * 10, 1)
+        one_region = rng.random(V) < 0.5
+        floor = np.where(rng.random(len(Ds)) < 0.3, rng.random(len(Ds)) * 10, -np.inf)
+        best = np.where(rng.random(len(Ds)) < 0.3, rng.random(len(Ds)) * 10, np.inf)
+        pool = (2.0 ** rng.integers(0, 4, O), rng.integers(0, K, O), stage, P)
+        grid = (avail, region_of, region_N, allocate.kind_weights(K))
+        args = (levels, one_region, floor, best, *pool, Ds, *grid)
         compiled, python = both(auto._least_level, *args)
         np.testing.assert_array_equal(compiled[0], python[0])
         # each degree alone: starting a degree's search where the one before ended is exact
-        alone = [auto._least_level.py_func(*args[:5], Ds[i:i + 1], *args[6:])[0]
+        alone = [auto._least_level.py_func(levels, one_region, floor[i:i + 1], best[i:i + 1],
+                                           *pool, Ds[i:i + 1], *grid)[0]
                  for i in range(len(Ds))]
         np.testing.assert_array_equal(compiled[0], alone)
+        # each row alone, no floor: the least over the rows, where under best; the floor
+        # only stops the search once an answer is down to it
+        for i in range(len(Ds)):
+            rows = [auto._least_level.py_func(levels[v:v + 1], one_region[v:v + 1],
+                                              np.array([-np.inf]), np.array([np.inf]), *pool,
+                                              Ds[i:i + 1], *grid)[0] for v in range(V)]
+            least = min([best[i], *rows])
+            if least > floor[i]:
+                assert compiled[0][i] == least
+            else:
+                assert floor[i] >= compiled[0][i] >= least

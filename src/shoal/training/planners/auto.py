@@ -63,6 +63,8 @@ ALL_SPLITS_UP_TO = 5  # pipeline depths whose every contiguous split is tried ..
 MAX_SPLITS = 120  # ... when there are at most this many
 PERMUTE_UP_TO = 5  # pipeline depths whose stage orders are permuted (when every split is tried)
 PACKINGS = ("stage", "chain", "pipeline")  # zone placements tried for each allocation
+_ANY_REGIONS = np.zeros(1, dtype=bool)  # _least_level's one-region flags of one row
+_NO_FLOOR, _NONE_YET = np.full(1, -np.inf), np.full(1, np.inf)  # its floor, best of one degree
 BATCH = 12  # (shape, degree) pairs allocated and costed per estimator call
 
 
@@ -163,67 +165,94 @@ def _refined_level(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync_
 
 
 @compiled
-def _least_level(level, tp, kind, stage, P, Ds, avail, region_of, region_N, W):
-    """Per degree D in ``Ds``, ``Bounds.refined``'s level: the smallest of ``level`` (one per
-    option) at which the pool holds D replicas of each of the P stages among the options at
-    or under it, by the conditions of ``Bounds._tau`` (per stage in one region, the stages
-    per region, and the GPUs all stages take from each kind together: LP dual bounds at
-    weights ``W``); inf when none does. Feasibility only grows with the level, so a
-    bisection over the sorted levels finds it; it only shrinks as D grows, so a degree at
-    least the one before starts where that one's answer is."""
+def _least_level(levels, one_region, floor, best, tp, kind, stage, P, Ds, avail, region_of,
+                 region_N, W):
+    """Per degree D in ``Ds``, ``Bounds.refined``'s level: over the rows of ``levels`` (each
+    a level per option), the smallest level at which the pool holds D replicas of each of
+    the P stages among the options at or under it in that row, by the conditions of
+    ``Bounds._tau`` (per stage in one region, the stages per region, and the GPUs all stages
+    take from each kind together: LP dual bounds at weights ``W``; on the rows where
+    ``one_region`` is set, also all stages in one region), when under ``best`` (a degree's
+    answer so far; inf: none). Once a degree's answer is down to its ``floor`` the later rows
+    are not searched. Feasibility only grows with the level, so a bisection over a row's
+    sorted levels finds it; it only shrinks as D grows, so a degree at least the one before
+    starts where that one's answer is in the row."""
     K, R = len(avail), len(region_N)
-    order = np.argsort(level)
-    out = np.empty(len(Ds))
-    start = 0
-    for i in range(len(Ds)):
-        D = Ds[i]
-        lo = start if i > 0 and Ds[i - 1] <= D else 0
-        hi = len(order)  # the answer's position in order; len(order): none
-        while lo < hi:
-            mid = (lo + hi) // 2
-            theta = level[order[mid]]
-            c = np.full((P, K), np.inf)  # fewest GPUs per replica of stage s from kind k
-            for o in range(len(level)):
-                if level[o] <= theta and tp[o] < c[stage[o], kind[o]]:
-                    c[stage[o], kind[o]] = tp[o]
-            ok = True
-            gmin = np.full(R, np.inf)
-            for s in range(P):
-                most = 0.0
-                for r in range(R):
-                    cap = 0.0
-                    for k in range(K):
-                        if region_of[k] == r and c[s, k] < np.inf:
-                            cap += np.floor(avail[k] / c[s, k])
-                            gmin[r] = min(gmin[r], c[s, k])
-                    most = max(most, cap)
-                if most < D:
-                    ok = False
-            if ok:
-                stages = 0.0
-                for r in range(R):
-                    if gmin[r] < np.inf:
-                        stages += np.floor(region_N[r] / (gmin[r] * D))
-                ok = stages >= P
-            m = 0
-            while ok and m < W.shape[0]:
-                den, have = 0.0, 0.0
-                for k in range(K):
-                    have += W[m, k] * avail[k]
+    out = best.copy()
+    for v in range(levels.shape[0]):
+        level = levels[v]
+        order = np.argsort(level)
+        start = 0
+        for i in range(len(Ds)):
+            D = Ds[i]
+            lo = start if i > 0 and Ds[i - 1] <= D else 0
+            if out[i] <= floor[i]:
+                start = lo
+                continue
+            # only levels under the best answer so far can improve on it
+            hi = lo
+            while hi < len(order) and level[order[hi]] < out[i]:
+                hi += 1
+            end = hi
+            while lo < hi:
+                mid = (lo + hi) // 2
+                theta = level[order[mid]]
+                c = np.full((P, K), np.inf)  # fewest GPUs per replica of stage s from kind k
+                for o in range(len(level)):
+                    if level[o] <= theta and tp[o] < c[stage[o], kind[o]]:
+                        c[stage[o], kind[o]] = tp[o]
+                ok = True
+                gmin = np.full(R, np.inf)
                 for s in range(P):
-                    low = np.inf
+                    most = 0.0
+                    for r in range(R):
+                        cap = 0.0
+                        for k in range(K):
+                            if region_of[k] == r and c[s, k] < np.inf:
+                                cap += np.floor(avail[k] / c[s, k])
+                                gmin[r] = min(gmin[r], c[s, k])
+                        most = max(most, cap)
+                    if most < D:
+                        ok = False
+                if ok:
+                    stages = 0.0
+                    for r in range(R):
+                        if gmin[r] < np.inf:
+                            stages += np.floor(region_N[r] / (gmin[r] * D))
+                    ok = stages >= P
+                if ok and one_region[v]:
+                    ok = False
+                    for r in range(R):
+                        need = 0.0  # GPUs of region r that D replicas of every stage take
+                        for s in range(P):
+                            cap, low = 0.0, np.inf
+                            for k in range(K):
+                                if region_of[k] == r and c[s, k] < np.inf:
+                                    cap += np.floor(avail[k] / c[s, k])
+                                    low = min(low, c[s, k])
+                            need += D * low if cap >= D else np.inf
+                        if need <= region_N[r]:
+                            ok = True
+                m = 0
+                while ok and m < W.shape[0]:
+                    den, have = 0.0, 0.0
                     for k in range(K):
-                        if c[s, k] < np.inf:
-                            low = min(low, W[m, k] * c[s, k])
-                    den += low
-                ok = not (den > 0 and D * den > have)
-                m += 1
-            if ok:
-                hi = mid
-            else:
-                lo = mid + 1
-        out[i] = level[order[lo]] if lo < len(order) else np.inf
-        start = lo
+                        have += W[m, k] * avail[k]
+                    for s in range(P):
+                        low = np.inf
+                        for k in range(K):
+                            if c[s, k] < np.inf:
+                                low = min(low, W[m, k] * c[s, k])
+                        den += low
+                    ok = not (den > 0 and D * den > have)
+                    m += 1
+                if ok:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            if lo < end:
+                out[i] = level[order[lo]]
+            start = lo
     return out
 
 
@@ -293,6 +322,13 @@ class Bounds:
         for z, n in per_zone.items():
             per_region[pb.zone_region[z]] = per_region.get(pb.zone_region[z], 0) + n
         self.zone_most = max(per_zone.values(), default=0)
+        # fastest send per microbatch size and TP between regions (None: one region)
+        self.cross = None
+        if len(self.region_N) > 1:
+            p2p = tb.p2p_time * self.tc.p2p_scale + self.tc.p2p_overhead_s  # (M, links)
+            tpi = np.arange(p2p.shape[1]) % T
+            self.cross = np.array([[p2p[m, (self.link_class == 2) & (tpi == ti)].min(initial=np.inf)
+                                    for ti in range(T)] for m in range(M)])
         self.region_most = max(per_region.values(), default=0)
         self._option_rings: dict[tuple, np.ndarray] = {}  # these depend on the GPU counts
         # what does not depend on the GPU counts, shared by every pool of the same kinds in
@@ -477,15 +513,51 @@ class Bounds:
         update: the iteration takes at least L(s, o), the largest of these. The smallest
         level at which the pool holds D replicas of every stage among the options with
         L(s, o) under it (``_least_level``: the conditions of ``_tau``) bounds the time;
-        every stage's cheapest replica paid that long, D times over, bounds the cost."""
+        every stage's cheapest replica paid that long, D times over, bounds the cost. On a
+        pool of several regions the least of two such levels: over the plans in one region
+        (the pool of that region must hold them), and over the plans that send across regions
+        between some stages b and b + 1, whose options on those two stages take that send
+        (``_crossing``): each stage's replicas are in one region (H5), so a plan in two
+        regions crosses between some two stages, on every pipeline."""
         fpre, t, f, post, upd, ring, tp, kind, stage, bsum, rate = self._refine_parts(sh)
         P = len(sh.split)
-        level = _refined_level(fpre, t, f, post, upd, ring[0], ring[1], stage, bsum, P,
-                               total // D, D, self.tc.sync_scale)
-        T = _least_level(level, tp, kind, stage, P, np.array([D], dtype=np.int64),
-                         self.avail, self.region_of, self.region_N,
-                         self._weights_grid)[0] + self.tc.step_overhead_s
+        rest = (post, upd, ring[0], ring[1], stage, bsum, P, total // D, D, self.tc.sync_scale)
+        pool = (tp, kind, stage, P, np.array([D], dtype=np.int64), self.avail, self.region_of,
+                self.region_N, self._weights_grid)
+        base = _refined_level(fpre, t, f, *rest)[None, :]
+        T = _least_level(base, _ANY_REGIONS, _NO_FLOOR, _NONE_YET, *pool)
+        if self.cross is not None and P > 1:
+            # a plan in more than one region (each stage's replicas in one, H5) sends across
+            # regions between some stages b and b + 1, on every pipeline: the least level
+            # over the plans in one region and, for each b, those crossing there
+            ts, fs, tr, fr = self._crossing(sh)
+            b = np.arange(P - 1)[:, None]
+            rows = np.where(stage == b, _refined_level(fpre, ts, fs, *rest),
+                            np.where(stage == b + 1, _refined_level(fpre, tr, fr, *rest), base))
+            T = _least_level(np.concatenate([base, rows]),
+                             np.arange(P) == 0, T, _NONE_YET, *pool)
+        T = float(T[0]) + self.tc.step_overhead_s
         return T, T * D * rate
+
+    def _crossing(self, sh: Shape) -> tuple[np.ndarray, ...]:
+        """Per option of ``sh`` (as ``_refine_parts``), its time per microbatch and its
+        forward when its stage sends across regions to the next stage (its own TP's fastest
+        link between regions), and when it receives from the stage before across regions
+        (any TP's): the kernel charges a send both ways on the sender's link, the sender for
+        the activations and the receiver for the gradients, and ``recv_fraction`` of each on
+        the other end."""
+        mine = self._by_shape.get(("cross", id(sh)))
+        if mine is not None and mine[0] is sh:
+            return mine[1]
+        _, t, f, *_ = self._refine_parts(sh)
+        tb, rf = self.space.tb, self.tc.recv_fraction
+        mi = tb.mi(sh.mbs)
+        ti = np.array([tb.ti(o.tp) for opts in sh.opts for o in opts])
+        xs = self.cross[mi, ti] - self.p2p_tp[mi, ti]
+        xr = self.cross[mi].min() - self.p2p_min[mi]
+        got = (t + (1 + rf) * xs, f + xs, t + (1 + rf) * xr, f + rf * xr)
+        self._by_shape[("cross", id(sh))] = (sh, got)
+        return got
 
     def _refine_parts(self, sh: Shape):
         """Per option of ``sh`` (stage by stage), what ``refined`` needs at any degree: the
@@ -726,8 +798,10 @@ class Bounds:
         W = self._weights_grid if joint else np.ones((1, len(self.avail)))
         args = (np.asarray(t, dtype=float), np.asarray(tp, dtype=float),
                 np.asarray(k, dtype=np.int64), np.asarray(st, dtype=np.int64), P)
-        return _least_level(*args, np.asarray(Ds, dtype=np.int64), self.avail, self.region_of,
-                            self.region_N, W)
+        Ds = np.asarray(Ds, dtype=np.int64)
+        return _least_level(args[0][None, :], _ANY_REGIONS, np.full(len(Ds), -np.inf),
+                            np.full(len(Ds), np.inf), *args[1:], Ds, self.avail,
+                            self.region_of, self.region_N, W)
 
 
 def _pad_last(a: np.ndarray, width: int) -> np.ndarray:
