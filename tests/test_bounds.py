@@ -5,6 +5,7 @@ stage; plans with other replicas are not the shape's)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections import Counter
 from functools import cache
@@ -24,12 +25,6 @@ CASES = [*SMALL_PROBLEMS[1:],
          # more replicas than the fast GPUs can hold at their largest TP: the counts bind
          ({"us-central1-a": (2, 6)}, 3, 1024, 16, 2),
          ({"us-central1-a": (2, 2), "us-central1-b": (0, 2)}, 2, 1024, 8, 2)]
-
-
-@cache
-def _exhaustive(case: int):
-    pb = small_problem(*CASES[case])
-    return pb, search(pb, strategy="exhaustive", top_k=10 ** 7)
 
 
 def _shape_plans(space: Space, res):
@@ -79,14 +74,10 @@ def test_no_plan_beats_its_bound(case):
     assert checked > 10
 
 
-def test_no_plan_across_regions_beats_its_refined_bound():
-    """On a pool of two regions, plans whose stages sit in different regions send across
-    them between two stages on every pipeline: ``Bounds.refined`` counts it (the least level
-    over the plans in one region and, per pair of stages, those crossing between them). No
-    plan of the exhaustive space beats it, and it is above the bound that ignores it for
-    some pairs."""
+def _two_regions():
+    """Two regions, each with A100s and V100s, a slow link between them."""
     gpus = ("A100-40GB", "V100-16GB")
-    pb = problem(
+    return problem(
         model={"name": "rand", "num_layers": 3, "hidden_size": 1024, "num_heads": 16,
                "vocab_size": 32000, "max_seq_len": 2048},
         job={"global_batch": 8, "seq_len": 2048, "schedule": ["1f1b"], "zero_stage": [0]},
@@ -96,7 +87,21 @@ def test_no_plan_across_regions_beats_its_refined_bound():
         network__defaults={"same_zone": {"bandwidth": "100Gbps", "latency": "20us"},
                            "same_region": {"bandwidth": "25Gbps", "latency": "1ms"},
                            "cross_region": {"bandwidth": "1Gbps", "latency": "30ms"}})
-    res = search(pb, strategy="exhaustive", top_k=10 ** 7)
+
+
+@cache
+def _exhaustive(case: int):
+    pb = small_problem(*CASES[case]) if case < len(CASES) else _two_regions()
+    return pb, search(pb, strategy="exhaustive", top_k=10 ** 7)
+
+
+def test_no_plan_across_regions_beats_its_refined_bound():
+    """On a pool of two regions, plans whose stages sit in different regions send across
+    them between two stages on every pipeline: ``Bounds.refined`` counts it (the least level
+    over the plans in one region and, per pair of stages, those crossing between them). No
+    plan of the exhaustive space beats it, and it is above the bound that ignores it for
+    some pairs."""
+    pb, res = _exhaustive(len(CASES))
     space = Space(pb, tables_for(pb, mbs_options(pb)))
     avail, price, region_of = sailor.arrays(space)
     bounds = Bounds(space, avail, price, region_of)
@@ -116,12 +121,14 @@ def test_no_plan_across_regions_beats_its_refined_bound():
     assert above
 
 
-@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("case", range(len(CASES) + 1))
 def test_no_plan_of_an_allocation_beats_its_floors(case):
     """The search skips allocations (and programs) whose floors cannot beat the incumbent:
     every plan ``build_spec`` makes of an allocation of the exhaustive space, in every zone
     packing, takes at least the allocation's floor and the floor of a program bottleneck as
-    slow as the allocation's, in time and in cost."""
+    slow as the allocation's, in time and in cost, and the floor it gets as a re-split's
+    allocation (the last case: two regions, where the allocations whose stages are in both
+    send across them)."""
     pb, res = _exhaustive(case)
     tb = tables_for(pb, mbs_options(pb))
     space = Space(pb, tb)
@@ -131,11 +138,13 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
     for c, sh, D in _shape_plans(space, res):
         per_stage = tuple(
             tuple((k, tp, n) for (k, tp), n in sorted(Counter(
-                (space.kinds.index(Kind(g, "us-central1")), tp) for g, tp, _, _ in reps).items()))
+                (space.kinds.index(Kind(g, pb.zone_region[z])), tp)
+                for g, tp, z, _ in reps).items()))
             for _, _, reps in c.spec[4])
         allocs[(sh, D, per_stage)] = None
     floors, specs = [], []  # per allocation: its two floors and the range of its plans
     worths: dict = {}
+    tighter = 0  # allocations whose floor the sends across regions raise
     for sh, D, per_stage in allocs:
         opts = [list(o) for o in sh.opts]
         total = pb.job.global_batch // sh.mbs
@@ -143,7 +152,8 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
             after = bounds(sh, np.array([D]), total)[3][0]
             worths[(sh, D)] = Worth("max-throughput", np.inf, float(after),
                                     pb.timing.step_overhead_s, price, bounds.option_times(sh),
-                                    tails=functools.partial(bounds.tails, sh.split, D=D))
+                                    tails=functools.partial(bounds.tails, sh.split, D=D),
+                                    crossed=functools.partial(bounds.crossed_times, sh))
         worth = worths[(sh, D)]
         a = Allocation(per_stage, (0,) * len(avail), 0.0)
         built = [sp for pk in PACKINGS
@@ -158,15 +168,19 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
                          for mix, st in zip(per_stage, opts, strict=True)])
         tau = float((np.asarray(shares(total, D)) * comp.max(axis=0)).max()) / -(-total // D)
         floors.append((per_stage, worth.plan_floor(a, D, total), worth.program_floor(tau, D, total),
+                       worth.plan_floor(a, D, total, other_split=opts),
                        slice(len(specs), len(specs) + len(built))))
         specs += built
+        plain = dataclasses.replace(worth, crossed=None).plan_floor(a, D, total)
+        tighter += floors[-1][1][0] > plain[0] * (1 + 1e-6)
     out = run_specs(pb, tb, specs)
     T, usd = out["iteration_time_s"], out["cost_compute_usd"] + out["cost_egress_usd"]
-    for per_stage, plan, program, at in floors:
-        for floor_t, floor_usd in (plan, program):
+    for per_stage, plan, program, split_floor, at in floors:
+        for floor_t, floor_usd in (plan, program, split_floor):
             assert (floor_t <= T[at] * (1 + 1e-9)).all(), (per_stage, floor_t, T[at])
             assert (floor_usd <= usd[at] * (1 + 1e-9)).all(), (per_stage, floor_usd, usd[at])
     assert len(floors) > 10
+    assert (tighter > 10) == (case == len(CASES))
 
 
 @pytest.mark.parametrize("objective", ["max-throughput", "min-cost", "max-throughput-per-dollar"])

@@ -539,6 +539,32 @@ class Bounds:
         T = float(T[0]) + self.tc.step_overhead_s
         return T, T * D * rate
 
+    def crossed_times(self, sh: Shape, per_stage, times: list | None = None
+                      ) -> list[dict[tuple[int, int], float]] | None:
+        """Per stage, (kind, TP) -> time per microbatch (``times``, or else
+        ``option_times(sh).times``) for an allocation (``Allocation.per_stage``) of ``sh``'s
+        microbatch size whose stages are in more than one region, with the sends across
+        regions between its stages b and b + 1 in different ones (as ``_crossing``); None
+        when its stages are in one region (every stage's replicas are in one region, H5)."""
+        if self.cross is None:
+            return None
+        regions = [self.region_of[st[0][0]] for st in per_stage]
+        if all(r == regions[0] for r in regions):
+            return None
+        tb, rf = self.space.tb, self.tc.recv_fraction
+        mi = tb.mi(sh.mbs)
+        times = list(self.option_times(sh).times if times is None else times)
+        for b in range(len(regions) - 1):
+            if regions[b] != regions[b + 1]:
+                # the receiver's on the sender's link: the fastest of stage b's TPs
+                xr = (1 + rf) * (min(self.cross[mi, tb.ti(tp)] for _, tp, _ in per_stage[b])
+                                 - self.p2p_min[mi])
+                times[b] = {(k, tp): v + (1 + rf) * (self.cross[mi, tb.ti(tp)]
+                                                     - self.p2p_tp[mi, tb.ti(tp)])
+                            for (k, tp), v in times[b].items()}
+                times[b + 1] = {key: v + xr for key, v in times[b + 1].items()}
+        return times
+
     def _crossing(self, sh: Shape) -> tuple[np.ndarray, ...]:
         """Per option of ``sh`` (as ``_refine_parts``), its time per microbatch and its
         forward when its stage sends across regions to the next stage (its own TP's fastest
@@ -954,7 +980,8 @@ class _BranchAndBound:
                     worth = Worth(objective, bar, float(self.after[e]),
                                   self.space.problem.timing.step_overhead_s, self.price,
                                   self.bounds.option_times(sh), ev.beaten,
-                                  functools.partial(self.bounds.tails, sh.split, D=D))
+                                  functools.partial(self.bounds.tails, sh.split, D=D),
+                                  functools.partial(self.bounds.crossed_times, sh))
                     total = self.space.problem.job.global_batch // sh.mbs
 
                     def reach(s: Shape, D=D, total=total, worth=worth) -> bool:
@@ -1009,8 +1036,9 @@ class Worth:
     stage) plus ``after_s`` (the pair's least gradient sync and update, and the step overhead),
     and for every stage that stage's end plus its own least sync and update (``tails``) and the
     step overhead; it pays at least that long for its GPUs at their cheapest zone's price
-    (``plan_floor``). A plan of another split than the pair's is given its options' compute
-    times and counts the step overhead only (``overhead_s``)."""
+    (``plan_floor``). An allocation whose stages are in more than one region sends across
+    regions between them (``crossed``). A plan of another split than the pair's is given its
+    options' compute times and counts the step overhead only (``overhead_s``)."""
 
     objective: str
     bar: float
@@ -1021,6 +1049,9 @@ class Worth:
     beaten: Callable[[float, float], bool] = lambda t, usd: False
     # per stage of an allocation of the pair's split: its least sync and update (Bounds.tails)
     tails: Callable[[tuple], np.ndarray] | None = None
+    # the option times of an allocation whose stages are in more than one region, with the
+    # sends across (Bounds.crossed_times; None: as given)
+    crossed: Callable[..., list | None] | None = None
 
     def __call__(self, a: Allocation, D: int, total: int,
                  other_split: list[list[Option]] | None = None) -> bool:
@@ -1035,13 +1066,15 @@ class Worth:
                    other_split: list[list[Option]] | None = None) -> tuple[float, float]:
         """(seconds, USD) per iteration that any plan of ``a`` takes at least."""
         if other_split is None:
-            ends = stage_floors_s(a, self.shape.times, D, total, self.shape.compute)
+            times = None if self.crossed is None else self.crossed(a.per_stage)
+            ends = stage_floors_s(a, times or self.shape.times, D, total, self.shape.compute)
             t = float(ends[0]) + self.after_s
             if self.tails is not None:
                 t = max(t, float((ends + self.tails(a.per_stage)).max()) + self.overhead_s)
         else:
             times = [{(o.kind, o.tp): o.time_s for o in oo} for oo in other_split]
-            t = float(stage_floors_s(a, times, D, total)[0]) + self.overhead_s
+            crossed = None if self.crossed is None else self.crossed(a.per_stage, times)
+            t = float(stage_floors_s(a, crossed or times, D, total, times)[0]) + self.overhead_s
         usd_s = sum(self.price_h[k] * tp * n for st in a.per_stage for k, tp, n in st) / 3600
         return t, t * usd_s
 
