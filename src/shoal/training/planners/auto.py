@@ -182,6 +182,7 @@ def _least_level(levels, one_region, floor, best, tp, kind, stage, P, Ds, avail,
     for v in range(levels.shape[0]):
         level = levels[v]
         order = np.argsort(level)
+        ranked = level[order]
         start = 0
         for i in range(len(Ds)):
             D = Ds[i]
@@ -190,9 +191,7 @@ def _least_level(levels, one_region, floor, best, tp, kind, stage, P, Ds, avail,
                 start = lo
                 continue
             # only levels under the best answer so far can improve on it
-            hi = lo
-            while hi < len(order) and level[order[hi]] < out[i]:
-                hi += 1
+            hi = max(lo, np.searchsorted(ranked, out[i]))
             end = hi
             while lo < hi:
                 mid = (lo + hi) // 2
