@@ -60,18 +60,23 @@ def test_no_plan_beats_its_bound(case):
     space = Space(pb, tables_for(pb, mbs_options(pb)))
     avail, price, region_of = sailor.arrays(space)
     bounds = Bounds(space, avail, price, region_of)
-    checked = 0
+    checked, tighter = 0, 0
     cut: dict = {}
     for c, sh, D in _shape_plans(space, res):
         if (sh, D) not in cut:
             total = pb.job.global_batch // sh.mbs
             T, C, _, _ = bounds(sh, np.array([D]), total)
             cut[(sh, D)] = ((T[0], C[0]), bounds.refined(sh, D, total))
+            # the refined cost over the refined time at every stage's cheapest replica
+            t_ref, c_ref = cut[(sh, D)][1]
+            cheapest = sum(min(bounds.price_s[o.kind] * o.tp for o in st) for st in sh.opts)
+            tighter += c_ref > t_ref * D * cheapest * (1 + 1e-6)
         for T, C in cut[(sh, D)]:
             assert c.iteration_time_s * (1 + 1e-9) >= T, (c.spec, T, c.iteration_time_s)
             assert c.cost_usd * (1 + 1e-9) >= C, (c.spec, C, c.cost_usd)
         checked += 1
     assert checked > 10
+    assert tighter > 0
 
 
 def _two_regions():

@@ -1,6 +1,6 @@
 """The compiled loops (``shoal.jit.compiled``) give exactly what their Python source gives, on
 random inputs: the allocation program, the pipeline recurrence, the min-max layer split,
-Stoer-Wagner's phases and the bounds' least level."""
+Stoer-Wagner's phases and the bounds' least level and least cost."""
 
 from __future__ import annotations
 
@@ -107,3 +107,22 @@ def test_the_least_level():
                 assert compiled[0][i] == least
             else:
                 assert floor[i] >= compiled[0][i] >= least
+
+
+def test_the_least_cost():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        P = int(rng.integers(1, 6))
+        O = int(rng.integers(P, 4 * P))
+        stage = np.concatenate([np.arange(P), rng.integers(0, P, O - P)])
+        level = np.round(rng.random(O) * 10, 1)  # ties on purpose
+        args = (level, rng.random(O), stage, P, float(rng.random() * 10), 0.5)
+        compiled, python = both(auto._least_cost, *args)
+        assert compiled[0] == python[0]
+        # against every threshold by brute force
+        want = min((max(th, args[4]) + 0.5) * sum(args[1][(stage == s_) & (level <= th)].min()
+                                                   for s_ in range(P))
+                   for th in level if all(((stage == s_) & (level <= th)).any()
+                                          for s_ in range(P)))
+        assert compiled[0] == pytest.approx(want)
+

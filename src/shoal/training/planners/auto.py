@@ -165,6 +165,31 @@ def _refined_level(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync_
 
 
 @compiled
+def _least_cost(level, rate, stage, P, least, overhead):
+    """``Bounds.refined``'s cost per pipeline: a plan whose options (stage by stage, at
+    ``level`` each) are all at or under theta takes at least max(theta, ``least``) +
+    ``overhead`` seconds and pays each stage's replica at least the least ``rate`` (USD/s)
+    of that stage's options at or under theta; the least such cost over theta (inf when no
+    theta holds an option of every stage)."""
+    order = np.argsort(level)
+    low = np.full(P, np.inf)  # per stage, its least rate so far
+    best = np.inf
+    i = 0
+    while i < len(order):
+        theta = level[order[i]]
+        while i < len(order) and level[order[i]] == theta:  # options at theta join together
+            o = order[i]
+            low[stage[o]] = min(low[stage[o]], rate[o])
+            i += 1
+        total = 0.0
+        for s in range(P):
+            total += low[s]
+        if total < np.inf:
+            best = min(best, (max(theta, least) + overhead) * total)
+    return best
+
+
+@compiled
 def _least_level(levels, one_region, floor, best, tp, kind, stage, P, Ds, avail, region_of,
                  region_N, W):
     """Per degree D in ``Ds``, ``Bounds.refined``'s level: over the rows of ``levels`` (each
@@ -511,14 +536,17 @@ class Bounds:
         backwards of stages s'..s-1 later, and then takes at least its own least ring and
         update: the iteration takes at least L(s, o), the largest of these. The smallest
         level at which the pool holds D replicas of every stage among the options with
-        L(s, o) under it (``_least_level``: the conditions of ``_tau``) bounds the time;
-        every stage's cheapest replica paid that long, D times over, bounds the cost. On a
-        pool of several regions the least of two such levels: over the plans in one region
+        L(s, o) under it (``_least_level``: the conditions of ``_tau``) bounds the time. A
+        plan whose options are all at level theta or under takes at least the larger of theta
+        and that, and pays each replica of a stage at least the least USD/s of that stage's
+        options at or under theta: the least of that over theta, D times over, bounds the
+        cost (``_least_cost``). On a pool of several regions the time is the least of two
+        such levels: over the plans in one region
         (the pool of that region must hold them), and over the plans that send across regions
         between some stages b and b + 1, whose options on those two stages take that send
         (``_crossing``): each stage's replicas are in one region (H5), so a plan in two
         regions crosses between some two stages, on every pipeline."""
-        fpre, t, f, post, upd, ring, tp, kind, stage, bsum, rate = self._refine_parts(sh)
+        fpre, t, f, post, upd, ring, tp, kind, stage, bsum = self._refine_parts(sh)
         P = len(sh.split)
         rest = (post, upd, ring[0], ring[1], stage, bsum, P, total // D, D, self.tc.sync_scale)
         pool = (tp, kind, stage, P, np.array([D], dtype=np.int64), self.avail, self.region_of,
@@ -535,8 +563,12 @@ class Bounds:
                             np.where(stage == b + 1, _refined_level(fpre, tr, fr, *rest), base))
             T = _least_level(np.concatenate([base, rows]),
                              np.arange(P) == 0, T, _NONE_YET, *pool)
-        T = float(T[0]) + self.tc.step_overhead_s
-        return T, T * D * rate
+        least = float(T[0])
+        # the cost: at least that long, every replica of every stage at the least rate of the
+        # options it may take in a plan of that level
+        cost = _least_cost(base[0], self.price_s[kind] * tp, stage, P, least,
+                           self.tc.step_overhead_s) if np.isfinite(least) else np.inf
+        return least + self.tc.step_overhead_s, cost * D
 
     def crossed_times(self, sh: Shape, per_stage, times: list | None = None
                       ) -> list[dict[tuple[int, int], float]] | None:
@@ -590,8 +622,7 @@ class Bounds:
         forward, with its least sends; the least forward and backward of the stages after its
         stage; its update; the ``ring_terms`` of its stage's gradients over the links out of
         it to any kind (``_links``; a row padded with its own last link); its TP, kind and
-        stage. Per stage, the least backwards of the stages before it; and the least USD/s of
-        one replica of every stage."""
+        stage. Per stage, the least backwards of the stages before it."""
         mine = self._by_shape.get(("refine", id(sh)))
         if mine is not None and mine[0] is sh:
             return mine[1]
@@ -616,8 +647,7 @@ class Bounds:
                 np.concatenate([x[6] for x in stages]), np.repeat(post, per),
                 np.concatenate([x[1] for x in stages]), ring,
                 np.concatenate([x[4] for x in stages]), np.concatenate([x[5] for x in stages]),
-                np.repeat(np.arange(P), per), np.concatenate([[0.0], np.cumsum(bmin)[:-1]]),
-                sum(float((self.price_s[x[5]] * x[4]).min()) for x in stages))
+                np.repeat(np.arange(P), per), np.concatenate([[0.0], np.cumsum(bmin)[:-1]]))
         self._by_shape[("refine", id(sh))] = (sh, got)
         return got
 
