@@ -959,8 +959,11 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
         sailor.search(ev, space, objective, mbs_values, max_stages)
     run = _BranchAndBound(ev, space, bounds, shapes, sid, Ds, tau, after, avail, price,
                           region_of)
-    run(keep, _key(T, C, objective), objective, lambda: ev.incumbent)
-    if not ev.feasible and not keep.all():
+    limits = (1.0 / cons.min_iters_per_s if cons.min_iters_per_s else np.inf,
+              cons.max_cost_per_iteration_usd if cons.max_cost_per_iteration_usd is not None
+              else np.inf)
+    run(keep, _key(T, C, objective), objective, lambda: ev.incumbent, limits)
+    if not ev.feasible and (not keep.all() or np.isfinite(limits).any()):
         # the constraints cut every plan: find the fastest (cheapest) plans anyway, so the
         # error can name the binding constraint and how far to relax it
         if cons.max_cost_per_iteration_usd is not None:
@@ -978,7 +981,11 @@ class _BranchAndBound:
         self.sid, self.Ds, self.tau, self.after = sid, Ds, tau, after
         self.avail, self.price, self.region_of = avail, price, region_of
 
-    def __call__(self, mask: np.ndarray, key: np.ndarray, objective: str, best) -> None:
+    def __call__(self, mask: np.ndarray, key: np.ndarray, objective: str, best,
+                 limits: tuple[float, float] = (np.inf, np.inf)) -> None:
+        """Takes the pairs of ``mask`` by ``key`` under ``objective`` (``best``: the plan to
+        beat); ``limits``: the most seconds and USD an iteration may take (the constraints),
+        beyond which no allocation is worth building."""
         ev = self.ev
         idx = np.nonzero(mask)[0]
         idx = idx[np.argsort(key[idx], kind="stable")]
@@ -1010,7 +1017,7 @@ class _BranchAndBound:
                                   self.space.problem.timing.step_overhead_s, self.price,
                                   self.bounds.option_times(sh), ev.beaten,
                                   functools.partial(self.bounds.tails, sh.split, D=D),
-                                  functools.partial(self.bounds.crossed_times, sh))
+                                  functools.partial(self.bounds.crossed_times, sh), limits)
                     total = self.space.problem.job.global_batch // sh.mbs
 
                     def reach(s: Shape, D=D, total=total, worth=worth) -> bool:
@@ -1067,7 +1074,8 @@ class Worth:
     step overhead; it pays at least that long for its GPUs at their cheapest zone's price
     (``plan_floor``). An allocation whose stages are in more than one region sends across
     regions between them (``crossed``). A plan of another split than the pair's is given its
-    options' compute times and counts the step overhead only (``overhead_s``)."""
+    options' compute times and counts the step overhead only (``overhead_s``). Plans whose
+    floors break a constraint (``limits``) are worth nothing: they would not be adopted."""
 
     objective: str
     bar: float
@@ -1081,15 +1089,22 @@ class Worth:
     # the option times of an allocation whose stages are in more than one region, with the
     # sends across (Bounds.crossed_times; None: as given)
     crossed: Callable[..., list | None] | None = None
+    # the most seconds and USD an iteration may take (the search's constraints): plans
+    # beyond either are not adopted, so they are worth nothing
+    limits: tuple[float, float] = (np.inf, np.inf)
 
     def __call__(self, a: Allocation, D: int, total: int,
                  other_split: list[list[Option]] | None = None) -> bool:
-        return not np.isfinite(self.bar) or self.below(*self.plan_floor(a, D, total, other_split))
+        return not self._bound() or self.below(*self.plan_floor(a, D, total, other_split))
+
+    def _bound(self) -> bool:
+        """Whether anything can be ruled out: there is an incumbent or a constraint."""
+        return bool(np.isfinite(self.bar) or np.isfinite(self.limits).any())
 
     def beyond(self, tau: float, D: int, total: int) -> bool:
         """True when no allocation the allocation program could give on the pair's split
         with a bottleneck of ``tau`` or more can beat the incumbent (``program_floor``)."""
-        return np.isfinite(self.bar) and not self.below(*self.program_floor(tau, D, total))
+        return self._bound() and not self.below(*self.program_floor(tau, D, total))
 
     def plan_floor(self, a: Allocation, D: int, total: int,
                    other_split: list[list[Option]] | None = None) -> tuple[float, float]:
@@ -1119,16 +1134,22 @@ class Worth:
 
     def out_of_reach(self, t: float, usd: float) -> bool:
         """Whether plans taking at least ``t`` seconds and ``usd`` per iteration cannot beat
-        the incumbent (the front aside: pairs are taken by their bounds against it alone)."""
-        return bool(np.isfinite(self.bar)
-                    and _key(np.array([t]), np.array([usd]), self.objective)[0]
-                    >= self.bar * (1 + 1e-9))
+        the incumbent (the front aside: pairs are taken by their bounds against it alone),
+        or break a constraint."""
+        return bool(self._beyond_limits(t, usd) or (
+            np.isfinite(self.bar) and _key(np.array([t]), np.array([usd]), self.objective)[0]
+            >= self.bar * (1 + 1e-9)))
 
     def below(self, t: float, usd: float) -> bool:
         """Whether lower bounds ``t`` (iteration seconds) and ``usd`` (per iteration) leave
-        room to beat the incumbent or to join the front."""
+        room to beat the incumbent or to join the front, within the constraints."""
+        if self._beyond_limits(t, usd):
+            return False
         key = _key(np.array([t]), np.array([usd]), self.objective)[0]
         return bool(key < self.bar * (1 + 1e-9)) or not self.beaten(t, usd)
+
+    def _beyond_limits(self, t: float, usd: float) -> bool:
+        return t > self.limits[0] * (1 + 1e-9) or usd > self.limits[1] * (1 + 1e-9)
 
 
 def stage_floors_s(a: Allocation, times: list[dict[tuple[int, int], float]], D: int,
