@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from tests.test_planners import SMALL_PROBLEMS, problem, small_problem
 
+from shoal.errors import InfeasibleError
 from shoal.estimate.api import run_specs, tables_for
+from shoal.specs.job import Constraints
 from shoal.training.planners import sailor, search
 from shoal.training.planners.allocate import Allocation
 from shoal.training.planners.auto import PACKINGS, Bounds, Shape, Worth
@@ -206,3 +208,31 @@ def test_the_floors_keep_the_best_plan_and_the_front(case, objective, monkeypatc
     best_all, front_all, costed_all = outcome()
     assert (best, front) == (best_all, front_all)
     assert costed <= costed_all
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_constraints_cut_only_plans_that_break_them(case, monkeypatch):
+    """Under a constraint, pairs and allocations whose floors break it are not built: the best
+    plan and the front (or the error naming the binding constraint) are those found when they
+    are, and fewer plans are costed."""
+    pb = small_problem(*CASES[case])
+    free = search(pb, objective="max-throughput", top_k=1).ranked[0]
+    for objective, cons in (("min-cost", Constraints(min_iters_per_s=0.6 / free.iteration_time_s)),
+                            ("max-throughput", Constraints(max_cost_per_iteration_usd=free.cost_usd
+                                                           * 0.8))):
+        def outcome(objective=objective, cons=cons):
+            try:
+                res = search(pb, objective=objective, constraints=cons, top_k=1)
+            except InfeasibleError as e:
+                return str(e), [], 0
+            return (res.ranked[0].spec, [(c.iteration_time_s, c.cost_usd) for c in res.pareto],
+                    res.stats.candidates_costed)
+
+        best, front, costed = outcome()
+        with monkeypatch.context() as m:
+            m.setattr(Worth, "_beyond_limits", lambda self, t, usd: False)
+            best_all, front_all, costed_all = outcome()
+        assert (best, front) == (best_all, front_all)
+        assert costed <= costed_all
+        if objective == "min-cost":
+            assert costed < costed_all  # the slow plans' pairs and allocations are cut
