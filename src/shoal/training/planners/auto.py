@@ -541,11 +541,11 @@ class Bounds:
         and that, and pays each replica of a stage at least the least USD/s of that stage's
         options at or under theta: the least of that over theta, D times over, bounds the
         cost (``_least_cost``). On a pool of several regions the time is the least of two
-        such levels: over the plans in one region
-        (the pool of that region must hold them), and over the plans that send across regions
-        between some stages b and b + 1, whose options on those two stages take that send
-        (``_crossing``): each stage's replicas are in one region (H5), so a plan in two
-        regions crosses between some two stages, on every pipeline."""
+        such levels: over the plans in one region (the pool of that region must hold them),
+        and over the plans that send across regions between some stages b and b + 1, whose
+        options on those two stages take that send (``_crossing``): each stage's replicas
+        are in one region (H5), so a plan in two regions crosses between some two stages, on
+        every pipeline."""
         fpre, t, f, post, upd, ring, tp, kind, stage, bsum = self._refine_parts(sh)
         P = len(sh.split)
         rest = (post, upd, ring[0], ring[1], stage, bsum, P, total // D, D, self.tc.sync_scale)
