@@ -47,7 +47,8 @@ Choices where the paper is ambiguous or garbled (see the module tests):
 - The SLO is per job (z x T_iter <= T_SLO), as in the paper's Eq. 2 (its code compares one
   iteration's time).
 - Homogeneous allocations are placed first in every tree to seed the incumbent, as Espresso's
-  code does.
+  code does (under CP when an incumbent is already known: ``auto`` runs Espresso after its own
+  search).
 - Objective: the tree minimises cost. Under another objective CP is off (the cost bound says
   nothing about throughput) and the placed plans are ranked by that objective.
 """
@@ -414,9 +415,15 @@ def _search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                     tree.t_lower(tree.k * u.rate) <= slo_iter) == within_slo:
                 yield tuple(tree.k if j == i else 0 for j in range(len(tree.units)))
 
-    # seed: every homogeneous allocation that the pool holds and the SLO allows
+    # seed: every homogeneous allocation that the pool holds and the SLO allows, unless its
+    # cost bound (CP, as ``_walk`` takes it) is above the cheapest plan already found (one
+    # the caller's search brings)
     for tree in trees:
         for alloc in homogeneous(tree, True):
+            u = tree.units[next(i for i, n in enumerate(alloc) if n)]
+            if z * tree.t_lower(tree.k * u.rate) * tree.d * tree.k * u.price > best_cost():
+                ev.stats.pruned += 1
+                continue
             evaluate(tree, alloc)
         if ev.out_of_time():
             return
