@@ -16,7 +16,7 @@ from tests.test_planners import SMALL_PROBLEMS, problem, small_problem
 
 from shoal.errors import InfeasibleError
 from shoal.estimate.api import run_specs, tables_for
-from shoal.specs.job import Constraints
+from shoal.specs.job import Constraints, Deadline
 from shoal.training.planners import sailor, search
 from shoal.training.planners.allocate import Allocation
 from shoal.training.planners.auto import PACKINGS, Bounds, Shape, Worth
@@ -212,12 +212,15 @@ def test_the_floors_keep_the_best_plan_and_the_front(case, objective, monkeypatc
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_constraints_cut_only_plans_that_break_them(case, monkeypatch):
-    """Under a constraint, pairs and allocations whose floors break it are not built: the best
-    plan and the front (or the error naming the binding constraint) are those found when they
-    are, and fewer plans are costed."""
+    """Under a constraint (least iterations/s, a deadline, most USD/iteration), pairs and
+    allocations whose floors break it are not built: the best plan and the front (or the error
+    naming the binding constraint) are those found when they are, and fewer plans are
+    costed."""
     pb = small_problem(*CASES[case])
     free = search(pb, objective="max-throughput", top_k=1).ranked[0]
+    slo = Deadline(iterations=100, within=100 * free.iteration_time_s / 0.6)
     for objective, cons in (("min-cost", Constraints(min_iters_per_s=0.6 / free.iteration_time_s)),
+                            ("min-cost", Constraints(deadline=slo)),
                             ("max-throughput", Constraints(max_cost_per_iteration_usd=free.cost_usd
                                                            * 0.8))):
         def outcome(objective=objective, cons=cons):

@@ -959,9 +959,10 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
         sailor.search(ev, space, objective, mbs_values, max_stages)
     run = _BranchAndBound(ev, space, bounds, shapes, sid, Ds, tau, after, avail, price,
                           region_of)
-    limits = (1.0 / cons.min_iters_per_s if cons.min_iters_per_s else np.inf,
-              cons.max_cost_per_iteration_usd if cons.max_cost_per_iteration_usd is not None
-              else np.inf)
+    most_s = min(1.0 / cons.min_iters_per_s if cons.min_iters_per_s else np.inf,
+                 cons.deadline.within / cons.deadline.iterations if cons.deadline else np.inf)
+    limits = (most_s, cons.max_cost_per_iteration_usd
+              if cons.max_cost_per_iteration_usd is not None else np.inf)
     run(keep, _key(T, C, objective), objective, lambda: ev.incumbent, limits)
     if not ev.feasible and (not keep.all() or np.isfinite(limits).any()):
         # the constraints cut every plan: find the fastest (cheapest) plans anyway, so the
