@@ -225,36 +225,31 @@ def _least_level(levels, one_region, floor, best, tp, kind, stage, P, Ds, avail,
                 for o in range(len(level)):
                     if level[o] <= theta and tp[o] < c[stage[o], kind[o]]:
                         c[stage[o], kind[o]] = tp[o]
-                ok = True
-                gmin = np.full(R, np.inf)
+                # per stage and region: the replicas it can hold, the fewest GPUs of one
+                cap = np.zeros((P, R))
+                low = np.full((P, R), np.inf)
                 for s in range(P):
-                    most = 0.0
-                    for r in range(R):
-                        cap = 0.0
-                        for k in range(K):
-                            if region_of[k] == r and c[s, k] < np.inf:
-                                cap += np.floor(avail[k] / c[s, k])
-                                gmin[r] = min(gmin[r], c[s, k])
-                        most = max(most, cap)
-                    if most < D:
+                    for k in range(K):
+                        if c[s, k] < np.inf:
+                            cap[s, region_of[k]] += np.floor(avail[k] / c[s, k])
+                            low[s, region_of[k]] = min(low[s, region_of[k]], c[s, k])
+                ok = True
+                for s in range(P):
+                    if cap[s].max() < D:
                         ok = False
                 if ok:
                     stages = 0.0
                     for r in range(R):
-                        if gmin[r] < np.inf:
-                            stages += np.floor(region_N[r] / (gmin[r] * D))
+                        gmin = low[:, r].min()
+                        if gmin < np.inf:
+                            stages += np.floor(region_N[r] / (gmin * D))
                     ok = stages >= P
                 if ok and one_region[v]:
                     ok = False
                     for r in range(R):
                         need = 0.0  # GPUs of region r that D replicas of every stage take
                         for s in range(P):
-                            cap, low = 0.0, np.inf
-                            for k in range(K):
-                                if region_of[k] == r and c[s, k] < np.inf:
-                                    cap += np.floor(avail[k] / c[s, k])
-                                    low = min(low, c[s, k])
-                            need += D * low if cap >= D else np.inf
+                            need += D * low[s, r] if cap[s, r] >= D else np.inf
                         if need <= region_N[r]:
                             ok = True
                 m = 0
@@ -588,13 +583,19 @@ class Bounds:
         for b in range(len(regions) - 1):
             if regions[b] != regions[b + 1]:
                 # the receiver's on the sender's link: the fastest of stage b's TPs
-                xr = (1 + rf) * (min(self.cross[mi, tb.ti(tp)] for _, tp, _ in per_stage[b])
-                                 - self.p2p_min[mi])
-                times[b] = {(k, tp): v + (1 + rf) * (self.cross[mi, tb.ti(tp)]
-                                                     - self.p2p_tp[mi, tb.ti(tp)])
+                xr = self._across(mi, [tb.ti(tp) for _, tp, _ in per_stage[b]])[1]
+                times[b] = {(k, tp): v + (1 + rf) * float(self._across(mi, [tb.ti(tp)])[0][0])
                             for (k, tp), v in times[b].items()}
-                times[b + 1] = {key: v + xr for key, v in times[b + 1].items()}
+                times[b + 1] = {key: v + (1 + rf) * xr for key, v in times[b + 1].items()}
         return times
+
+    def _across(self, mi: int, sender_ti) -> tuple[np.ndarray, float]:
+        """Seconds a send across regions adds, one way, per microbatch of size index ``mi``
+        over the least send ``_sends`` already counts: on the sender's side, per TP index in
+        ``sender_ti``; on the receiver's, from a sender at any of them (the fastest)."""
+        ti = np.asarray(sender_ti, dtype=np.int64)
+        across = self.cross[mi, ti]
+        return across - self.p2p_tp[mi, ti], float(across.min() - self.p2p_min[mi])
 
     def _crossing(self, sh: Shape) -> tuple[np.ndarray, ...]:
         """Per option of ``sh`` (as ``_refine_parts``), its time per microbatch and its
@@ -609,9 +610,8 @@ class Bounds:
         _, t, f, *_ = self._refine_parts(sh)
         tb, rf = self.space.tb, self.tc.recv_fraction
         mi = tb.mi(sh.mbs)
-        ti = np.array([tb.ti(o.tp) for opts in sh.opts for o in opts])
-        xs = self.cross[mi, ti] - self.p2p_tp[mi, ti]
-        xr = self.cross[mi].min() - self.p2p_min[mi]
+        xs = self._across(mi, [tb.ti(o.tp) for opts in sh.opts for o in opts])[0]
+        xr = self._across(mi, range(len(tb.tps)))[1]  # from a sender at any TP
         got = (t + (1 + rf) * xs, f + xs, t + (1 + rf) * xr, f + rf * xr)
         self._by_shape[("cross", id(sh))] = (sh, got)
         return got
@@ -1100,7 +1100,7 @@ class Worth:
 
     def _bound(self) -> bool:
         """Whether anything can be ruled out: there is an incumbent or a constraint."""
-        return bool(np.isfinite(self.bar) or np.isfinite(self.limits).any())
+        return math.isfinite(self.bar) or any(math.isfinite(x) for x in self.limits)
 
     def beyond(self, tau: float, D: int, total: int) -> bool:
         """True when no allocation the allocation program could give on the pair's split

@@ -410,17 +410,17 @@ def _search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
         ev.cost(specs)
 
     def homogeneous(tree: _Tree, within_slo: bool):
+        """(unit, allocation): every stage on that unit."""
         for i, u in enumerate(tree.units):
             if tree.k * tree.d * u.tp <= space.avail[space.kinds[u.kind]] and (
                     tree.t_lower(tree.k * u.rate) <= slo_iter) == within_slo:
-                yield tuple(tree.k if j == i else 0 for j in range(len(tree.units)))
+                yield u, tuple(tree.k if j == i else 0 for j in range(len(tree.units)))
 
     # seed: every homogeneous allocation that the pool holds and the SLO allows, unless its
     # cost bound (CP, as ``_walk`` takes it) is above the cheapest plan already found (one
     # the caller's search brings)
     for tree in trees:
-        for alloc in homogeneous(tree, True):
-            u = tree.units[next(i for i, n in enumerate(alloc) if n)]
+        for u, alloc in homogeneous(tree, True):
             if z * tree.t_lower(tree.k * u.rate) * tree.d * tree.k * u.price > best_cost():
                 ev.stats.pruned += 1
                 continue
@@ -435,7 +435,7 @@ def _search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
             return
     if not ev.feasible:  # nothing meets the SLO: cost the rest, so the error names the fastest
         for tree in trees:
-            for alloc in homogeneous(tree, False):
+            for _, alloc in homogeneous(tree, False):
                 evaluate(tree, alloc)
             if ev.out_of_time():
                 return
