@@ -36,9 +36,9 @@ def test_the_allocation_program(seed):
     t = allocate._tables(stages, D, [0, int(rng.integers(0, 2))][:K])
     A, B = int(rng.integers(0, 6 * D)), int(rng.integers(0, 6 * D)) if K > 1 else 0
     tau = float(rng.choice(sorted({o.time_s for st in stages for o in st})))
-    args = (t.of_stage, t.opt_start, t.kinds, t.tps, t.times, t.starts, t.ia, t.ib, t.ca, t.cb,
-            t.t_fast, t.t_slow, t.n_slow, t.K, tau, tau * 1.2, D - 1, A, B,
-            np.empty(A + 1, np.int64), np.zeros((P, A + 1), np.int64))
+    args = (t.of_stage, t.opt_start, t.kinds, t.tps, t.times, t.cstart, t.cend, t.ia, t.ib, t.na,
+            t.ca, t.cb, t.K, tau, tau * 1.2, D - 1, D, A, B, np.empty(A + 1, np.int64),
+            np.zeros((P, A + 1), np.int64))
     compiled, python = both(allocate._dp_stages, *args)
     assert_same(compiled, python)
 

@@ -61,34 +61,34 @@ class Allocation:
 
 
 class Mixes:
-    """A stage's combos as arrays: combo ``c`` puts ``na[c]`` replicas on option ``ia[c]`` and
-    the rest on option ``ib[c]`` (-1: all on ``ia[c]``); ``self[c]`` is ((option, count), ...)."""
+    """A stage's combos as arrays, over options of kinds and TPs ``kind_tp``: combo ``c`` puts
+    ``na[c]`` replicas on option ``ia[c]`` and the rest on option ``ib[c]`` (-1: all on
+    ``ia[c]``); ``self[c]`` is the combo as an allocation's stage ((kind, TP, count), ...).
+    The combos depend on the options' kinds and TPs only, so stages of the same kinds and TPs
+    share one (``_mixes``)."""
 
-    __slots__ = ("opts", "ia", "ib", "na", "D", "_entries")
+    __slots__ = ("kind_tp", "ia", "ib", "na", "D", "_entries")
 
-    def __init__(self, opts: tuple[Option, ...], ia: np.ndarray, ib: np.ndarray, na: np.ndarray,
-                 D: int):
-        self.opts, self.ia, self.ib, self.na, self.D = opts, ia, ib, na, D
+    def __init__(self, kind_tp: tuple[tuple[int, int], ...], ia: np.ndarray, ib: np.ndarray,
+                 na: np.ndarray, D: int):
+        self.kind_tp, self.ia, self.ib, self.na, self.D = kind_tp, ia, ib, na, D
         self._entries: dict[int, tuple[tuple[tuple[int, int, int], ...], int]] = {}
 
     def entry(self, c: int) -> tuple[tuple[tuple[int, int, int], ...], int]:
-        """Combo ``c`` as an allocation's stage ((kind, TP, count), ...) and the GPUs it
-        takes of the first kind (kept)."""
+        """``self[c]`` and the GPUs it takes of the first kind (kept)."""
         got = self._entries.get(c)
         if got is None:
-            mix = self[c]
-            got = self._entries[c] = (tuple((o.kind, o.tp, n) for o, n in mix),
-                                      sum(n * o.tp for o, n in mix if o.kind == 0))
+            a, b, n = int(self.ia[c]), int(self.ib[c]), int(self.na[c])
+            mix = ((*self.kind_tp[a], n),) if b < 0 else ((*self.kind_tp[a], n),
+                                                          (*self.kind_tp[b], self.D - n))
+            got = self._entries[c] = (mix, sum(n * tp for k, tp, n in mix if k == 0))
         return got
 
     def __len__(self) -> int:
         return len(self.ia)
 
-    def __getitem__(self, c: int) -> tuple[tuple[Option, int], ...]:
-        a, b, n = int(self.ia[c]), int(self.ib[c]), int(self.na[c])
-        if b < 0:
-            return ((self.opts[a], n),)
-        return ((self.opts[a], n), (self.opts[b], self.D - n))
+    def __getitem__(self, c: int) -> tuple[tuple[int, int, int], ...]:
+        return self.entry(c)[0]
 
 
 @cache
@@ -130,7 +130,8 @@ def _combos(opts: tuple[Option, ...], D: int, region_of: tuple[int, ...], K: int
     """Ways to give a stage D replicas from options of one region, mixing at most two options:
     (the combos (``Mixes``), usage matrix (combos, K), and per combo the faster option's time,
     the slower one's, and how many replicas are on the slower)."""
-    IA, IB, NA, use = _mix_layout(tuple((o.kind, o.tp) for o in opts), D, region_of, K)
+    kind_tp = tuple((o.kind, o.tp) for o in opts)
+    IA, IB, NA, use = _mix_layout(kind_tp, D, region_of, K)
     t = np.array([o.time_s for o in opts])
     two = IB >= 0
     ta, tb = t[IA], t[np.where(two, IB, IA)]
@@ -138,7 +139,7 @@ def _combos(opts: tuple[Option, ...], D: int, region_of: tuple[int, ...], K: int
     swap = ta > tb
     t_fast, t_slow = np.minimum(ta, tb), np.maximum(ta, tb)
     n_slow = np.where(two, np.where(swap, NA, D - NA), 0).astype(float)
-    return Mixes(opts, IA, IB, NA, D), use, t_fast, t_slow, n_slow
+    return _mixes(kind_tp, D, region_of), use, t_fast, t_slow, n_slow
 
 
 def slots(D: int, total: int | None) -> tuple[float, int]:
@@ -246,7 +247,7 @@ def _each_cheapest(allowed: list[list[Option]], D: int, avail: np.ndarray, price
             return None
         c = int(idx[np.argmin(CU[idx] @ price)])
         usage += CU[c]
-        per_stage.append(tuple((o.kind, o.tp, n) for o, n in combos[c]))
+        per_stage.append(combos[c])
     if (usage > avail).any():
         return None
     return Allocation(tuple(per_stage), tuple(int(u) for u in usage), tau)
@@ -338,11 +339,13 @@ class _Tables:
     """A program's stages as ``_dp_stages`` reads them, at any bound. Stages of equal options
     form a class (``of_stage``); class ``c`` has options ``opt_start[c]`` to
     ``opt_start[c + 1]`` (``kinds``, ``tps``, ``times``; sorted by kind, then TP) and combos
-    ``starts[c]`` to ``starts[c + 1]``: every mix of one or two of its options of one region
-    (``_combos``; ``ia``, ``ib`` index the class's options), with their first- and second-kind
-    GPUs (``ca``, ``cb``) and times. A bound allows a subset of each class's options
-    (``_allowed``), and the combos of that subset are, in order, those of the class's combos
-    whose options it all holds."""
+    ``cstart[c]`` to ``cend[c]``: every mix of one or two of its options of one region
+    (``_mix_layout``; ``ia``, ``ib`` index the class's options, ``na`` replicas on the first),
+    with their first- and second-kind GPUs (``ca``, ``cb``). The combos depend only on the
+    options' kinds and TPs, so classes of the same kinds and TPs share them; their times are
+    read from the options'. A bound allows a subset of each class's options (``_allowed``),
+    and the combos of that subset are, in order, those of the class's combos whose options it
+    all holds."""
 
     D: int
     K: int
@@ -351,53 +354,83 @@ class _Tables:
     kinds: np.ndarray
     tps: np.ndarray
     times: np.ndarray
-    starts: np.ndarray
+    cstart: np.ndarray
+    cend: np.ndarray
     ia: np.ndarray
     ib: np.ndarray
+    na: np.ndarray
     ca: np.ndarray
     cb: np.ndarray
-    t_fast: np.ndarray
-    t_slow: np.ndarray
-    n_slow: np.ndarray
-    mixes: tuple[Mixes, ...]  # per class
+    kind_tps: tuple[tuple[tuple[int, int], ...], ...]  # per class, its options' kinds and TPs
+    region_of: tuple[int, ...]
+    _made: list = field(default_factory=list, compare=False, repr=False)
+
+    def mixes(self, c: int) -> Mixes:
+        """Class ``c``'s combos as ``Mixes`` (to trace an allocation back), made once."""
+        if not self._made:
+            self._made.extend([None] * len(self.kind_tps))
+        got = self._made[c]
+        if got is None:
+            got = self._made[c] = _mixes(self.kind_tps[c], self.D, self.region_of)
+        return got
 
 
 def _tables(stage_opts: list[list[Option]], D: int, region_of: list[int]) -> _Tables:
     """The program's ``_Tables``, from its stages' options (built once per program)."""
     classes: dict[tuple[Option, ...], int] = {}
     of_stage = np.empty(len(stage_opts), dtype=np.int64)
-    parts: list[tuple] = []
+    parts: list[tuple[tuple[tuple[int, int], ...], np.ndarray]] = []
     for s, opts in enumerate(stage_opts):
         c = classes.get(key := tuple(opts))
         if c is None:
             c = classes[key] = len(parts)
-            parts.append(_class_arrays(tuple(sorted(set(opts), key=lambda o: (o.kind, o.tp))), D,
-                                       tuple(region_of)))
+            parts.append(_class_options(key))
         of_stage[s] = c
-    sizes = np.array([[len(p[1]), len(p[4])] for p in parts], dtype=np.int64).reshape(-1, 2)
-    opt_start, starts = np.zeros((2, len(parts) + 1), dtype=np.int64)
-    np.cumsum(sizes[:, 0], out=opt_start[1:])
-    np.cumsum(sizes[:, 1], out=starts[1:])
-    arrays = (parts[0][1:] if len(parts) == 1 else
-              tuple(np.concatenate(x) for x in zip(*(p[1:] for p in parts), strict=True)))
-    return _Tables(D, len(region_of), of_stage, opt_start, *arrays[:3], starts, *arrays[3:],
-                   tuple(p[0] for p in parts))
+    kind_tps = tuple(kt for kt, _ in parts)
+    layouts: dict[tuple[tuple[int, int], ...], int] = {}
+    lay = np.array([layouts.setdefault(kt, len(layouts)) for kt in kind_tps], dtype=np.int64)
+    ia, ib, na, ca, cb, lstart = _layouts(tuple(layouts), D, tuple(region_of))
+    rows = parts[0][1] if len(parts) == 1 else np.concatenate([r for _, r in parts])
+    opt_start = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([len(kt) for kt in kind_tps], out=opt_start[1:])
+    return _Tables(D, len(region_of), of_stage, opt_start, rows[:, 0].astype(np.int64),
+                   rows[:, 1].astype(np.int64), np.ascontiguousarray(rows[:, 2]), lstart[lay],
+                   lstart[lay + 1], ia, ib, na, ca, cb, kind_tps, tuple(region_of))
 
 
 @functools.lru_cache(maxsize=COMBO_CACHE)
-def _class_arrays(opts: tuple[Option, ...], D: int, region_of: tuple[int, ...]) -> tuple:
-    """One class's part of ``_Tables``: (Mixes, kinds, tps, times, ia, ib, ca, cb, t_fast,
-    t_slow, n_slow)."""
-    combos, use, t_fast, t_slow, n_slow = _combos(opts, D, region_of, len(region_of))
-    out = (combos, np.array([o.kind for o in opts], dtype=np.int64),
-           np.array([o.tp for o in opts], dtype=np.int64),
-           np.array([o.time_s for o in opts], dtype=np.float64), combos.ia, combos.ib,
-           np.ascontiguousarray(use[:, 0]),
-           np.ascontiguousarray(use[:, 1]) if use.shape[1] > 1 else np.zeros(len(use), np.int64),
-           t_fast, t_slow, n_slow)
-    for a in out[1:]:
+def _class_options(opts: tuple[Option, ...]) -> tuple[tuple[tuple[int, int], ...], np.ndarray]:
+    """A stage's options sorted by kind, then TP: their (kind, TP) and rows (kind, TP,
+    time)."""
+    got = sorted(set(opts), key=lambda o: (o.kind, o.tp))
+    rows = np.array(got, dtype=np.float64).reshape(len(got), 3)
+    rows.flags.writeable = False
+    return tuple((o.kind, o.tp) for o in got), rows
+
+
+@functools.lru_cache(maxsize=COMBO_CACHE)
+def _layouts(kind_tps: tuple[tuple[tuple[int, int], ...], ...], D: int,
+             region_of: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """The combos (``_mix_layout``) of several classes' kinds and TPs, one after the other:
+    (ia, ib, na, first-kind GPUs, second-kind GPUs, where each class's start, and a last
+    end)."""
+    K = len(region_of)
+    parts = [_mix_layout(kt, D, region_of, K) for kt in kind_tps]
+    lstart = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([len(p[0]) for p in parts], out=lstart[1:])
+    ia, ib, na, use = (np.concatenate(x) for x in zip(*parts, strict=True))
+    out = (ia, ib, na, np.ascontiguousarray(use[:, 0]),
+           np.ascontiguousarray(use[:, 1]) if K > 1 else np.zeros(len(use), np.int64), lstart)
+    for a in out:
         a.flags.writeable = False
     return out
+
+
+@functools.lru_cache(maxsize=COMBO_CACHE)
+def _mixes(kind_tp: tuple[tuple[int, int], ...], D: int, region_of: tuple[int, ...]) -> Mixes:
+    """The combos of a stage's options of these kinds and TPs (sorted) as ``Mixes``."""
+    IA, IB, NA, _ = _mix_layout(kind_tp, D, region_of, len(region_of))
+    return Mixes(kind_tp, IA, IB, NA, D)
 
 
 def _dp_front(tables: _Tables, A: int, B: int, tau: float, relax: float, extra: int,
@@ -422,27 +455,27 @@ def _dp_front(tables: _Tables, A: int, B: int, tau: float, relax: float, extra: 
     S = len(t.of_stage)
     fewest = np.empty(A + 1, dtype=np.int64)
     pick = np.empty((S, A + 1), dtype=np.int64)
-    done = _dp_stages(t.of_stage, t.opt_start, t.kinds, t.tps, t.times, t.starts, t.ia, t.ib,
-                     t.ca, t.cb, t.t_fast, t.t_slow, t.n_slow, t.K, tau, tau * relax,
-                     t.D - extra, A, B, fewest, pick)
+    done = _dp_stages(t.of_stage, t.opt_start, t.kinds, t.tps, t.times, t.cstart, t.cend, t.ia,
+                      t.ib, t.na, t.ca, t.cb, t.K, tau, tau * relax, t.D - extra, t.D, A, B,
+                      fewest, pick)
     if done < S:
         return None
     if back is not None:
-        back.extend((pick[s], t.mixes[t.of_stage[s]]) for s in range(S))
+        back.extend((pick[s], t.mixes(c)) for s, c in enumerate(t.of_stage.tolist()))
     at = np.flatnonzero(fewest < _BIG)
     return at, fewest[at]
 
 
 @compiled
-def _dp_stages(of_stage, opt_start, kinds, tps, times, starts, ia, ib, ca, cb, t_fast, t_slow,
-               n_slow, K, tau, tau_relaxed, slow_cap, A, B, fewest, pick):
+def _dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb, K,
+               tau, tau_relaxed, slow_cap, D, A, B, fewest, pick):
     """``_dp_front``'s program (``_Tables``' arrays), compiled. Per class, the options
     ``_allowed`` keeps under ``tau`` and ``tau_relaxed``; a stage takes the combos of
     its class's kept options whose faster option is within ``tau`` and whose slower one is
-    within ``tau_relaxed`` when at most ``slow_cap`` replicas are on it, else within ``tau``.
-    Leaves the last front in ``fewest`` and each stage's combo per first-kind count in
-    ``pick`` (relative to its class's first combo); returns how many stages kept a non-empty
-    front."""
+    within ``tau_relaxed`` when at most ``slow_cap`` replicas are on it, else within ``tau``
+    (of two equally fast options the first counts as the faster). Leaves the last front in
+    ``fewest`` and each stage's combo per first-kind count in ``pick`` (relative to its
+    class's first combo); returns how many stages kept a non-empty front."""
     big = np.int64(1) << np.int64(60)
     kept_opt = np.zeros(len(kinds), dtype=np.bool_)
     best = np.empty(K, dtype=np.int64)
@@ -463,12 +496,20 @@ def _dp_stages(of_stage, opt_start, kinds, tps, times, starts, ia, ib, ca, cb, t
     raw = np.empty(A + 1, dtype=np.int64)
     for s in range(len(of_stage)):
         cls = of_stage[s]
-        o0, c0, c1 = opt_start[cls], starts[cls], starts[cls + 1]
+        o0, c0, c1 = opt_start[cls], cstart[cls], cend[cls]
         raw[:] = big
         for c in range(c0, c1):
             if not kept_opt[o0 + ia[c]] or (ib[c] >= 0 and not kept_opt[o0 + ib[c]]):
                 continue
-            if t_fast[c] > tau or t_slow[c] > (tau_relaxed if n_slow[c] <= slow_cap else tau):
+            t_fast = times[o0 + ia[c]]
+            t_slow, n_slow = t_fast, 0
+            if ib[c] >= 0:
+                t_b = times[o0 + ib[c]]
+                if t_fast > t_b:
+                    t_fast, t_slow, n_slow = t_b, t_fast, na[c]
+                else:
+                    t_slow, n_slow = t_b, D - na[c]
+            if t_fast > tau or t_slow > (tau_relaxed if n_slow <= slow_cap else tau):
                 continue
             a, b = ca[c], cb[c]
             if a > A or b > B:
@@ -598,7 +639,7 @@ def _by_combo(m: Model, use, classes: dict[tuple[Option, ...], list[int]], D: in
             todo = iter(stages)
             for c, v in zip(idx, vs, strict=True):
                 for _ in range(int(x[v])):
-                    per_stage[next(todo)] = tuple((o.kind, o.tp, n) for o, n in combos[c])
+                    per_stage[next(todo)] = combos[c]
         return per_stage
 
     return read
