@@ -356,8 +356,10 @@ class ElasticJob:
     def _retry_failed(self, members: list[int]) -> None:
         """A generation whose workers stopped while every member is still alive (a collective
         timed out on a loaded machine, say) is published again, after a heartbeat timeout (a
-        member that died shows up as gone by then); after MAX_RETRIES in a row, the job stops
-        with the worker's error."""
+        member that died shows up as gone by then) and the group timeout (a member still
+        waiting to join this generation, or an earlier one, has given up by then and joins
+        the new one with the others: published sooner, it could keep missing them); after
+        MAX_RETRIES in a row, the job stops with the worker's error."""
         failed = [w for w in self.members if self.store.check([f"g{self.gen}/failed/{w}"])]
         if not failed:
             return
@@ -365,7 +367,7 @@ class ElasticJob:
         if self._failed_at is None:
             self._failed_at = now
             return
-        if now - self._failed_at <= self.heartbeat_timeout_s:
+        if now - self._failed_at <= max(self.heartbeat_timeout_s, PG_TIMEOUT_S):
             return
         # the worker that failed first: the others' errors are mostly that it left
         records = {w: json.loads(self.store.get(f"g{self.gen}/failed/{w}")) for w in failed}
