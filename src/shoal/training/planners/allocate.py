@@ -315,19 +315,20 @@ def _solve_dp(tables: _Tables, avail: np.ndarray, price: np.ndarray, tau: float,
     """``_solve`` for one or two kinds: the dynamic program of ``_dp_front``, the cheapest GPU
     usage on its last front (of equally cheap ones, the fewest of the first kind), and the
     stages' combos traced back from it."""
-    back: list[tuple[np.ndarray, Mixes]] = []
+    back: list[tuple[np.ndarray, _Tables]] = []
     front = _dp_front(tables, *_caps(avail), tau, relax, extra, deadline, back)
     usage = None if front is None else _cheapest(front, avail, price)
     return None if usage is None else _trace(back, usage, tau)
 
 
-def _trace(back: list[tuple[np.ndarray, Mixes]], usage: tuple[int, ...],
+def _trace(back: list[tuple[np.ndarray, _Tables]], usage: tuple[int, ...],
            tau: float) -> Allocation:
     """The allocation reaching ``usage`` on ``_dp_front``'s last front, from its choices."""
+    pick, t = back[0]
     per_stage = []
     x = usage[0]
-    for pick, combos in reversed(back):
-        stage, first = combos.entry(int(pick[x]))
+    for s, c in reversed(list(enumerate(t.of_stage.tolist()))):
+        stage, first = t.mixes(c).entry(int(pick[s, x]))
         per_stage.append(stage)
         x -= first
     per_stage.reverse()
@@ -444,7 +445,7 @@ def _dp_front(tables: _Tables, A: int, B: int, tau: float, relax: float, extra: 
     stage's options that ``_allowed`` keeps (``_dp_stages``). Of equal pairs it keeps the one
     whose earlier stages take the fewest of the first kind, then the first combo. Returns the
     last front as (first-kind counts, ascending; second-kind counts, descending), or None when
-    it is empty; appends to ``back`` each stage's choices.
+    it is empty; appends to ``back`` the stages' choices (with the tables).
 
     Counts enter only as caps: a pair of the front at caps (A, B) is one of the front at any
     larger caps, reached through the same choices, so a front computed for a pool answers
@@ -461,7 +462,7 @@ def _dp_front(tables: _Tables, A: int, B: int, tau: float, relax: float, extra: 
     if done < S:
         return None
     if back is not None:
-        back.extend((pick[s], t.mixes(c)) for s, c in enumerate(t.of_stage.tolist()))
+        back.append((pick, t))
     at = np.flatnonzero(fewest < _BIG)
     return at, fewest[at]
 
