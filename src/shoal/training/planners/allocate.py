@@ -81,7 +81,7 @@ class Mixes:
             a, b, n = int(self.ia[c]), int(self.ib[c]), int(self.na[c])
             mix = ((*self.kind_tp[a], n),) if b < 0 else ((*self.kind_tp[a], n),
                                                           (*self.kind_tp[b], self.D - n))
-            got = self._entries[c] = (mix, sum(n * tp for k, tp, n in mix if k == 0))
+            got = self._entries[c] = (mix, sum(m * tp for k, tp, m in mix if k == 0))
         return got
 
     def __len__(self) -> int:
