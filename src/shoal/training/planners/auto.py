@@ -258,11 +258,11 @@ def _least_level(levels, one_region, floor, best, tp, kind, stage, P, Ds, avail,
                     for k in range(K):
                         have += W[m, k] * avail[k]
                     for s in range(P):
-                        low = np.inf
+                        fewest = np.inf  # the stage's fewest weighted GPUs per replica
                         for k in range(K):
                             if c[s, k] < np.inf:
-                                low = min(low, W[m, k] * c[s, k])
-                        den += low
+                                fewest = min(fewest, W[m, k] * c[s, k])
+                        den += fewest
                     ok = not (den > 0 and D * den > have)
                     m += 1
                 if ok:
@@ -1042,7 +1042,8 @@ class _BranchAndBound:
                 return
 
 
-def _key(T: np.ndarray, C: np.ndarray, objective: str) -> np.ndarray:
+def _key(T, C, objective: str):
+    """What ``objective`` ranks by, from times ``T`` and costs ``C`` (arrays or numbers)."""
     if objective == "max-throughput":
         return T
     if objective == "min-cost":
@@ -1138,16 +1139,14 @@ class Worth:
         the incumbent (the front aside: pairs are taken by their bounds against it alone),
         or break a constraint."""
         return bool(self._beyond_limits(t, usd) or (
-            np.isfinite(self.bar) and _key(np.array([t]), np.array([usd]), self.objective)[0]
-            >= self.bar * (1 + 1e-9)))
+            np.isfinite(self.bar) and _key(t, usd, self.objective) >= self.bar * (1 + 1e-9)))
 
     def below(self, t: float, usd: float) -> bool:
         """Whether lower bounds ``t`` (iteration seconds) and ``usd`` (per iteration) leave
         room to beat the incumbent or to join the front, within the constraints."""
         if self._beyond_limits(t, usd):
             return False
-        key = _key(np.array([t]), np.array([usd]), self.objective)[0]
-        return bool(key < self.bar * (1 + 1e-9)) or not self.beaten(t, usd)
+        return bool(_key(t, usd, self.objective) < self.bar * (1 + 1e-9)) or not self.beaten(t, usd)
 
     def _beyond_limits(self, t: float, usd: float) -> bool:
         return t > self.limits[0] * (1 + 1e-9) or usd > self.limits[1] * (1 + 1e-9)
