@@ -30,6 +30,7 @@ from shoal.errors import InfeasibleError, SpecError
 from shoal.problem import build_problem
 from shoal.specs.scenario import parse_scenario
 from shoal.training.planners import Reuse, search
+from shoal.training.planners.common import usage
 
 A, B = "us-central1-a", "us-central1-b"
 A100, V100 = "A100-40GB", "V100-16GB"
@@ -153,6 +154,19 @@ def test_shared_reuse_gives_the_cold_search_result(problem, walk, objective):
         warm = search(p, objective=objective, reuse=reuse).ranked[0]
         assert warm.spec == cold.spec
         assert warm.iteration_time_s == cold.iteration_time_s
+
+
+def test_replanner_costs_the_hints_that_fit_first(problem):
+    """A hint that fits the pool is a seed of the search (its plan or a better one comes
+    back); one that needs GPUs the pool lacks is left out."""
+    small = pool(4, 0, 4, 4)
+    cold = search(replace(problem, avail=small)).ranked[0]
+    big = search(replace(problem, avail=pool())).ranked[0]
+    assert usage(big.spec)[(V100, A)] > 0  # does not fit ``small``
+    rp = Replanner(problem)
+    got = rp.plan(small, hints=(big.spec, cold.spec)).ranked[0]
+    assert rp.calls[-1].seeds == 1
+    assert got.iteration_time_s <= cold.iteration_time_s * (1 + 1e-9)
 
 
 def test_replanner_raises_when_nothing_fits(problem):

@@ -23,6 +23,7 @@ larger pool's by several percent; such a bound then cuts plans a cold search fin
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from shoal.errors import InfeasibleError
@@ -63,9 +64,11 @@ class Replanner:
     _results: dict[tuple, SearchResult | InfeasibleError] = field(default_factory=dict)
     _ranked: dict[PlanSpec, Avail] = field(default_factory=dict)  # plans ranked so far
 
-    def plan(self, avail: Avail) -> SearchResult:
+    def plan(self, avail: Avail, hints: Iterable[PlanSpec] = ()) -> SearchResult:
         """Ranked plans for the pool ``avail`` ((gpu, zone) -> GPUs; pairs of the scenario's
-        pool left out have none). Raises InfeasibleError when nothing fits."""
+        pool left out have none). ``hints``: plans to cost first where they fit (the plan
+        running, say), ahead of the earlier states' plans. Raises InfeasibleError when
+        nothing fits."""
         start = time.perf_counter()
         # every pair of the scenario's pool, those not given having none
         avail = {k: int(avail.get(k, 0)) for k in self.problem.avail}
@@ -74,8 +77,9 @@ class Replanner:
             self.calls.append(ReplanCall(time.perf_counter() - start, True, 0))
             return self._answer(self._results[key])
         inherited = self._from_larger(avail)
-        seeds = inherited + [sp for sp, use in reversed(self._ranked.items())
-                             if fits(use, avail) and sp not in inherited]
+        first = [sp for sp in hints if fits(usage(sp), avail)]
+        seeds = list(dict.fromkeys(first + inherited + [
+            sp for sp, use in reversed(self._ranked.items()) if fits(use, avail)]))
         seeds = seeds[:self.max_seeds]
         problem = replace(self.problem, avail=avail)
         try:
