@@ -5,7 +5,8 @@ states what does not depend on GPU counts, and starting each search from plans t
   stage, so those are built once (``Reuse``).
 * A plan's estimate does not depend on the pool either: every plan ranked in an earlier state
   that fits the new pool is costed first and becomes the incumbent the search must beat, so
-  the search returns nothing worse than the best of them.
+  the search returns nothing worse than the best of them. Plans the caller gives as hints
+  (``plan(avail, hints=...)``: a plan read from a file and running, say) come first.
 * A state seen before is answered from memory (traces go back and forth between the same
   counts).
 * A pool with no more GPUs of any type in any zone than a pool searched before has only plans
