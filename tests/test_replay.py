@@ -162,7 +162,7 @@ def test_replanner_costs_the_hints_that_fit_first(problem):
     small = pool(4, 0, 4, 4)
     cold = search(replace(problem, avail=small)).ranked[0]
     big = search(replace(problem, avail=pool())).ranked[0]
-    assert usage(big.spec)[(V100, A)] > 0  # does not fit ``small``
+    assert usage(big.spec).get((V100, A), 0) > 0  # does not fit ``small``
     rp = Replanner(problem)
     got = rp.plan(small, hints=(big.spec, cold.spec)).ranked[0]
     assert rp.calls[-1].seeds == 1

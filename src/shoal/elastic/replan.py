@@ -68,8 +68,8 @@ class Replanner:
     def plan(self, avail: Avail, hints: Iterable[PlanSpec] = ()) -> SearchResult:
         """Ranked plans for the pool ``avail`` ((gpu, zone) -> GPUs; pairs of the scenario's
         pool left out have none). ``hints``: plans to cost first where they fit (the plan
-        running, say), ahead of the earlier states' plans. Raises InfeasibleError when
-        nothing fits."""
+        running, say), ahead of the earlier states' plans; a state planned before is answered
+        from memory without them. Raises InfeasibleError when nothing fits."""
         start = time.perf_counter()
         # every pair of the scenario's pool, those not given having none
         avail = {k: int(avail.get(k, 0)) for k in self.problem.avail}
