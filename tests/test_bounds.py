@@ -159,8 +159,9 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
             after = bounds(sh, np.array([D]), total)[3][0]
             worths[(sh, D)] = Worth("max-throughput", np.inf, float(after),
                                     pb.timing.step_overhead_s, price, bounds.option_times(sh),
-                                    tails=functools.partial(bounds.tails, sh.split, D=D),
-                                    crossed=functools.partial(bounds.crossed_times, sh))
+                                    tails=functools.partial(bounds.tails, D=D),
+                                    crossed=functools.partial(bounds.crossed_times, sh),
+                                    split=sh.split)
         worth = worths[(sh, D)]
         a = Allocation(per_stage, (0,) * len(avail), 0.0)
         built = [sp for pk in PACKINGS
@@ -175,7 +176,7 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
                          for mix, st in zip(per_stage, opts, strict=True)])
         tau = float((np.asarray(shares(total, D)) * comp.max(axis=0)).max()) / -(-total // D)
         floors.append((per_stage, worth.plan_floor(a, D, total), worth.program_floor(tau, D, total),
-                       worth.plan_floor(a, D, total, other_split=opts),
+                       worth.plan_floor(a, D, total, other=sh),
                        slice(len(specs), len(specs) + len(built))))
         specs += built
         plain = dataclasses.replace(worth, crossed=None).plan_floor(a, D, total)

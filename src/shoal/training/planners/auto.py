@@ -1017,8 +1017,9 @@ class _BranchAndBound:
                     worth = Worth(objective, bar, float(self.after[e]),
                                   self.space.problem.timing.step_overhead_s, self.price,
                                   self.bounds.option_times(sh), ev.beaten,
-                                  functools.partial(self.bounds.tails, sh.split, D=D),
-                                  functools.partial(self.bounds.crossed_times, sh), limits)
+                                  functools.partial(self.bounds.tails, D=D),
+                                  functools.partial(self.bounds.crossed_times, sh), limits,
+                                  sh.split)
                     total = self.space.problem.job.global_batch // sh.mbs
 
                     def reach(s: Shape, D=D, total=total, worth=worth) -> bool:
@@ -1075,9 +1076,11 @@ class Worth:
     and for every stage that stage's end plus its own least sync and update (``tails``) and the
     step overhead; it pays at least that long for its GPUs at their cheapest zone's price
     (``plan_floor``). An allocation whose stages are in more than one region sends across
-    regions between them (``crossed``). A plan of another split than the pair's is given its
-    options' compute times and counts the step overhead only (``overhead_s``). Plans whose
-    floors break a constraint (``limits``) are worth nothing: they would not be adopted."""
+    regions between them (``crossed``). A plan of another split than the pair's (a re-split,
+    ``other``) is given that split's options' compute times, and each of its stages' end plus
+    the stage's least sync and update on that split (``tails``) and the step overhead. Plans
+    whose floors break a constraint (``limits``) are worth nothing: they would not be
+    adopted."""
 
     objective: str
     bar: float
@@ -1086,18 +1089,19 @@ class Worth:
     price_h: np.ndarray
     shape: _OptionTimes
     beaten: Callable[[float, float], bool] = lambda t, usd: False
-    # per stage of an allocation of the pair's split: its least sync and update (Bounds.tails)
-    tails: Callable[[tuple], np.ndarray] | None = None
+    # per stage of an allocation on layer ranges (split, per_stage): its least sync and
+    # update (Bounds.tails at the pair's degree)
+    tails: Callable[[tuple, tuple], np.ndarray] | None = None
     # the option times of an allocation whose stages are in more than one region, with the
     # sends across (Bounds.crossed_times; None: as given)
     crossed: Callable[..., list | None] | None = None
     # the most seconds and USD an iteration may take (the search's constraints): plans
     # beyond either are not adopted, so they are worth nothing
     limits: tuple[float, float] = (np.inf, np.inf)
+    split: tuple[tuple[int, int], ...] = ()  # the pair's layer ranges (for ``tails``)
 
-    def __call__(self, a: Allocation, D: int, total: int,
-                 other_split: list[list[Option]] | None = None) -> bool:
-        return not self._bound() or self.below(*self.plan_floor(a, D, total, other_split))
+    def __call__(self, a: Allocation, D: int, total: int, other: Shape | None = None) -> bool:
+        return not self._bound() or self.below(*self.plan_floor(a, D, total, other))
 
     def _bound(self) -> bool:
         """Whether anything can be ruled out: there is an incumbent or a constraint."""
@@ -1109,18 +1113,22 @@ class Worth:
         return self._bound() and not self.below(*self.program_floor(tau, D, total))
 
     def plan_floor(self, a: Allocation, D: int, total: int,
-                   other_split: list[list[Option]] | None = None) -> tuple[float, float]:
-        """(seconds, USD) per iteration that any plan of ``a`` takes at least."""
-        if other_split is None:
+                   other: Shape | None = None) -> tuple[float, float]:
+        """(seconds, USD) per iteration that any plan of ``a`` takes at least (on the layer
+        ranges of ``other``, when given)."""
+        if other is None:
             times = None if self.crossed is None else self.crossed(a.per_stage)
             ends = stage_floors_s(a, times or self.shape.times, D, total, self.shape.compute)
             t = float(ends[0]) + self.after_s
-            if self.tails is not None:
-                t = max(t, float((ends + self.tails(a.per_stage)).max()) + self.overhead_s)
+            split = self.split
         else:
-            times = [{(o.kind, o.tp): o.time_s for o in oo} for oo in other_split]
+            times = [{(o.kind, o.tp): o.time_s for o in oo} for oo in other.opts]
             crossed = None if self.crossed is None else self.crossed(a.per_stage, times)
-            t = float(stage_floors_s(a, crossed or times, D, total, times)[0]) + self.overhead_s
+            ends = stage_floors_s(a, crossed or times, D, total, times)
+            t = float(ends[0]) + self.overhead_s
+            split = other.split
+        if self.tails is not None:
+            t = max(t, float((ends + self.tails(split, a.per_stage)).max()) + self.overhead_s)
         usd_s = sum(self.price_h[k] * tp * n for st in a.per_stage for k, tp, n in st) / 3600
         return t, t * usd_s
 
@@ -1301,7 +1309,7 @@ def _resplit(space: Space, sh: Shape, alloc: Allocation, opts: list[list[Option]
     a2 = fastest(o2, D, avail, price, region_of, at_least=least / slots(D, total)[0],
                  total=total, memo=space.alloc_memo, key=(new, sh.mbs, sh.recompute),
                  deadline=deadline)
-    if a2 is None or (worth is not None and not worth(a2, D, total, other_split=o2)):
+    if a2 is None or (worth is not None and not worth(a2, D, total, other=sh2)):
         return []
     sp = build_spec(space, a2, o2, new, sh.mbs, D, recompute=sh.recompute)
     return [] if sp is None else [sp]
