@@ -134,8 +134,8 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
     every plan ``build_spec`` makes of an allocation of the exhaustive space, in every zone
     packing, takes at least the allocation's floor and the floor of a program bottleneck as
     slow as the allocation's, in time and in cost, and the floor it gets as a re-split's
-    allocation (the last case: two regions, where the allocations whose stages are in both
-    send across them)."""
+    allocation, which counts each stage's least sync and update on its layers (the last case:
+    two regions, where the allocations whose stages are in both send across them)."""
     pb, res = _exhaustive(case)
     tb = tables_for(pb, mbs_options(pb))
     space = Space(pb, tb)
@@ -152,6 +152,7 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
     floors, specs = [], []  # per allocation: its two floors and the range of its plans
     worths: dict = {}
     tighter = 0  # allocations whose floor the sends across regions raise
+    synced = 0  # allocations whose floor as a re-split's the stages' sync and update raise
     for sh, D, per_stage in allocs:
         opts = [list(o) for o in sh.opts]
         total = pb.job.global_batch // sh.mbs
@@ -181,6 +182,8 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
         specs += built
         plain = dataclasses.replace(worth, crossed=None).plan_floor(a, D, total)
         tighter += floors[-1][1][0] > plain[0] * (1 + 1e-6)
+        bare = dataclasses.replace(worth, tails=None).plan_floor(a, D, total, other=sh)
+        synced += floors[-1][3][0] > bare[0] * (1 + 1e-6)
     out = run_specs(pb, tb, specs)
     T, usd = out["iteration_time_s"], out["cost_compute_usd"] + out["cost_egress_usd"]
     for per_stage, plan, program, split_floor, at in floors:
@@ -189,6 +192,7 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
             assert (floor_usd <= usd[at] * (1 + 1e-9)).all(), (per_stage, floor_usd, usd[at])
     assert len(floors) > 10
     assert (tighter > 10) == (case == len(CASES))
+    assert synced > 0
 
 
 @pytest.mark.parametrize("objective", ["max-throughput", "min-cost", "max-throughput-per-dollar"])
