@@ -56,10 +56,6 @@ def changes(keys, capacity: int, gpn: int, n: int, seed: int) -> list[dict]:
     return out
 
 
-def best_or_none(fn):
-    return best_plan(fn)[0]
-
-
 def best_plan(fn):
     """(iterations/s, spec) of the best plan ``fn`` returns; (0, None) when nothing fits."""
     try:
@@ -98,7 +94,7 @@ def main() -> None:
         rp = Replanner(problem, budget_s=args.budget)
         rh = Replanner(problem, budget_s=args.budget) if args.hinted else None
         t = time.perf_counter()
-        first = best_or_none(lambda: rp.plan(full))
+        first = best_plan(lambda: rp.plan(full))[0]
         first_s = time.perf_counter() - t
         if rh is not None:
             rh.plan(full)
@@ -111,14 +107,14 @@ def main() -> None:
                    "replan_iters_per_s": warm, "remembered": rp.calls[-1].remembered}
             if rh is not None:
                 t = time.perf_counter()
-                row["hinted_iters_per_s"] = best_or_none(
-                    lambda a=avail, h=() if spec is None else (spec,): rh.plan(a, hints=h))
+                row["hinted_iters_per_s"] = best_plan(
+                    lambda a=avail, h=() if spec is None else (spec,): rh.plan(a, hints=h))[0]
                 row["hinted_s"] = time.perf_counter() - t
             if not args.no_cold:
                 cold_problem = problem.__class__(**{**problem.__dict__, "avail": avail})
                 t = time.perf_counter()
-                row["cold_iters_per_s"] = best_or_none(
-                    lambda p=cold_problem: search(p, budget_s=args.budget, front=False))
+                row["cold_iters_per_s"] = best_plan(
+                    lambda p=cold_problem: search(p, budget_s=args.budget, front=False))[0]
                 row["cold_s"] = time.perf_counter() - t
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)

@@ -584,8 +584,10 @@ class Bounds:
             if regions[b] != regions[b + 1]:
                 # the receiver's on the sender's link: the fastest of stage b's TPs
                 xr = self._across(mi, [tb.ti(tp) for _, tp, _ in per_stage[b]])[1]
-                times[b] = {(k, tp): v + (1 + rf) * float(self._across(mi, [tb.ti(tp)])[0][0])
-                            for (k, tp), v in times[b].items()}
+                tps = sorted({tp for _, tp in times[b]})  # the sender's, per its own TP
+                xs = dict(zip(tps, ((1 + rf) * self._across(mi, [tb.ti(tp) for tp in tps])[0])
+                              .tolist(), strict=True))
+                times[b] = {(k, tp): v + xs[tp] for (k, tp), v in times[b].items()}
                 times[b + 1] = {key: v + (1 + rf) * xr for key, v in times[b + 1].items()}
         return times
 
