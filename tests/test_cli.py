@@ -259,3 +259,13 @@ def test_plan_infeasible_exits_3(tmp_path):
     r = runner.invoke(app, ["plan", str(scn), "--max-cost-per-iter", "1e-12"])
     assert r.exit_code == 3
     assert "max $/iteration" in r.output and "Traceback" not in r.output
+
+
+def test_command_listings_break_lines_only_where_the_terminal_does():
+    """The command lists keep no line break of the docstrings' source: a summary wraps at the
+    terminal's width, not in mid-sentence."""
+    for args, line in ((["--help"], "training-plan or serving format."),
+                       (["serve", "--help"], "node holding its layers, the coordinator")):
+        res = runner.invoke(app, args, terminal_width=80)
+        assert res.exit_code == 0, res.output
+        assert line in res.output

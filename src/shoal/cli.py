@@ -7,6 +7,7 @@ Errors a person can act on (``ShoalError``) are printed without a traceback: exi
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from dataclasses import asdict
@@ -888,6 +889,22 @@ def _geo_commands() -> None:
 
 
 _geo_commands()
+
+
+def _reflow_help(group: typer.Typer) -> None:
+    """Commands' help from their docstrings with the source's line breaks inside a paragraph
+    joined (rich help keeps them, which breaks lines mid-sentence), for ``group`` and the
+    groups under it."""
+    for info in group.registered_commands:
+        if info.help is None and info.callback is not None and info.callback.__doc__:
+            paragraphs = inspect.cleandoc(info.callback.__doc__).split("\n\n")
+            info.help = "\n\n".join(" ".join(p.split()) for p in paragraphs)
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _reflow_help(sub.typer_instance)
+
+
+_reflow_help(app)
 
 
 def main() -> None:
