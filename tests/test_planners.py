@@ -240,3 +240,38 @@ def test_search_without_the_front_finds_the_same_best_plan(objective, case):
                                                             rel=1e-12)
     assert best.ranked[0].cost_usd == pytest.approx(full.ranked[0].cost_usd, rel=1e-12)
     assert best.stats.candidates_costed <= full.stats.candidates_costed
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_min_tp_is_the_smallest_tp_the_memory_model_fits(zero, recompute):
+    """``Space.min_tp`` (tables built from memory parts shared across microbatches in flight
+    and, without ZeRO, across replica counts) against the estimator's memory model, one
+    worker at a time."""
+    from shoal.estimate.kernel import worker_memory
+
+    pb = problem(model__hidden_size=4096, model__num_layers=6)
+    tb = tables_for(pb, mbs_options(pb))
+    sp = Space(pb, tb)
+    L = len(tb.cum_params) - 1
+    gpu = "V100-16GB"
+    tps = sp.tps[gpu]
+    seen = set()
+    for mbs in (1, 2):
+        for in_flight in (1, 3):
+            for dp in (1, 2, 8):
+                for a in range(L):
+                    for b in range(a + 1, L + 1):
+                        want = None
+                        for tp in tps:
+                            states, buffers, act = worker_memory(
+                                tb, pb.memory, sp.state_b, a, b, tb.ti(tp), float(mbs),
+                                float(in_flight), np.bool_(recompute), np.int64(zero), float(dp))
+                            if pb.memory.framework_bytes + states + buffers + act \
+                                    <= pb.gpus[gpu].memory_bytes:
+                                want = tp
+                                break
+                        got = sp.min_tp(gpu, mbs, a, b, in_flight, recompute, zero, dp)
+                        assert got == want, (mbs, in_flight, dp, a, b)
+                        seen.add(got)
+    assert len(seen) >= 3  # the cases span several outcomes (TPs, or none that fits)

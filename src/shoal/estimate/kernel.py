@@ -90,10 +90,17 @@ def worker_memory(tb: CostTables, mem: MemoryConstants, state_bytes: tuple[float
     per_param = np.where(zero >= 2, g_b / dd, g_b) + np.where(zero >= 1, o_b / dd, o_b)
     states = (weights + params_w * per_param) * mem.state_factor
     buffers = params_w * mem.comm_buffer_bytes_per_param
+    per_mb, once = activation_parts(tb, ls, le, t, mbs, recompute)
+    return states, buffers, (per_mb * inflight + once) * mem.activation_factor
+
+
+def activation_parts(tb: CostTables, ls, le, t, mbs, recompute):
+    """A worker's activation bytes before ``MemoryConstants.activation_factor``, as (bytes per
+    microbatch in flight, bytes held once: the recomputed layer's work space); broadcasts
+    like ``worker_memory``, which adds them as ``per_mb * inflight + once``."""
     cum_a = np.where(recompute, tb.cum_act_rc[t, le] - tb.cum_act_rc[t, ls],
                      tb.cum_act[t, le] - tb.cum_act[t, ls])
-    act = cum_a * mbs * inflight + np.where(recompute, tb.rc_work[t] * mbs, 0.0)
-    return states, buffers, act * mem.activation_factor
+    return cum_a * mbs, np.where(recompute, tb.rc_work[t] * mbs, 0.0)
 
 
 def p2p_s(tb: CostTables, tc: TimeConstants, mbs_idx, lid):

@@ -4,11 +4,12 @@ the smallest TP that fits each stage (Sailor H1, H2), per-replica stage times, a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from shoal.estimate.api import _state_bytes
-from shoal.estimate.kernel import worker_memory
+from shoal.estimate.kernel import activation_parts, worker_memory
 from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
 from shoal.training.planners.allocate import PoolMemo
@@ -78,7 +79,7 @@ class Space:
         self.kind_tps = {k: [t for t in self.tps[k.gpu] if t <= self.zones_of[k][0][1]]
                          for k in self.kinds}
         # smallest fitting TPs do not depend on GPU counts: a caller may share them
-        self._min_tp: dict[tuple, int | None] = min_tp if min_tp is not None else {}
+        self._min_tp: dict[tuple, Any] = min_tp if min_tp is not None else {}
         self._zone_pools: list[tuple[str, np.ndarray]] | None = None
         self.splits: dict = splits if splits is not None else {}  # zorse.split's, by node list
         # allocations and zone placements reused on smaller pools of the same kinds and prices
@@ -127,7 +128,8 @@ class Space:
     def min_tp(self, gpu: str, mbs: int, a: int, b: int, in_flight: int, recompute: bool,
                zero: int, dp: int) -> int | None:
         """Smallest TP for which a worker holding layers [a, b) fits (H2), or None."""
-        key = (gpu, mbs, in_flight, recompute, zero, dp)
+        # replicas shard nothing without ZeRO: the table is the same for every count
+        key = (gpu, mbs, in_flight, recompute, zero, max(dp, 1) if zero else 1)
         table = self._min_tp.get(key)
         if table is None:
             table = self._min_tp[key] = self._smallest_fitting_tps(*key)
@@ -139,18 +141,34 @@ class Space:
         """``min_tp`` for every layer range [a, b) at once (the kernel's memory model
         broadcasts): per (a, b), the position in ``tps[gpu]`` of the smallest TP that fits, or
         -1 (entries with a >= b are not read)."""
-        tb, mem = self.tb, self.problem.memory
         tps = self.tps[gpu]
-        L = len(tb.cum_params) - 1
+        L = len(self.tb.cum_params) - 1
         if not tps:
             return np.full((L + 1, L + 1), -1, dtype=np.int8)
-        ls, le = np.indices((L + 1, L + 1))
-        states, buffers, act = worker_memory(
-            tb, mem, self.state_b, ls[..., None], le[..., None],
-            np.array([tb.ti(tp) for tp in tps]), float(mbs), float(in_flight),
-            np.bool_(recompute), np.int64(zero), float(max(dp, 1)))
-        fits = mem.framework_bytes + states + buffers + act <= self.problem.gpus[gpu].memory_bytes
+        # the bytes that do not depend on the microbatches in flight, per (a, b, TP), once
+        # per (GPU, microbatch size, recompute, ZeRO, replicas): the tables differ only there
+        parts_key = ("memory parts", gpu, mbs, recompute, zero, dp)
+        parts = self._min_tp.get(parts_key)
+        if parts is None:
+            parts = self._min_tp[parts_key] = self._memory_parts(gpu, mbs, recompute, zero, dp)
+        fixed, per_mb, once = parts
+        act = (per_mb * float(in_flight) + once) * self.problem.memory.activation_factor
+        fits = fixed + act <= self.problem.gpus[gpu].memory_bytes
         return np.where(fits.any(axis=-1), fits.argmax(axis=-1), -1).astype(np.int8)
+
+    def _memory_parts(self, gpu: str, mbs: int, recompute: bool, zero: int, dp: int):
+        """Per (a, b, TP position): the framework, model states and buffers (summed as the
+        estimator sums them), and ``kernel.activation_parts``."""
+        tb, mem = self.tb, self.problem.memory
+        L = len(tb.cum_params) - 1
+        ls, le = np.indices((L + 1, L + 1))
+        ls, le = ls[..., None], le[..., None]
+        t = np.array([tb.ti(tp) for tp in self.tps[gpu]])
+        states, buffers, _ = worker_memory(
+            tb, mem, self.state_b, ls, le, t, float(mbs), 0.0, np.bool_(recompute),
+            np.int64(zero), float(max(dp, 1)))
+        per_mb, once = activation_parts(tb, ls, le, t, float(mbs), np.bool_(recompute))
+        return mem.framework_bytes + states + buffers, per_mb, once
 
     def free(self, kind: Kind, zone: str, used: dict[tuple[str, str], int]) -> int:
         """GPUs of ``kind``'s type left in ``zone`` after ``used``."""
