@@ -466,35 +466,34 @@ class Bounds:
         tb, tc = self.space.tb, self.tc
         P = len(sh.split)
         mi = tb.mi(sh.mbs)
-        tmin, fmin, bmin, upd = (np.empty(P) for _ in range(4))
-        busy_w = np.empty(P)  # weighted GPU-seconds per microbatch
-        idle_w = np.empty(P)  # weighted GPUs per replica
-        busy_c = np.empty(P)  # USD per microbatch
-        rate = np.empty(P)  # USD/s per replica
-        ring_s = np.empty((P, 3))
         y = self._weights(sh)
-        fulls = []
-        for s, ((a, b), opts) in enumerate(zip(sh.split, sh.opts, strict=True)):
-            k = np.array([o.kind for o in opts])
-            tp = np.array([o.tp for o in opts], dtype=float)
-            ti = np.array([tb.ti(o.tp) for o in opts])
-            f_extra, b_extra = self._sends(s, P, mi, ti, loose)
-            g = self.gi[k]
-            f = (tb.cum_f[g, ti, mi, b] - tb.cum_f[g, ti, mi, a]) * tc.compute_scale
-            t_c = np.array([o.time_s for o in opts])
-            t = t_c + f_extra + b_extra
-            tmin[s], fmin[s], bmin[s] = t.min(), (f + f_extra).min(), (t_c - f + b_extra).min()
-            u = tb.cum_u[g, ti, b] - tb.cum_u[g, ti, a]
-            upd[s] = u.min()
-            busy_w[s] = (y[k] * t * tp).min()
-            idle_w[s] = (y[k] * tp).min()
-            busy_c[s] = (self.price_s[k] * t * tp).min()
-            rate[s] = (self.price_s[k] * tp).min()
-            ring_s[s] = self._ring_bytes_time(a, b)[:, np.unique(ti)].min(axis=1)
-            fulls.append(t)
-        t_all, tps, kinds, stage_of = self._options_of(sh)
+        # every option of every stage at once, stage by stage: per-stage least values are
+        # minima over each stage's run of options
+        t_c, tp, k, st = self._options_of(sh)
+        ti = np.array([tb.ti(o.tp) for opts in sh.opts for o in opts])
+        starts = np.concatenate([[0], np.cumsum([len(opts) for opts in sh.opts])[:-1]])
+        a = np.array([ab[0] for ab in sh.split])[st]
+        b = np.array([ab[1] for ab in sh.split])[st]
+        f_extra, b_extra = self._sends(st, P, mi, ti, loose)
+        g = self.gi[k]
+        f = (tb.cum_f[g, ti, mi, b] - tb.cum_f[g, ti, mi, a]) * tc.compute_scale
+        t = t_c + f_extra + b_extra
+
+        def least(x: np.ndarray) -> np.ndarray:
+            return np.minimum.reduceat(x, starts)
+
+        tmin, fmin, bmin = least(t), least(f + f_extra), least(t_c - f + b_extra)
+        upd = least(tb.cum_u[g, ti, b] - tb.cum_u[g, ti, a])
+        busy_w = least(y[k] * t * tp)  # weighted GPU-seconds per microbatch
+        idle_w = least(y[k] * tp)  # weighted GPUs per replica
+        busy_c = least(self.price_s[k] * t * tp)  # USD per microbatch
+        rate = least(self.price_s[k] * tp)  # USD/s per replica
+        ring_s = np.empty((P, 3))
+        for s, (ab, lo, hi) in enumerate(zip(sh.split, starts, [*starts[1:], len(st)],
+                                             strict=True)):
+            ring_s[s] = self._ring_bytes_time(*ab)[:, np.unique(ti[lo:hi])].min(axis=1)
         got = self._memo[key] = (tmin, fmin, bmin, upd, busy_w, idle_w, busy_c, rate, ring_s, y,
-                                 t_all, np.concatenate(fulls), tps, kinds, stage_of)
+                                 t_c, t, tp, k, st)
         self._by_shape[("shape", id(sh))] = (sh, got)
         return got
 
@@ -802,9 +801,10 @@ class Bounds:
     def _sends(self, s: int, P: int, mi: int, ti: np.ndarray, loose: bool = False):
         """(forward, backward) seconds per microbatch that stage ``s``'s replicas of TP
         indices ``ti`` spend on sends and blocking receives, over the fastest links, as the
-        kernel adds them: the activations a replica sends (and its wait for the gradients
-        back) go over its own TP's flows (``loose``: any TP's), those from the stage before
-        over the neighbour's (any TP's)."""
+        kernel adds them (``s``: a stage, or an array of each option's stage): the
+        activations a replica sends (and its wait for the gradients back) go over its own
+        TP's flows (``loose``: any TP's), those from the stage before over the neighbour's
+        (any TP's)."""
         p2p = self.p2p_min[mi]
         own = p2p if loose else self.p2p_tp[mi, ti]
         rf = self.tc.recv_fraction
