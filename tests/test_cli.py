@@ -100,6 +100,9 @@ def test_missing_file_exits_2(tmp_path):
     res = run("estimate", tmp_path / "nope.yaml", "--plan", PLAN)
     assert res.exit_code == 2
     assert "file not found" in res.stderr
+    res = run("estimate", tmp_path, "--plan", PLAN)  # a folder
+    assert res.exit_code == 2
+    assert "a folder, not a file" in res.stderr
 
 
 @pytest.mark.parametrize("kind", ["scenario", "plan"])
@@ -269,3 +272,39 @@ def test_command_listings_break_lines_only_where_the_terminal_does():
         res = runner.invoke(app, args, terminal_width=80)
         assert res.exit_code == 0, res.output
         assert line in res.output
+
+
+def test_an_output_that_is_a_folder_is_bad_input_and_nothing_is_left(tmp_path):
+    """An existing folder given where a file goes (or a file where a folder goes) exits 2
+    naming the option; no temporary file is left next to it."""
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    for args, option in ((["estimate", SCENARIO, "--plan", PLAN, "--timeline", folder], "--timeline"),
+                         (["plan", SCENARIO, "--budget", "5", "-o", folder], "--output"),
+                         (["plan", SCENARIO, "--budget", "5", "--figure", folder], "--figure")):
+        res = run(*args)
+        assert res.exit_code == 2, res.output
+        assert option in res.stderr and "folder" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]
+    assert not any(folder.iterdir())
+    cfg = tmp_path / "training_config.json"
+    cfg.write_text(json.dumps({"hidden_size": 64, "num_layers": 2, "heads": 4, "vocab_size": 256,
+                               "global_batch_size": 8}))
+    taken = tmp_path / "best.json"
+    taken.write_text("{}")
+    res = run("import", "sailor", "--training-config", cfg, "-o", taken)
+    assert res.exit_code == 2, res.output
+    assert "--out" in res.stderr and "not a folder" in res.stderr
+
+
+def test_writes_leave_no_temporary_file_when_they_fail(tmp_path):
+    from shoal.errors import SpecError
+    from shoal.files import write_json, write_text
+
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    with pytest.raises(SpecError, match="folder"):
+        write_json(folder, {"a": 1})
+    with pytest.raises(UnicodeEncodeError):  # fails after the temporary file is opened
+        write_text(tmp_path / "x.txt", "ok \ud800")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]

@@ -529,8 +529,10 @@ def import_sailor_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
 ) -> None:
     """Write a shoal scenario (and profile, plan) from Sailor's files."""
+    from shoal.files import check_folder
     from shoal.io.sailor import import_sailor
 
+    check_folder(out_dir, "--out", parents=True)
     if step is not None and trace is None:
         raise SpecError("--step needs --trace", field="--step", value=step)
     if profiles_training_config is not None:  # the --profiles are of another model

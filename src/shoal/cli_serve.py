@@ -59,11 +59,10 @@ def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path
     if output is not None:
         write_json(output, doc["placement"])
     if helix_out is not None:
+        from shoal.files import write_text
         from shoal.io.helix import write_placement
 
-        tmp = helix_out.with_name(helix_out.name + ".tmp")
-        tmp.write_text(write_placement(placed.placement, cluster))
-        tmp.replace(helix_out)
+        write_text(helix_out, write_placement(placed.placement, cluster))
     if figure is not None:
         from shoal.report.figures import draw_placement
 
@@ -500,10 +499,10 @@ def profile_cmd(
 
     if dtype not in ("float32", "float64"):
         raise SpecError("unknown dtype", field="--dtype", value=dtype, allowed="float32, float64")
-    from shoal.files import check_output
+    from shoal.files import check_folder
 
     spec = catalog.models().get(model, field="--model")
-    check_output(out_dir, "--out")
+    check_folder(out_dir, "--out")
     with _cli._progress().status(f"measuring {spec.name}") if not as_json else _null():
         prof = measure(spec, reps=reps, seed=seed, dtype=dtype, context=context)
     paths = prof.write(out_dir)
@@ -591,24 +590,19 @@ def import_helix_cmd(
     """Write a shoal serving file (and placement) from Helix's files."""
     import yaml
 
-    from shoal.files import write_json
+    from shoal.files import check_folder, write_json, write_text
     from shoal.io.helix import import_helix, read_placement
     from shoal.serving.cluster import build_cluster
     from shoal.serving.spec import parse_serving
 
-    if not out_dir.parent.is_dir():
-        raise SpecError("the folder to write into does not exist", field="--out", value=str(out_dir))
+    check_folder(out_dir, "--out")
     doc = import_helix(cluster=cluster, machines=machines, capacity=capacity, model=model,
                        partial_inference=partial_inference, profiles=profiles)
     cl = build_cluster(parse_serving(doc, file=str(cluster)), file=str(cluster))
     pl = read_placement(placement, cl) if placement is not None else None
     out_dir.mkdir(exist_ok=True)
     written = {}
-    target = out_dir / "serving.yaml"
-    tmp = target.with_name("serving.yaml.tmp")
-    tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
-    tmp.replace(target)
-    written["serving"] = target
+    written["serving"] = write_text(out_dir / "serving.yaml", yaml.safe_dump(doc, sort_keys=False))
     if pl is not None:
         written["placement"] = write_json(out_dir / "placement.json", pl.to_json(cl))
     if as_json:

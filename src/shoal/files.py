@@ -13,9 +13,11 @@ from shoal.errors import SpecError
 def read_json(path: str | Path, what: str = "file") -> dict:
     """A JSON document, or a SpecError naming the file (and line) when it is missing or broken."""
     p = Path(path)
+    if p.is_dir():
+        raise SpecError(f"a folder, not a {what}", file=str(p))
     try:
         data = json.loads(p.read_text())
-    except (FileNotFoundError, IsADirectoryError):
+    except FileNotFoundError:
         raise SpecError(f"{what} not found", file=str(p)) from None
     except UnicodeDecodeError:
         raise SpecError("not a text file (expected UTF-8 JSON)", file=str(p)) from None
@@ -31,6 +33,8 @@ def read_json(path: str | Path, what: str = "file") -> dict:
 def read_document(path: str | Path) -> dict:
     """Read a YAML or JSON file into a mapping, or raise SpecError naming the file and line."""
     p = Path(path)
+    if p.is_dir():
+        raise SpecError("a folder, not a file", file=str(p))
     if not p.is_file():
         raise SpecError("file not found", file=str(p))
     try:
@@ -53,21 +57,50 @@ def read_document(path: str | Path) -> dict:
 
 
 def check_output(path: str | Path, option: str) -> Path:
-    """An output path whose folder exists, or a SpecError naming the option."""
+    """An output file path whose folder exists and which is not a folder, or a SpecError
+    naming the option."""
     p = Path(path)
+    if p.is_dir():
+        raise SpecError("a folder, not a file", field=option, value=str(p),
+                        allowed="a file path (a new file, or one to replace)")
     if not p.parent.is_dir():
         raise SpecError("the folder to write into does not exist", field=option,
                         value=str(p), allowed="a path in an existing folder")
     return p
 
 
+def check_folder(path: str | Path, option: str, parents: bool = False) -> Path:
+    """An output folder: one that exists, or a new path whose parent folder exists (any
+    new path with ``parents``: the caller makes the folders); a SpecError naming the option
+    when it is a file or its parent is missing."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise SpecError("a file, not a folder", field=option, value=str(p),
+                        allowed="a folder (an existing one, or a new path)")
+    if not parents and not p.exists() and not p.parent.is_dir():
+        raise SpecError("the folder to write into does not exist", field=option,
+                        value=str(p.parent), allowed="a path in an existing folder")
+    return p
+
+
+def _swap_in(tmp: Path, out: Path, write) -> Path:
+    """``write(tmp)``, then ``tmp`` renamed to ``out``: the result appears whole or not at
+    all, and a failure leaves no temporary file behind."""
+    if out.is_dir():
+        raise SpecError("cannot write: the path is a folder", file=str(out))
+    try:
+        write(tmp)
+        tmp.replace(out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out
+
+
 def write_text(path: str | Path, text: str) -> Path:
     """Write a text file through a temporary file (never a half-written result)."""
     out = Path(path)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
-    return out
+    return _swap_in(out.with_name(out.name + ".tmp"), out, lambda t: t.write_text(text))
 
 
 def write_json(path: str | Path, doc) -> Path:
@@ -81,8 +114,8 @@ def save_png(fig, path: str | Path) -> Path:
 
     fig.tight_layout()
     out = Path(path)
-    tmp = out.with_name(out.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(out)
-    return out
+    try:
+        return _swap_in(out.with_name(out.stem + ".tmp.png"), out,
+                        lambda t: fig.savefig(t, dpi=110))
+    finally:
+        plt.close(fig)

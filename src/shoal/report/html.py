@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shoal.errors import SpecError
-from shoal.files import read_json
+from shoal.files import read_json, write_text
 from shoal.report import figures
 
 KINDS = ("plan", "estimate", "replay", "bubbles", "serve plan", "serve simulate")
@@ -239,7 +239,4 @@ def build(inputs: list[Path], out: Path, title: str | None = None) -> Path:
             f"{html.escape(title)}</title><style>{CSS}</style><script>{CHECK}</script></head>"
             f"<body><h1>{html.escape(title)}</h1><nav>{''.join(nav)}</nav>"
             f"{''.join(sections)}</body></html>")
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(page)
-    tmp.replace(out)
-    return out
+    return write_text(out, page)
