@@ -88,6 +88,26 @@ def test_malformed_yaml_exits_2(tmp_path):
     assert "Traceback" not in res.output
 
 
+def test_a_key_given_twice_in_yaml_exits_2_naming_both_lines(tmp_path):
+    text = (ROOT / "examples" / "opt350m-two-zones.yaml").read_text()
+    zone = "us-central1-a:"
+    assert text.count(zone) == 1
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(text.replace("us-central1-b:", zone))  # two zones of one name
+    res = run("plan", twice, "--budget", "5")
+    assert res.exit_code == 2, res.output
+    first = text[:text.index(zone)].count("\n") + 1
+    assert "'us-central1-a' given twice" in res.stderr and f"first at line {first}" in res.stderr
+
+
+def test_a_key_given_twice_in_json_exits_2(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(PLAN.read_text().replace('{', '{"name": "x", "name": "y", ', 1))
+    res = run("estimate", SCENARIO, "--plan", plan)
+    assert res.exit_code == 2, res.output
+    assert "'name' given twice" in res.stderr and str(plan) in res.stderr
+
+
 def test_invalid_plan_field_exits_2(tmp_path):
     bad = tmp_path / "plan.json"
     bad.write_text(json.dumps({"microbatch_size": 0, "stages": []}))

@@ -16,7 +16,7 @@ def read_json(path: str | Path, what: str = "file") -> dict:
     if p.is_dir():
         raise SpecError(f"a folder, not a {what}", file=str(p))
     try:
-        data = json.loads(p.read_text())
+        data = _loads_json(p.read_text(), p)
     except FileNotFoundError:
         raise SpecError(f"{what} not found", file=str(p)) from None
     except UnicodeDecodeError:
@@ -28,6 +28,48 @@ def read_json(path: str | Path, what: str = "file") -> dict:
         raise SpecError("expected a JSON object at the top level", file=str(p),
                         value=type(data).__name__)
     return data
+
+
+class _KeyTwice(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple]) -> dict:
+    """A JSON object's pairs as a dict; a key given twice is an error (``json`` would keep
+    the last silently)."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _KeyTwice(k)
+        out[k] = v
+    return out
+
+
+def _loads_json(text: str, p: Path):
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _KeyTwice as exc:
+        raise SpecError(f"key {exc.args[0]!r} given twice in one object", file=str(p)) from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error (the plain loader
+    keeps the last silently: a zone listed twice would lose the GPUs of the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (first at line {first})",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
 
 
 def read_document(path: str | Path) -> dict:
@@ -42,7 +84,8 @@ def read_document(path: str | Path) -> dict:
     except UnicodeDecodeError:
         raise SpecError("not a text file (expected UTF-8 YAML or JSON)", file=str(p)) from None
     try:
-        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+        data = (_loads_json(text, p) if p.suffix.lower() == ".json"
+                else yaml.load(text, Loader=_UniqueKeyLoader))
     except json.JSONDecodeError as exc:
         raise SpecError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
                         file=str(p)) from None
