@@ -328,3 +328,13 @@ def test_writes_leave_no_temporary_file_when_they_fail(tmp_path):
     with pytest.raises(UnicodeEncodeError):  # fails after the temporary file is opened
         write_text(tmp_path / "x.txt", "ok \ud800")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]
+
+
+@pytest.mark.parametrize("args, option", [(["--max-cost-per-iter", "nan"], "--max-cost-per-iter"),
+                                          (["--max-cost-per-iter", "-1"], "--max-cost-per-iter"),
+                                          (["--min-throughput", "0"], "--min-throughput"),
+                                          (["--max-gpus", "-3"], "--max-gpus")])
+def test_plan_constraints_from_the_command_line_are_checked(args, option):
+    res = run("plan", SCENARIO, *args)
+    assert res.exit_code == 2, res.output
+    assert option in res.output

@@ -275,3 +275,33 @@ def test_min_tp_is_the_smallest_tp_the_memory_model_fits(zero, recompute):
                         assert got == want, (mbs, in_flight, dp, a, b)
                         seen.add(got)
     assert len(seen) >= 3  # the cases span several outcomes (TPs, or none that fits)
+
+
+def test_relaxations_name_the_best_plan_under_the_other_constraints(strategy="auto"):
+    """The relaxation a missed constraint names is the best plan without it (the other
+    constraints kept), not the best of the plans the failed search happened to cost, and
+    applying it gives a plan."""
+    from shoal.specs.job import Deadline
+
+    pb = problem()
+    cap = search(pb, strategy=strategy).ranked[0].cost_usd * 0.8  # binds the fastest plan
+    capped = Constraints(max_cost_per_iteration_usd=cap)
+    fastest = search(pb, strategy=strategy, constraints=capped).ranked[0].throughput_iters_per_s
+    for tight, binding in (({"min_iters_per_s": fastest * 3}, "min iterations/s"),
+                           ({"deadline": Deadline(iterations=1000, within=1000 / fastest / 3)},
+                            "deadline")):
+        with pytest.raises(InfeasibleError) as e:
+            search(pb, strategy=strategy, constraints=capped.model_copy(update=tight))
+        assert e.value.binding == binding
+        assert f"{fastest:.4g} iterations/s" in e.value.relaxation or \
+            e.value.relaxation == f"min_iters_per_s <= {fastest:.4g}"
+    search(pb, strategy=strategy, constraints=capped.model_copy(
+        update={"min_iters_per_s": fastest * (1 - 1e-9)}))
+    floor = fastest * 0.9
+    cheapest = search(pb, strategy=strategy, objective="min-cost",
+                      constraints=Constraints(min_iters_per_s=floor)).ranked[0].cost_usd
+    with pytest.raises(InfeasibleError) as e:
+        search(pb, strategy=strategy, constraints=Constraints(
+            min_iters_per_s=floor, max_cost_per_iteration_usd=cheapest / 3))
+    assert e.value.binding == "max $/iteration"
+    assert e.value.relaxation == f"max_cost_per_iteration_usd >= {cheapest:.4g}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 from dataclasses import asdict
 from enum import StrEnum
@@ -122,7 +123,7 @@ def plan(
         "--max-cost-per-iter", help="USD per iteration at most")] = None,
     min_throughput: Annotated[float | None, typer.Option(
         "--min-throughput", help="iterations per second at least")] = None,
-    max_gpus: Annotated[int | None, typer.Option("--max-gpus", help="GPUs in total at most")] = None,
+    max_gpus: Annotated[int | None, typer.Option("--max-gpus", min=1, help="GPUs in total at most")] = None,
     iterations: Annotated[int | None, typer.Option(
         "--iterations", min=1, help="training-time SLO: this many iterations ...")] = None,
     within: Annotated[str | None, typer.Option(
@@ -142,6 +143,11 @@ def plan(
     for path, opt in ((output, "--output"), (figure, "--figure")):
         if path is not None:
             check_output(path, opt)
+    for value, option in ((max_cost_per_iter, "--max-cost-per-iter"),
+                          (min_throughput, "--min-throughput")):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise SpecError("must be a positive number", field=option, value=value,
+                            allowed="a number > 0")
     problem = load_problem(scenario)
     cons = problem.constraints.model_copy(update={k: v for k, v in {
         "max_cost_per_iteration_usd": max_cost_per_iter, "min_iters_per_s": min_throughput,

@@ -96,4 +96,32 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
         zorse.search(ev, space, objective, mbs, max_stages)
     if full and objective == "min-cost" and not ev.out_of_time():
         espresso.search(ev, space, objective, mbs, max_stages)  # its bounds use the incumbent
+    if not ev.feasible and ev.fits:
+        _nearest(ev, problem, strategy, constraints, max_stages, budget_s, reuse)
     return finish(ev, objective, top_k)
+
+
+def _nearest(ev: Evaluator, problem: Problem, strategy: str, constraints: Constraints,
+             max_stages: int | None, budget_s: float | None, reuse: Reuse) -> None:
+    """Plans fit in memory but none meets the constraints: the fastest plan under the other
+    constraints (for a throughput floor or a deadline) and the cheapest (for a cost cap), each
+    found by a search without that constraint, so that ``InfeasibleError`` names a relaxation
+    that works (the failed search's fastest and cheapest are of the plans its bounds let
+    through, whatever the other constraints; kept when the other constraints bind too)."""
+    c = constraints
+    relaxed = []
+    if c.min_iters_per_s is not None or c.deadline is not None:
+        relaxed.append(("max-throughput", {"min_iters_per_s": None, "deadline": None}))
+    if c.max_cost_per_iteration_usd is not None:
+        relaxed.append(("min-cost", {"max_cost_per_iteration_usd": None}))
+    for goal, drop in relaxed:
+        try:
+            best = search(problem, strategy=strategy, objective=goal,
+                          constraints=c.model_copy(update=drop), top_k=1, max_stages=max_stages,
+                          budget_s=budget_s, reuse=reuse, front=False).ranked[0]
+        except InfeasibleError:
+            continue  # the other constraints bind too
+        if goal == "max-throughput":
+            ev.fastest = best
+        else:
+            ev.cheapest = best

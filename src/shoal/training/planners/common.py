@@ -298,9 +298,10 @@ def infeasible(ev: Evaluator) -> InfeasibleError:
     if c.deadline is not None:
         thr = best_thr.throughput_iters_per_s
         need_s = c.deadline.iterations / thr if thr > 0 else float("inf")
+        most = int(thr * c.deadline.within)
         parts.append(("deadline", f"--within {need_s / 3600:.3g}h (the fastest plan runs "
-                                  f"{thr:.4g} iterations/s), or at most "
-                                  f"{int(thr * c.deadline.within)} iterations"))
+                                  f"{thr:.4g} iterations/s)"
+                      + (f", or at most {most} iterations" if most >= 1 else "")))
     if not parts:
         parts.append(("constraints together", "relax one of the constraints"))
     binding, relax = parts[0]
