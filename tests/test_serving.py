@@ -650,3 +650,18 @@ def test_measured_times_past_the_last_point_never_fall():
     assert noisy.decode_s(512) == pytest.approx(1.2 + 0.2 / 255 * 256)
     falling = LayerTimes(xs, np.array([9.0, 8.0, 7.0, 6.0]), xs, np.array([2.0, 1.5, 1.2, 1.0]))
     assert falling.prompt_s(763) == 6.0 and falling.decode_s(1000) == 1.0
+
+
+def test_helix_solution_files_round_trip_on_nodes_of_any_name(tmp_path):
+    """``write_placement`` then ``read_placement`` gives the placement back, for nodes named
+    ``n<id>`` (Helix's) and for any other names (numbered by position)."""
+    from shoal.io.helix import read_placement, write_placement
+
+    for nodes in ([{"machine": "big", "count": 2}, {"machine": "small"}],
+                  [{"machine": "big", "name": "n7"}, {"machine": "small", "name": "n3"},
+                   {"machine": "small", "name": "n12"}]):
+        c = cluster(nodes)
+        pl = Placement(((0, 4), (4, 6), (4, 6)))
+        f = tmp_path / "solution.ini"
+        f.write_text(write_placement(pl, c))
+        assert read_placement(f, c) == pl

@@ -206,7 +206,8 @@ def import_helix(*, cluster: Path, machines: Path, capacity: Path, model: str | 
 
 def read_placement(path: Path, cluster: Cluster) -> Placement:
     """A Helix solution file (``[Solution] compute_node_<k> = [layer ids]``, numbered from
-    ``[Settings] offset``) for a cluster imported by ``import_helix`` (nodes ``n<id>``)."""
+    ``[Settings] offset``): node k - offset is ``n<k - offset>`` in a cluster imported by
+    ``import_helix``, else the node at that position (as ``write_placement`` numbers them)."""
     cp = _ini(path)
     try:
         offset = int(cp.get("Settings", "offset", fallback="0"))
@@ -215,6 +216,7 @@ def read_placement(path: Path, cluster: Cluster) -> Placement:
     if not cp.has_section("Solution"):
         raise SpecError("missing section", file=str(path), field="[Solution]")
     ranges: list[tuple[int, int] | None] = [None] * cluster.n
+    ids = _helix_ids(cluster)
     for key, text in cp.items("Solution"):
         m = re.fullmatch(r"compute_node_(\d+)", key)
         if not m:
@@ -229,10 +231,11 @@ def read_placement(path: Path, cluster: Cluster) -> Placement:
             continue
         if layers != list(range(layers[0], layers[-1] + 1)):
             raise SpecError("layers are not contiguous", file=str(path), field=f"[Solution] {key}")
-        try:
-            i = cluster.index(f"n{int(m.group(1)) - offset}")
-        except SpecError as exc:
-            raise exc.located(str(path), f"[Solution] {key}") from None
+        i = ids.get(int(m.group(1)) - offset)
+        if i is None:
+            raise SpecError("no such node", file=str(path), field=f"[Solution] {key}",
+                            value=m.group(1), allowed=f"compute_node_<k>, k - offset one of "
+                            f"{', '.join(map(str, sorted(ids)[:8]))}{' ...' if len(ids) > 8 else ''}")
         ranges[i] = (layers[0], layers[-1] + 1)
     pl = Placement(tuple(ranges))
     try:
@@ -245,10 +248,22 @@ def read_placement(path: Path, cluster: Cluster) -> Placement:
 def write_placement(pl: Placement, cluster: Cluster, offset: int = 2) -> str:
     """The placement in Helix's solution format (nodes ``n<id>`` numbered from ``offset``)."""
     lines = ["[Settings]", f"offset={offset}", "", "[Solution]"]
+    nid = {i: k for k, i in _helix_ids(cluster).items()}
     for i, r in enumerate(pl.ranges):
-        if r is None:
-            continue
-        nm = cluster.names[i]
-        nid = int(nm[1:]) if nm[:1] == "n" and nm[1:].isdigit() else i
-        lines.append(f"compute_node_{nid + offset}={list(range(*r))}")
+        if r is not None:
+            lines.append(f"compute_node_{nid[i] + offset}={list(range(*r))}")
     return "\n".join(lines) + "\n"
+
+
+def _helix_ids(cluster: Cluster) -> dict[int, int]:
+    """Helix's node id -> node index: ``<id>`` for a node named ``n<id>`` (as ``import_helix``
+    names them), else the node's position; a SpecError when two nodes get one id."""
+    out: dict[int, int] = {}
+    for i, nm in enumerate(cluster.names):
+        k = int(nm[1:]) if nm[:1] == "n" and nm[1:].isdigit() else i
+        if k in out:
+            raise SpecError("two nodes get one Helix node id (nodes named n<id> and others "
+                            "numbered by position)", field="nodes",
+                            value=f"{cluster.names[out[k]]}, {nm}")
+        out[k] = i
+    return out
