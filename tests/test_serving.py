@@ -665,3 +665,20 @@ def test_helix_solution_files_round_trip_on_nodes_of_any_name(tmp_path):
         f = tmp_path / "solution.ini"
         f.write_text(write_placement(pl, c))
         assert read_placement(f, c) == pl
+
+
+def test_layers_on_no_node_are_named_by_flow_and_simulate():
+    """A placement that leaves layers on no node: ``uncovered`` names them, the max flow is
+    0, and simulating it is infeasible for that reason (not the KV cache)."""
+    from shoal.serving.simulator import simulate
+    from shoal.serving.workload import Workload
+
+    c = cluster([{"machine": "big", "count": 2}, {"machine": "small", "count": 2}])
+    assert Placement(((0, 4), None, (4, 6), None)).uncovered(c) == []
+    gap = Placement(((0, 2), (0, 2), None, (4, 6)))
+    assert gap.uncovered(c) == [(2, 4)]
+    assert Placement((None, None, None, (1, 2))).uncovered(c) == [(0, 1), (2, 6)]
+    assert max_flow(c, gap).value == 0
+    with pytest.raises(InfeasibleError, match=r"layers \[2, 4\) are on no node") as e:
+        simulate(c, gap, None, Workload(np.array([10]), np.array([5]), None, "one"))
+    assert e.value.binding == "placement"

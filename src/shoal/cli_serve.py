@@ -55,6 +55,7 @@ def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path
            "upper_bound_tokens_per_s": placed.upper_bound,
            "gap_to_upper_bound": 1.0 - placed.flow.value / placed.upper_bound,
            "nodes_used": sum(r is not None for r in placed.placement.ranges),
+           "layers_on_no_node": [list(r) for r in placed.placement.uncovered(cluster)],
            "details": placed.details, "placement": _placement_json(cluster, placed)}
     if output is not None:
         write_json(output, doc["placement"])
@@ -101,6 +102,10 @@ def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path
     idle = [cluster.names[i] for i, r in enumerate(placed.placement.ranges) if r is None]
     if idle:
         out.print(f"{len(idle)} node(s) hold no layers: {', '.join(idle)}")
+    bare = placed.placement.uncovered(cluster)
+    if bare:
+        out.print("no node holds layers " + ", ".join(f"[{a}, {b})" for a, b in bare)
+                  + ": no request can finish, so the max flow is 0")
     for path, what in ((output, "placement"), (helix_out, "placement (Helix format)"),
                        (figure, "figure")):
         if path is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from shoal.errors import SpecError
 from shoal.files import read_json
 from shoal.serving.cluster import Cluster
@@ -33,6 +35,18 @@ class Placement:
                 raise SpecError("more layers than the node may hold",
                                 field=f"nodes.{cluster.names[i]}", value=e - s,
                                 allowed=f"at most {int(cluster.kmax[i])}")
+
+    def uncovered(self, cluster: Cluster) -> list[tuple[int, int]]:
+        """The layer ranges [start, end) no node holds: while there are any, no request
+        can pass every layer, and the max flow is 0."""
+        held = np.zeros(cluster.layers + 1, dtype=np.int64)
+        for r in self.ranges:
+            if r is not None:
+                held[r[0]] += 1
+                held[r[1]] -= 1
+        bare = np.cumsum(held[:-1]) == 0
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], bare.astype(np.int8), [0]])))
+        return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
     def to_json(self, cluster: Cluster) -> dict:
         return {"schema": PLACEMENT_SCHEMA, "layers": cluster.layers, "nodes": [
