@@ -565,7 +565,7 @@ def test_cli_simulate(tmp_path):
                 "requests"):
         assert key in doc
     assert doc["requests"]["completed"] == 30
-    assert doc["prompt_latency_s"].keys() == {"mean", "p50", "p95"}
+    assert doc["prompt_latency_s"].keys() == {"mean", "p50", "p95", "requests"}
     res = runner.invoke(app, ["serve", "simulate", "examples/llama2-70b-mixed.serving.yaml",
                               "--mode", "online", "--concurrency", "5", "--json"])
     assert res.exit_code != 0 and "--concurrency is for offline runs" in res.output

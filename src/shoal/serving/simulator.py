@@ -94,10 +94,12 @@ def _histogram(x: np.ndarray, bins: int = 40) -> dict:
 
 
 def _stats(x: np.ndarray) -> dict:
+    """Mean and percentiles of latencies, and how many requests they are of (those that
+    entered after the warm-up: none when every request entered before)."""
     if len(x) == 0:
-        return {"mean": None, "p50": None, "p95": None}
+        return {"mean": None, "p50": None, "p95": None, "requests": 0}
     return {"mean": float(x.mean()), "p50": float(np.percentile(x, 50)),
-            "p95": float(np.percentile(x, 95))}
+            "p95": float(np.percentile(x, 95)), "requests": int(len(x))}
 
 
 def kv_capacity(cluster: Cluster, pl: Placement) -> np.ndarray:
