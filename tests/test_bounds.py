@@ -158,7 +158,7 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
         total = pb.job.global_batch // sh.mbs
         if (sh, D) not in worths:
             after = bounds(sh, np.array([D]), total)[3][0]
-            worths[(sh, D)] = Worth("max-throughput", np.inf, float(after),
+            worths[(sh, D)] = Worth("max-throughput", np.inf, np.inf, float(after),
                                     pb.timing.step_overhead_s, price, bounds.option_times(sh),
                                     tails=functools.partial(bounds.tails, D=D),
                                     crossed=functools.partial(bounds.crossed_times, sh),

@@ -305,3 +305,20 @@ def test_relaxations_name_the_best_plan_under_the_other_constraints(strategy="au
             min_iters_per_s=floor, max_cost_per_iteration_usd=cheapest / 3))
     assert e.value.binding == "max $/iteration"
     assert e.value.relaxation == f"max_cost_per_iteration_usd >= {cheapest:.4g}"
+
+
+def test_free_gpus_rank_by_time_under_every_objective():
+    """GPUs that cost nothing (owned ones): every plan ties at 0 USD, and the time breaks the
+    tie (``score``), so every objective returns the fastest plan; no bound prunes on the
+    tie alone."""
+    import warnings
+
+    pb = problem(prices={"gpu_usd_per_h": {"A100-40GB": 0.0, "V100-16GB": 0.0}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no inf x 0 warnings either
+        fastest = search(pb, objective="max-throughput").ranked[0]
+        assert fastest.cost_usd == 0
+        for objective in ("min-cost", "max-throughput-per-dollar"):
+            best = search(pb, objective=objective).ranked[0]
+            assert best.cost_usd == 0
+            assert best.iteration_time_s == pytest.approx(fastest.iteration_time_s, rel=1e-9)

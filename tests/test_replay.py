@@ -403,3 +403,10 @@ def test_cli_replay_bad_inputs(scenario_file, tmp_path):
     r = runner.invoke(app, ["replay", str(scenario_file), "--synthetic", "spot",
                             "-o", str(tmp_path / "missing" / "x.json")])
     assert r.exit_code == 2 and not (tmp_path / "missing").exists()
+
+
+def test_free_gpus_have_no_tokens_per_usd():
+    from shoal.elastic.replay import Replay
+
+    assert Replay(policy="never", objective="max-throughput", steps=[]).totals()[
+        "tokens_per_usd"] is None

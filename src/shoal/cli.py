@@ -34,7 +34,7 @@ from shoal.cli_common import (  # noqa: F401  (re-exported for tests and scripts
     handles_errors,
 )
 from shoal.errors import SpecError
-from shoal.units import fmt_seconds
+from shoal.units import fmt_per_usd, fmt_seconds
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Plan LLM training and serving on mixed, scattered GPU pools.")
@@ -413,7 +413,7 @@ def replay(
     for r in runs:
         t = r.totals()
         totals.add_row(r.policy, f"{t['tokens']:.4g}", f"{t['cost_usd']:,.2f}",
-                       f"{t['tokens_per_usd']:,.0f}", str(t["switches"]), _s(t["switch_time_s"]))
+                       fmt_per_usd(t["tokens_per_usd"]), str(t["switches"]), _s(t["switch_time_s"]))
     out.print(totals)
     calls = [c.time_s for c in replanner.calls if not c.remembered]
     if calls:

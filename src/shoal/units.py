@@ -114,3 +114,8 @@ def fmt_seconds(t: float) -> str:
     if t >= 1e-3:
         return f"{t * 1e3:.2f} ms"
     return f"{t * 1e6:.1f} us"
+
+
+def fmt_per_usd(x: float | None) -> str:
+    """A quantity per USD (tokens per USD, say); "—" for none (nothing was paid: free GPUs)."""
+    return "—" if x is None else f"{x:,.0f}"

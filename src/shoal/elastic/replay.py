@@ -59,7 +59,7 @@ class Replay:
 
     def totals(self) -> dict:
         return {"tokens": self.tokens, "cost_usd": self.usd,
-                "tokens_per_usd": self.tokens / self.usd if self.usd > 0 else 0.0,
+                "tokens_per_usd": self.tokens / self.usd if self.usd > 0 else None,  # free: none
                 "switch_time_s": self.switch_s, "switches": self.switches,
                 "duration_s": sum(s.duration_s for s in self.steps)}
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from shoal.errors import SpecError
 from shoal.files import read_json, write_text
 from shoal.report import figures
+from shoal.units import fmt_per_usd
 
 KINDS = ("plan", "estimate", "replay", "bubbles", "serve plan", "serve simulate")
 
@@ -137,7 +138,7 @@ def _section_replay(doc: dict) -> str:
     runs = doc.get("replays") or [doc]
     grid = _grid(["policy", "tokens", "USD", "tokens/USD", "moves", "switching"],
                  [[r["policy"], f"{r['totals']['tokens']:.4g}", f"{r['totals']['cost_usd']:,.2f}",
-                   f"{r['totals']['tokens_per_usd']:,.0f}", str(r["totals"]["switches"]),
+                   fmt_per_usd(r["totals"]["tokens_per_usd"]), str(r["totals"]["switches"]),
                    _s(r["totals"]["switch_time_s"])] for r in runs])
     rows = [("trace", str(doc["trace"])), ("availability states", str(doc["states"])),
             ("length", _s(doc["end_s"]))]

@@ -56,7 +56,7 @@ from shoal.training.planners.allocate import (
     upgraded,
 )
 from shoal.training.planners.build import build_spec, shares
-from shoal.training.planners.common import Evaluator, score
+from shoal.training.planners.common import Evaluator, cannot_beat, score
 from shoal.training.planners.space import Space, balanced_split
 
 ALL_SPLITS_UP_TO = 5  # pipeline depths whose every contiguous split is tried ...
@@ -442,8 +442,9 @@ class Bounds:
             # the other splits are re-splits of the shape's own allocation: where the joint
             # GPU count leaves the shape none, the pair has no plan at all
             T = np.where(np.isfinite(tau), T, np.inf)
-        C = np.maximum(T * D * rate.sum(),
-                       total * busy_c.sum() + D * (rate[:, None] * (pre[:, None] + tail)).sum(axis=0))
+        with np.errstate(invalid="ignore"):  # inf x 0 on free GPUs: replaced below
+            C = np.maximum(T * D * rate.sum(), total * busy_c.sum()
+                           + D * (rate[:, None] * (pre[:, None] + tail)).sum(axis=0))
         C = np.where(np.isfinite(T), C, np.inf)
         return T, C, tau, tail_min + tc.step_overhead_s
 
@@ -965,14 +966,15 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                  cons.deadline.within / cons.deadline.iterations if cons.deadline else np.inf)
     limits = (most_s, cons.max_cost_per_iteration_usd
               if cons.max_cost_per_iteration_usd is not None else np.inf)
-    run(keep, _key(T, C, objective), objective, lambda: ev.incumbent, limits)
+    run(keep, _key(T, C, objective), T, objective, lambda: ev.incumbent, limits)
     if not ev.feasible and (not keep.all() or np.isfinite(limits).any()):
-        # the constraints cut every plan: find the fastest (cheapest) plans anyway, so the
-        # error can name the binding constraint and how far to relax it
+        # the constraints cut every plan: cost the fastest (cheapest) plans anyway, so the
+        # error can tell a constraint from memory (``planners._nearest`` then finds how far
+        # to relax it)
         if cons.max_cost_per_iteration_usd is not None:
-            run(np.ones(len(sid), dtype=bool), C, "min-cost", lambda: ev.cheapest)
+            run(np.ones(len(sid), dtype=bool), C, T, "min-cost", lambda: ev.cheapest)
         if cons.min_iters_per_s is not None or cons.max_gpus is not None:
-            run(np.ones(len(sid), dtype=bool), T, "max-throughput", lambda: ev.fastest)
+            run(np.ones(len(sid), dtype=bool), T, T, "max-throughput", lambda: ev.fastest)
 
 
 class _BranchAndBound:
@@ -984,11 +986,13 @@ class _BranchAndBound:
         self.sid, self.Ds, self.tau, self.after = sid, Ds, tau, after
         self.avail, self.price, self.region_of = avail, price, region_of
 
-    def __call__(self, mask: np.ndarray, key: np.ndarray, objective: str, best,
-                 limits: tuple[float, float] = (np.inf, np.inf)) -> None:
-        """Takes the pairs of ``mask`` by ``key`` under ``objective`` (``best``: the plan to
-        beat); ``limits``: the most seconds and USD an iteration may take (the constraints),
-        beyond which no allocation is worth building."""
+    def __call__(self, mask: np.ndarray, key: np.ndarray, times: np.ndarray, objective: str,
+                 best, limits: tuple[float, float] = (np.inf, np.inf)) -> None:
+        """Takes the pairs of ``mask`` by ``key`` under ``objective`` (``times``: their time
+        bounds; ``best``: the plan to beat); ``limits``: the most seconds and USD an
+        iteration may take (the constraints), beyond which no allocation is worth building.
+        Taken by key, a pair that cannot beat the incumbent is followed by none that can;
+        but against a free incumbent (``cannot_beat``) only the times tell, pair by pair."""
         ev = self.ev
         idx = np.nonzero(mask)[0]
         idx = idx[np.argsort(key[idx], kind="stable")]
@@ -1004,19 +1008,30 @@ class _BranchAndBound:
                 return
             inc = best()
             bar = score(inc, objective)[0] if inc is not None else np.inf
-            if key[idx[i]] >= bar:
+            bar_t = inc.iteration_time_s if inc is not None else np.inf
+
+            def hopeless(e: int, bar=bar, bar_t=bar_t) -> bool:
+                return cannot_beat(key[e], times[e], bar, bar_t)
+
+            if bar > 0 and hopeless(idx[i]):
                 ev.stats.pruned += len(idx) - i
                 return
+            if bar == 0:
+                while i < len(idx) and hopeless(idx[i]):
+                    ev.stats.pruned += 1
+                    i += 1
+                if i == len(idx):
+                    return
             specs = []
             j = i
             cut = False  # the budget ran out inside an allocation: cost what is built, stop
             try:
-                while (j < len(idx) and j < i + BATCH and key[idx[j]] < bar
+                while (j < len(idx) and j < i + BATCH and not hopeless(idx[j])
                        and (j == i or not ev.out_of_time())):
                     e = idx[j]
                     sh = self.shapes[self.sid[e]]
                     D = int(self.Ds[e])
-                    worth = Worth(objective, bar, float(self.after[e]),
+                    worth = Worth(objective, bar, bar_t, float(self.after[e]),
                                   self.space.problem.timing.step_overhead_s, self.price,
                                   self.bounds.option_times(sh), ev.beaten,
                                   functools.partial(self.bounds.tails, D=D),
@@ -1086,6 +1101,7 @@ class Worth:
 
     objective: str
     bar: float
+    bar_t: float  # the incumbent's seconds per iteration (``cannot_beat``)
     after_s: float
     overhead_s: float
     price_h: np.ndarray
@@ -1148,15 +1164,18 @@ class Worth:
         """Whether plans taking at least ``t`` seconds and ``usd`` per iteration cannot beat
         the incumbent (the front aside: pairs are taken by their bounds against it alone),
         or break a constraint."""
-        return bool(self._beyond_limits(t, usd) or (
-            np.isfinite(self.bar) and _key(t, usd, self.objective) >= self.bar * (1 + 1e-9)))
+        return bool(self._beyond_limits(t, usd) or self._worse(t, usd))
 
     def below(self, t: float, usd: float) -> bool:
         """Whether lower bounds ``t`` (iteration seconds) and ``usd`` (per iteration) leave
         room to beat the incumbent or to join the front, within the constraints."""
         if self._beyond_limits(t, usd):
             return False
-        return bool(_key(t, usd, self.objective) < self.bar * (1 + 1e-9)) or not self.beaten(t, usd)
+        return not self._worse(t, usd) or not self.beaten(t, usd)
+
+    def _worse(self, t: float, usd: float) -> bool:
+        return bool(np.isfinite(self.bar) and cannot_beat(
+            _key(t, usd, self.objective), t, self.bar, self.bar_t, 1e-9))
 
     def _beyond_limits(self, t: float, usd: float) -> bool:
         return t > self.limits[0] * (1 + 1e-9) or usd > self.limits[1] * (1 + 1e-9)

@@ -238,6 +238,17 @@ def score(c: Candidate, objective: str) -> tuple[float, float]:
     raise ValueError(f"unknown objective {objective!r}; allowed: {', '.join(OBJECTIVES)}")
 
 
+def cannot_beat(key: float, t: float, bar: float, bar_t: float, tol: float = 0.0) -> bool:
+    """Whether plans of at least ``key`` (what the objective ranks by, ``score``'s first
+    entry) and ``t`` seconds per iteration cannot beat an incumbent of ``bar`` and ``bar_t``:
+    a key of ``bar`` (1 + ``tol``) or more; or, when the incumbent's key is 0 (its GPUs cost
+    nothing, so other plans can at best tie with it on the key), a key above 0 or a time
+    not below its own (the time breaks ties)."""
+    if bar > 0:
+        return key >= bar * (1 + tol)
+    return key > 0 or t >= bar_t
+
+
 def pareto(cands: list[Candidate]) -> list[Candidate]:
     """Non-dominated candidates in (throughput up, cost per iteration down), by throughput."""
     front: list[Candidate] = []

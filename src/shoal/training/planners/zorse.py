@@ -48,7 +48,7 @@ from shoal.estimate.api import run_kernel
 from shoal.estimate.encode import encode_specs, schedule_key
 from shoal.jit import compiled
 from shoal.problem import Problem
-from shoal.training.planners.common import Evaluator, PlanSpec
+from shoal.training.planners.common import Evaluator, PlanSpec, cannot_beat
 from shoal.training.planners.space import Space
 
 SAME_TYPE_BONUS = 1.01
@@ -387,7 +387,7 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                    "max-throughput-per-dollar": t_low[i] ** 2 * usd_s[i]}[objective]
             best = {"max-throughput": inc.iteration_time_s, "min-cost": inc.cost_usd,
                     "max-throughput-per-dollar": inc.iteration_time_s * inc.cost_usd}[objective]
-            if low >= best:
+            if cannot_beat(low, t_low[i], best, inc.iteration_time_s):
                 ev.stats.pruned += 1
                 continue
         # memory needs no simulation: a plan out of memory is counted, not simulated
