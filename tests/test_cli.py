@@ -338,3 +338,26 @@ def test_plan_constraints_from_the_command_line_are_checked(args, option):
     res = run("plan", SCENARIO, *args)
     assert res.exit_code == 2, res.output
     assert option in res.output
+
+
+def test_bad_names_and_files_name_the_option_or_field(tmp_path):
+    ex = ROOT / "examples"
+    res = run("bubbles", ex / "atlas-gpt-3dc.yaml", "--plan", ex / "atlas-gpt-3dc.plan.json",
+              "--rate", "10", "--inference-model", "foo")
+    assert res.exit_code == 2 and "--inference-model: unknown model" in res.stderr
+    res = run("bubbles", ex / "atlas-gpt-3dc.yaml", "--plan", ex / "atlas-gpt-3dc.plan.json",
+              "--rate", "10", "--duration", "0s")
+    assert res.exit_code == 2 and "--duration: must be > 0" in res.stderr
+    serving = tmp_path / "s.yaml"
+    serving.write_text("model: {name: LLaMA-2-70C}\nmachines: {A: {gpu: A100-40GB}}\n"
+                       "nodes: [{machine: A, count: 2}]\nlinks: {within: {bandwidth: 10Gbps}}\n")
+    res = run("serve", "plan", serving)
+    assert res.exit_code == 2 and "model.name: unknown model" in res.stderr
+    assert "LLaMA-2-70B" in res.stderr  # the suggestion
+    cfg = tmp_path / "training_config.json"
+    cfg.write_text(json.dumps({"hidden_size": 64, "num_layers": 2, "heads": 4, "vocab_size": 256,
+                               "global_batch_size": 8}))
+    res = run("import", "sailor", "--training-config", cfg,
+              "--trace", ex / "opt350m-two-zones.events.csv", "-o", tmp_path / "out")
+    assert res.exit_code == 2 and "not a CSV availability trace" in res.stderr
+    assert "Timestamp" in res.stderr

@@ -80,12 +80,15 @@ def bubbles_cmd(
     elif rate is not None:
         if rate <= 0:
             raise SpecError("must be > 0", field="--rate", value=rate)
-        reqs = bt.synthetic_requests(rate, _seconds(duration, "--duration"), seed)
+        length = _seconds(duration, "--duration")
+        if length <= 0:
+            raise SpecError("must be > 0", field="--duration", value=duration)
+        reqs = bt.synthetic_requests(rate, length, seed)
         source = f"Poisson {rate:g}/s for {duration} (seed {seed})"
     else:
         raise SpecError("no requests", field="--requests",
                         allowed="--requests FILE.csv or --rate N [--duration 60s]")
-    catalog.models().get(inference_model)  # a clear error for an unknown name
+    catalog.models().get(inference_model, field="--inference-model")  # a clear error
     problem = load_problem(scenario)
     tplan = load_plan(plan)
     job = job_from_plan(problem, tplan, file=str(plan))

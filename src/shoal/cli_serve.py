@@ -125,7 +125,7 @@ def plan_cmd(
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="seconds")] = 60.0,
     seed: Annotated[int, typer.Option(help="seed (petals' node order)")] = 0,
     prune: Annotated[int, typer.Option(
-        help="milp: keep each node's fastest N links (0: all)")] = 12,
+        min=0, help="milp: keep each node's fastest N links (0: all)")] = 12,
     warm_start: Annotated[bool, typer.Option(
         "--warm-start/--cold", help="milp: start from the best baseline placement")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,

@@ -187,7 +187,7 @@ def read_trace_row(path: Path, step: int) -> dict[tuple[str, str], int]:
         raise SpecError("trace not found", file=str(path)) from None
     except UnicodeDecodeError:
         raise SpecError("not a CSV trace", file=str(path)) from None
-    if rows and not any("_" in c for c in rows[0]):
+    if rows and ("Timestamp" not in rows[0] or not any("_" in c for c in rows[0])):
         raise SpecError("not a CSV availability trace", file=str(path),
                         allowed="a header ',Timestamp,<GPU>_<zone>,...' (JSON controller traces "
                                 "are not pools)")

@@ -51,6 +51,10 @@ class ServingModel(BaseModel):
         hidden = self.hidden or (arch.hidden_size if arch else None)
         act = self.activation_bytes or (2.0 * hidden if hidden else None)
         if layers is None or act is None:
+            if arch is None and self.name != "custom":  # a misspelt catalog name, likely
+                from shoal import catalog
+
+                catalog.models().get(self.name, field="model.name")
             raise SpecError("the model needs 'layers' and 'activation_bytes' (or 'hidden'), or "
                             "a catalog 'name'", field="model", value=self.name,
                             suggestion=None)
