@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from shoal.errors import InfeasibleError, SpecError
@@ -59,7 +60,8 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     ``front``, ``auto`` builds no plan only for the throughput-cost front (one that cannot
     beat the best plan so far): the best plan is the same, the front and the plans ranked
     below the best are those met on the way. Raises InfeasibleError naming the binding
-    constraint when nothing fits."""
+    constraint when nothing fits, and a relaxation that works (``_nearest``: when plans fit
+    but the constraints cut them, searches without the binding one, within the budget)."""
     if strategy not in STRATEGIES:
         raise SpecError("unknown strategy", field="--strategy", value=strategy,
                         allowed=", ".join(STRATEGIES))
@@ -96,7 +98,7 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
         zorse.search(ev, space, objective, mbs, max_stages)
     if full and objective == "min-cost" and not ev.out_of_time():
         espresso.search(ev, space, objective, mbs, max_stages)  # its bounds use the incumbent
-    if not ev.feasible and ev.fits:
+    if not ev.feasible and ev.fits and not ev.out_of_time():
         _nearest(ev, problem, strategy, constraints, max_stages, budget_s, reuse)
     return finish(ev, objective, top_k)
 
@@ -115,10 +117,13 @@ def _nearest(ev: Evaluator, problem: Problem, strategy: str, constraints: Constr
     if c.max_cost_per_iteration_usd is not None:
         relaxed.append(("min-cost", {"max_cost_per_iteration_usd": None}))
     for goal, drop in relaxed:
+        left = None if budget_s is None else budget_s - (time.perf_counter() - ev.stats.started)
+        if left is not None and left < 0.1:
+            return  # the budget is spent: the relaxations stay those of the plans costed
         try:
             best = search(problem, strategy=strategy, objective=goal,
                           constraints=c.model_copy(update=drop), top_k=1, max_stages=max_stages,
-                          budget_s=budget_s, reuse=reuse, front=False).ranked[0]
+                          budget_s=left, reuse=reuse, front=False).ranked[0]
         except InfeasibleError:
             continue  # the other constraints bind too
         if goal == "max-throughput":
