@@ -410,3 +410,22 @@ def test_free_gpus_have_no_tokens_per_usd():
 
     assert Replay(policy="never", objective="max-throughput", steps=[]).totals()[
         "tokens_per_usd"] is None
+
+
+def test_a_move_during_a_switch_still_owes_its_redo(problem, replanner):
+    """A forced move without notice redoes the work since the last checkpoint at its end;
+    GPUs back 60 s later, before that move has reached its redo: the next move owes that
+    redo too (on its own plan), so moving twice never wipes lost work, and the oracle, which
+    can do what any policy does, is never behind one."""
+    tr = trace([(0.0, pool()), (900.0, pool(4, 4, 0, 0)), (960.0, pool())], 4 * 3600.0)
+    opts = plan_trace(problem, tr, replanner)
+    runs = {p: simulate(problem, tr, opts, p) for p in POLICIES}
+    rep = runs["always"]
+    assert [s.decision for s in rep.steps] == ["start", "forced", "switch"]
+    first, second = rep.steps[1].switch, rep.steps[2].switch
+    assert first.redo_s > 0 and first.total_s - first.redo_s > 60.0
+    owed = first.redo_s / rep.steps[1].plan.iteration_time_s
+    assert second.redo_s == pytest.approx(owed * rep.steps[2].plan.iteration_time_s)
+    assert second.save_s == 0.0  # nothing new to save: the second plan never trained
+    for p in ("shoal", "always", "never"):
+        assert runs["oracle"].tokens >= runs[p].tokens * (1 - 1e-12)

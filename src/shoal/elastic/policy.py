@@ -148,9 +148,11 @@ class Rollout:
 
 def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
            options: list[Running], *, forced: bool, notice_s: float, since_checkpoint_s: float,
-           seen: list[State], pending_s: float = 0.0,
+           seen: list[State], pending_s: float = 0.0, owed_s: float = 0.0,
            known: list[Running] | None = None) -> Running | None:
     """The plan to run from this change on (``cur`` to keep it); not for ``oracle``.
+    ``pending_s``: switching still under way, whose last ``owed_s`` (seconds at ``cur``'s
+    speed) redo lost work, which a move carries to the new plan.
 
     ``shoal`` weighs staying (unless forced) and moving to each option by a ``Rollout`` over
     sampled ``Futures`` of the trace, each move's switch included; ``known``: the plans ranked
@@ -171,9 +173,11 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
     roll = Rollout(problem, objective, Futures(seen, problem.switching.prior_gap),
                    list(pool.values()), float(np.median(notices)) if notices else 0.0)
     choices = [] if (cur is None or forced) else [(cur, pending_s)]
+    owed = owed_s / cur.iteration_time_s if owed_s > 0 else 0.0
     choices += [(q, switch_cost(problem, cur, q, forced=forced, notice_s=notice_s,
                                 since_checkpoint_s=since_checkpoint_s,
-                                pending_s=pending_s).total_s) for q in options]
+                                pending_s=pending_s - owed_s, lost_iterations=owed).total_s)
+                for q in options]
     values = [roll.value(q, c) for q, c in choices]
     return choices[int(np.argmax(values))][0]
 
@@ -215,17 +219,31 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
     tokens = np.full(K, -np.inf)
     tokens[0] = 0.0
     busy, since = np.zeros(K), np.zeros(K)
+    redo = np.zeros(K)  # the redone work of each way's switch under way (its last part)
+    lost0 = 0.0  # iterations the idle way owes (lost when it stopped), redone at its next start
     back = np.zeros((n, K), dtype=np.int64)
     same = np.eye(K, dtype=bool)
     for i, st in enumerate(trace.states):
         d = durations[i]
         fit = np.array([True] + [r.fits(st.avail) for r in runs])
         can_save = fit | (st.notice_s >= save)  # p still runs, or its notice covers the save
-        pre = np.where(can_save[:, None], save[:, None], since[:, None] / Tp[:, None] * Tq[None, :])
-        pre[0, :] = 0.0
-        pre[busy > 0, :] = 0.0  # a switch under way: nothing new to save or redo
+        # as the replay's switch_cost: the redo of a switch under way not done yet is owed by
+        # a move; a plan that trains (or redoes) saves, or loses the work since its checkpoint
+        owed = np.minimum(redo, busy)
+        owed[0] = 0.0
+        trains = busy - owed <= 0
+        since_it = np.where(trains, np.maximum(since - owed, 0.0) / Tp, 0.0)
+        lost = owed / Tp + np.where(can_save, 0.0, since_it)
+        lost[0] = lost0
+        # a stop saves nothing unless the notice covers the save (the replay's stop)
+        stop_lost = owed / Tp + np.where(st.notice_s >= save, 0.0, since_it)
+        stop_lost[0] = lost0
+        saving = np.where(trains & can_save, save, 0.0)
+        saving[0] = 0.0
+        redo_q = lost[:, None] * Tq[None, :]
+        # no sooner than the switch under way (its part before the redo)
+        move = np.maximum(saving[:, None] + redo_q + fixed, (busy - owed)[:, None])
         stay = same & fit[:, None]
-        move = np.maximum(pre + fixed, busy[:, None])  # no sooner than the one under way
         c = np.where(stay, busy[:, None], move)  # switching ahead of each way
         c[:, 0] = 0.0
         switching = np.minimum(c, d)
@@ -239,8 +257,13 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
         cols = np.arange(K)
         tokens = np.where(np.isfinite(value[best, cols]), total[best, cols], -np.inf)
         busy = c[best, cols] - switching[best, cols]
-        since = np.where(stay[best, cols], since[best] + train[best, cols],
-                         train[best, cols]) % sw.checkpoint_interval
+        kept = stay[best, cols]
+        redone = redo_q[best, cols]
+        # redone work is not in the checkpoint the switch saved or loaded
+        since = np.where(kept, since[best], redone) + train[best, cols]
+        since = since % sw.checkpoint_interval
+        redo = np.where(kept, redo[best], redone)
+        lost0 = float(stop_lost[best[0]])
     q = int(np.argmax(np.where(np.isfinite(tokens), tokens - thr * busy, -np.inf)))
     picks = [0] * n
     for i in range(n - 1, -1, -1):

@@ -94,6 +94,7 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
     fixed = oracle_choices(problem, trace, options) if policy == "oracle" else None
     cur: Running | None = None
     busy = 0.0  # switching left over from an earlier state
+    redo_s = 0.0  # the redone work of the switch under way (its last part)
     since_ckpt = 0.0
     lost = 0.0  # iterations lost when the job stopped without saving, redone at the next start
     steps: list[Step] = []
@@ -103,6 +104,11 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
     for i, st in enumerate(trace.states):
         d = durations[i]
         forced = cur is not None and not cur.fits(st.avail)
+        # a switch under way ends by redoing lost work on the new plan: what of it is not
+        # redone yet is still owed when the job stops or moves again
+        owed = min(redo_s, busy) if cur is not None else 0.0
+        owed_iters = owed / cur.iteration_time_s if owed > 0 else 0.0
+
         for r in options[i]:
             known.setdefault(r.cand.spec, r)
         if fixed is not None:
@@ -116,23 +122,27 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
                 here = here + [r for sp, r in known.items()
                                if sp not in ranked and r.fits(st.avail)]
             new = choose(policy, problem, objective, cur, here, forced=forced,
-                         notice_s=st.notice_s, since_checkpoint_s=since_ckpt, pending_s=busy,
-                         seen=list(trace.states[:i + 1]), known=list(known.values()))
+                         notice_s=st.notice_s, since_checkpoint_s=max(since_ckpt - owed, 0.0),
+                         pending_s=busy, owed_s=owed, seen=list(trace.states[:i + 1]),
+                         known=list(known.values()))
         cost = None
         if new is None:
             decision = "stop" if cur is not None else "idle"
-            if cur is not None and busy <= 0 and st.notice_s < cur.save_s:
-                lost += since_ckpt / cur.iteration_time_s
-            busy, since_ckpt = 0.0, 0.0
+            if cur is not None:
+                lost += owed_iters
+                if busy - owed <= 0 and st.notice_s < cur.save_s:  # a stop saves nothing
+                    lost += max(since_ckpt - owed, 0.0) / cur.iteration_time_s
+            busy, redo_s, since_ckpt = 0.0, 0.0, 0.0
         elif cur is not None and new.cand.spec == cur.cand.spec:
             decision = "keep"
         else:
             decision = "start" if cur is None else ("forced" if forced else "switch")
             cost = switch_cost(problem, cur, new, forced=forced, notice_s=st.notice_s,
-                               since_checkpoint_s=since_ckpt, pending_s=busy,
-                               lost_iterations=lost if cur is None else 0.0)
+                               since_checkpoint_s=max(since_ckpt - owed, 0.0),
+                               pending_s=busy - owed,
+                               lost_iterations=(lost if cur is None else 0.0) + owed_iters)
             # redone work is not in the checkpoint the switch saved or loaded
-            busy, since_ckpt, lost = cost.total_s, cost.redo_s, 0.0
+            busy, redo_s, since_ckpt, lost = cost.total_s, cost.redo_s, cost.redo_s, 0.0
         cur = new
         if cur is None:
             steps.append(Step(st.time_s, d, st.avail, decision, None, None, 0.0, 0.0, 0.0, 0.0))

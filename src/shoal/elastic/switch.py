@@ -96,8 +96,10 @@ def switch_cost(problem: Problem, old: Running | None, new: Running, *, forced: 
     notice covers the save, otherwise the iterations since the last checkpoint are redone at
     the new plan's speed. A move made while an earlier one still has ``pending_s`` to go has
     nothing new to save, and ends no sooner than that one would have (its VMs may be the ones
-    still starting). ``lost_iterations``: work lost when the job stopped earlier without a
-    checkpoint, redone first."""
+    still starting). ``lost_iterations``: work lost and not redone yet, redone on the new plan:
+    the work lost when the job stopped earlier without a checkpoint, and the part of an
+    earlier move's redo (its last part) not done when this move interrupts it (the caller
+    leaves that part out of ``pending_s``)."""
     sw = problem.switching
     save = redo = 0.0
     if old is not None and pending_s <= 0:
