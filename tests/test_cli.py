@@ -361,3 +361,19 @@ def test_bad_names_and_files_name_the_option_or_field(tmp_path):
               "--trace", ex / "opt350m-two-zones.events.csv", "-o", tmp_path / "out")
     assert res.exit_code == 2 and "not a CSV availability trace" in res.stderr
     assert "Timestamp" in res.stderr
+
+
+def test_writes_go_through_symbolic_links_and_unwritable_paths_are_bad_input(tmp_path):
+    from shoal.errors import SpecError
+    from shoal.files import write_json
+
+    target = tmp_path / "target.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    write_json(link, {"a": 1})
+    assert link.is_symlink() and json.loads(target.read_text()) == {"a": 1}
+    if Path("/proc").is_dir():  # a file system that takes no new files
+        with pytest.raises(SpecError, match="cannot write"):
+            write_json("/proc/shoal-test.json", {"a": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "target.json"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import yaml
@@ -128,15 +129,26 @@ def check_folder(path: str | Path, option: str, parents: bool = False) -> Path:
 
 def _swap_in(tmp: Path, out: Path, write) -> Path:
     """``write(tmp)``, then ``tmp`` renamed to ``out``: the result appears whole or not at
-    all, and a failure leaves no temporary file behind."""
+    all, and a failure leaves no temporary file behind. A symbolic link is written through
+    (its target replaced); a FIFO or a device is written directly (nothing can be swapped in
+    there). A path that cannot be written is a SpecError naming it."""
+    if out.is_symlink():
+        out = Path(os.path.realpath(out))
+        tmp = out.with_name(tmp.name)
     if out.is_dir():
         raise SpecError("cannot write: the path is a folder", file=str(out))
     try:
-        write(tmp)
-        tmp.replace(out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        if out.exists() and not out.is_file():
+            write(out)
+            return out
+        try:
+            write(tmp)
+            tmp.replace(out)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise SpecError(f"cannot write: {exc.strerror or exc}", file=str(out)) from None
     return out
 
 
