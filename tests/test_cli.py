@@ -377,3 +377,10 @@ def test_writes_go_through_symbolic_links_and_unwritable_paths_are_bad_input(tmp
         with pytest.raises(SpecError, match="cannot write"):
             write_json("/proc/shoal-test.json", {"a": 1})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "target.json"]
+
+
+def test_a_plan_result_given_as_a_plan_says_how_to_get_the_plan(tmp_path):
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps({"plans": [], "pareto": [], "stats": {}}))
+    res = run("estimate", SCENARIO, "--plan", result)
+    assert res.exit_code == 2 and "shoal plan ... -o plan.json" in res.stderr

@@ -322,3 +322,52 @@ def test_a_generation_that_cannot_start_stops_the_job_with_its_error(tmp_path, m
         run_with_a_join(tmp_path, armed.touch)
     assert f"failed {elastic.MAX_RETRIES + 1} times in a row" in str(e.value)
     assert time.time() - started < 100
+
+
+def test_cli_elastic_resume_runs_steps_more_and_a_used_folder_needs_resume(tmp_path):
+    """``--resume`` with ``--elastic`` continues from the newest checkpoint for ``--steps``
+    more iterations, as without ``--elastic``; a folder holding a checkpoint without
+    ``--resume`` is refused (the workers would reload it when they reconfigure)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from shoal.cli import app
+
+    f, ck = tmp_path / "plan.json", tmp_path / "ck"
+    f.write_text(dp(2).model_dump_json(by_alias=True))
+    args = ["train", str(f), "--model", "tiny", "--seq", str(SEQ), "--checkpoint-dir", str(ck)]
+    r = CliRunner().invoke(app, [*args, "--steps", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    assert latest_checkpoint(ck)[0] == 3
+    r = CliRunner().invoke(app, [*args, "--steps", "2", "--elastic"])
+    assert r.exit_code == 2 and "step-3" in r.output and "--resume" in r.output
+    r = CliRunner().invoke(app, [*args, "--steps", "2", "--elastic", "--resume", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["steps"] == 5 and len(doc["losses"]) == 2 and doc["final_loss"] is not None
+
+
+def test_cli_train_checks_its_folders_and_options_before_starting(tmp_path):
+    from typer.testing import CliRunner
+
+    from shoal.cli import app
+
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    one.write_text(dp(1).model_dump_json(by_alias=True))
+    two.write_text(dp(2).model_dump_json(by_alias=True))
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    for args, says in (
+            ([str(two), "--checkpoint-dir", str(a_file)], "a file, not a folder"),
+            ([str(two), "--checkpoint-dir", str(tmp_path / "none"), "--resume"],
+             "no checkpoint to resume from"),
+            ([str(one), "--elastic", "--fault-at", "2"], "one worker"),
+            ([str(two), "--elastic", "--profile", str(tmp_path / "missing.json")],
+             "profile not found"),
+            ([str(two), "--elastic", "--profile", str(two)], "not a shoal profile")):
+        r = CliRunner().invoke(app, ["train", *args, "--model", "tiny", "--steps", "2"])
+        assert r.exit_code == 2 and says in r.output, (args, r.output)
+    r = CliRunner().invoke(app, ["profile", "--model", "tiny", "-o", str(tmp_path / "p.json"),
+                                 "--mbs", "0,1"])
+    assert r.exit_code == 2 and "--mbs: must be at least 1" in r.output

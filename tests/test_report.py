@@ -92,6 +92,14 @@ def test_report_bad_inputs_write_nothing(tmp_path, inputs):
     r = CliRunner().invoke(app, ["report", str(inputs["estimate"]), str(bad), "-o", str(out)])
     assert r.exit_code == 2 and "not a shoal result" in r.output and "bad.json" in r.output
     assert not out.exists()
+    trained = tmp_path / "train.json"  # a `shoal train --json` result
+    trained.write_text('{"steps": 3, "losses": [5.5, 5.4, 5.3], "final_loss": 5.3}')
+    r = CliRunner().invoke(app, ["report", str(trained), "-o", str(out)])
+    assert r.exit_code == 2 and "a `shoal train` result" in r.output and not out.exists()
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text("model: GPT-Neo-2.7B\n")
+    r = CliRunner().invoke(app, ["report", str(scenario), "-o", str(out)])
+    assert r.exit_code == 2 and "not a shoal result" in r.output and not out.exists()
     r = CliRunner().invoke(app, ["report", str(tmp_path / "missing.json"), "-o", str(out)])
     assert r.exit_code == 2 and "not found" in r.output and not out.exists()
     r = CliRunner().invoke(app, ["report", str(inputs["estimate"]), "-o",

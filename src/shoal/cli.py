@@ -50,6 +50,9 @@ def load_plan(path: Path):
     from shoal.specs.scenario import read_document
 
     data = read_document(path)
+    if "plans" in data and "pareto" in data:
+        raise SpecError("a `shoal plan --json` result, not a plan: write the best plan with "
+                        "`shoal plan ... -o plan.json` (or take its plans[i].plan)", file=str(path))
     try:
         return TrainingPlan.model_validate(data)
     except ValidationError as exc:
@@ -675,12 +678,32 @@ def train(
         raise SpecError("unknown dtype", field="--dtype", value=dtype, allowed="float32, float64")
     if resume and checkpoint_dir is None:
         raise SpecError("--resume needs --checkpoint-dir", field="--resume")
+    found = None
+    if checkpoint_dir is not None:
+        from shoal.files import check_folder
+        from shoal.runtime.train import latest_checkpoint
+
+        check_folder(checkpoint_dir, "--checkpoint-dir", parents=True)
+        found = latest_checkpoint(checkpoint_dir) if checkpoint_dir.is_dir() else None
+        if resume and found is None:
+            raise SpecError("no checkpoint to resume from (no complete step-N folder)",
+                            field="--checkpoint-dir", value=str(checkpoint_dir))
+        if elastic and found is not None and not resume:
+            # the workers reload the newest checkpoint there when they reconfigure
+            raise SpecError(f"holds a checkpoint of an earlier run (step-{found[0]})",
+                            field="--checkpoint-dir", value=str(checkpoint_dir),
+                            allowed="--resume to continue from it, or an empty folder")
     seq = seq or min(spec.max_seq_len, 128)
     if seq > spec.max_seq_len:
         raise SpecError(f"longer than the model's {spec.max_seq_len} positions", field="--seq",
                         value=seq)
+    if elastic and fault_at is not None and world < 2:
+        raise SpecError("the plan has one worker: killing it leaves none to go on",
+                        field="--fault-at", value=fault_at, allowed="a plan of two workers or more")
     if elastic:
-        _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_dir,
+        # --steps more iterations after the checkpoint resumed from, as without --elastic
+        start = found[0] if resume and found is not None else 0
+        _train_elastic(p, model, spec, world, start + steps, seq, seed, dtype, checkpoint_dir,
                        checkpoint_every, keep, fault_at, join_at, profile, as_json)
         return
     if fault_at is not None or join_at is not None:
@@ -761,6 +784,9 @@ def profile(
         sizes = [int(x) for x in mbs.split(",")]
     except ValueError:
         raise SpecError("expected integers separated by commas", field="--tp/--mbs") from None
+    for values, option in ((tps, "--tp"), (sizes, "--mbs")):
+        if min(values) < 1:
+            raise SpecError("must be at least 1", field=option, value=min(values))
     for t in tps:
         if procs % t or spec.num_heads % t:
             raise SpecError(f"TP {t} must divide --procs ({procs}) and the model's "
@@ -806,6 +832,7 @@ def _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_di
 
     choice = PlannerChoice(model, spec, global_batch(p), seq, p.microbatch_size,
                            profile=str(profile) if profile else None)
+    choice.check(world)  # a profile that cannot be used: an error now, not a silent fallback
     choice.cache[world] = p  # the given plan for the starting workers
     with tempfile.TemporaryDirectory() as tmp:
         ck = str(checkpoint_dir) if checkpoint_dir is not None else tmp
@@ -831,7 +858,7 @@ def _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_di
     if as_json:
         typer.echo(json.dumps(doc))
         return
-    t = _table(f"Trained {doc['steps']} steps, elastic", ["time", "cause", "plan", "from step",
+    t = _table(f"Trained to step {doc['steps']}, elastic", ["time", "cause", "plan", "from step",
                                                          "steps lost", "to first step"],
                left=("cause", "plan"))
     for r in doc["reconfigurations"]:

@@ -30,7 +30,7 @@ def kind_of(doc: dict) -> str | None:
         return "bubbles"
     if "iteration_time_s" in doc and "workers" in doc:
         return "estimate"
-    if "steps" in doc or "replays" in doc:
+    if ("steps" in doc and "totals" in doc) or "replays" in doc:
         return "replay"
     if "max_flow_tokens_per_s" in doc and "placement" in doc:
         return "serve plan"
@@ -217,11 +217,17 @@ def build(inputs: list[Path], out: Path, title: str | None = None) -> Path:
     naming the file, and nothing is written then."""
     docs = []
     for path in inputs:
+        if Path(path).suffix.lower() in (".yaml", ".yml"):
+            raise SpecError("not a shoal result (a YAML file: a scenario or serving file, say): "
+                            "run the command with --json and save its output", file=str(path),
+                            allowed=", ".join(KINDS))
         doc = read_json(path, "input")
         kind = kind_of(doc)
         if kind is None:
-            raise SpecError("not a shoal result: run the command with --json and save its output",
-                            file=str(path), allowed=", ".join(KINDS))
+            what = ("a `shoal train` result, which the report does not draw"
+                    if "final_loss" in doc else
+                    "not a shoal result: run the command with --json and save its output")
+            raise SpecError(what, file=str(path), allowed=", ".join(KINDS))
         docs.append((path, kind, doc))
     sections, nav = [], []
     for i, (path, kind, doc) in enumerate(docs):

@@ -57,7 +57,7 @@ class Reconfiguration:
     members: list[int]
     detect_to_first_step_s: float | None = None
     steps_lost: int = 0
-    resumed_from_step: int = 0
+    resumed_from_step: int | None = 0  # None: no switch (the workers stayed)
     decision: str = "switch"
 
     def to_json(self) -> dict:
@@ -398,7 +398,7 @@ class ElasticJob:
             time_s=time.time() - self.t0, cause=", ".join(f"worker {w} joined" for w in new),
             old_plan=self.plan.summary(), new_plan=self.plan.summary(),
             members=list(self.members), detect_to_first_step_s=0.0, steps_lost=0,
-            resumed_from_step=-1, decision="stay: the switch would not pay"))
+            resumed_from_step=None, decision="stay: the switch would not pay"))
 
     def shutdown(self) -> None:
         self.store.set("done", "1")
@@ -463,10 +463,19 @@ class PlannerChoice:
     def _link(self) -> dict:
         """The profile's measured link, else a nominal local one."""
         if self.profile:
-            link = json.loads(Path(self.profile).read_text()).get("network", {}).get("link")
+            from shoal.files import read_json
+
+            link = read_json(self.profile, "profile").get("network", {}).get("link")
             if link:
                 return {"bandwidth": link["bandwidth_Bps"], "latency": link["latency_s"]}
         return {"bandwidth": "1GB/s", "latency": "0.5ms"}
+
+    def check(self, n: int) -> None:
+        """Raise a SpecError naming the file now when the profile cannot be used for ``n``
+        workers (``_choose`` would plan without it)."""
+        from shoal.problem import build_problem
+
+        build_problem(self._scenario(n))
 
     def _choose(self, n: int) -> TrainingPlan:
         from shoal.errors import ShoalError
