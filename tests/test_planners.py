@@ -322,3 +322,17 @@ def test_free_gpus_rank_by_time_under_every_objective():
             best = search(pb, objective=objective).ranked[0]
             assert best.cost_usd == 0
             assert best.iteration_time_s == pytest.approx(fastest.iteration_time_s, rel=1e-9)
+
+
+def test_exhaustive_keeps_to_its_budget():
+    """A pool whose replica sets run to millions: the enumeration stops at the budget (and
+    says so) instead of running on."""
+    import time
+
+    pb = problem(pool__regions={"us-central1": {"zones": {
+        "us-central1-a": {"gpus": {"A100-40GB": 8, "V100-16GB": 8}}}}},
+        pool__gpus_per_node={"A100-40GB": 8, "V100-16GB": 8}, job__global_batch=64)
+    t0 = time.perf_counter()
+    res = search(pb, strategy="exhaustive", budget_s=1.0)
+    assert time.perf_counter() - t0 < 30
+    assert res.stats.truncated

@@ -19,6 +19,18 @@ from shoal.training.planners.space import Space
 
 BATCH = 4096
 LIMIT = 5_000_000  # plans; beyond this the pool is too large for exhaustive search
+TRIES = 20_000_000  # replica multisets tried (most may not fit the pool), likewise
+
+
+class _Stop(Exception):
+    """The search's time budget ran out inside the enumeration."""
+
+
+def _too_large() -> SpecError:
+    return SpecError("the pool is too large for exhaustive search", field="--strategy",
+                     value="exhaustive",
+                     allowed=f"pools with at most {LIMIT:,} plans and {TRIES:,} replica "
+                             "sets to try; use auto or sailor")
 
 
 def compositions(n: int, parts: int):
@@ -37,13 +49,24 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
              for tp in space.tps[g] if tp <= n]
     total_gpus = sum(problem.avail.values())
     pending: list[PlanSpec] = []
-    count = 0
+    tried = [0]  # replica multisets tried, fitting or not
 
     def flush():
-        nonlocal pending
-        ev.cost(pending)
-        pending = []
+        ev.cost(list(pending))
+        pending.clear()
 
+    try:
+        _enumerate(ev, space, L, gbs, kinds, total_gpus, mbs_values, max_stages, pending, tried,
+                   flush)
+    except _Stop:
+        ev.stats.truncated = True
+    flush()
+
+
+def _enumerate(ev, space, L, gbs, kinds, total_gpus, mbs_values, max_stages, pending, tried,
+               flush) -> None:
+    problem = space.problem
+    count = 0
     for recompute in sorted(set(problem.job.recompute)):
         for zero in sorted(set(problem.job.zero_stage)):
             for P in range(1, min(L, max_stages or L, total_gpus) + 1):
@@ -52,23 +75,24 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                         total = gbs // mbs
                         for D in range(1, min(total, total_gpus // P) + 1):
                             m = shares(total, D)
-                            for stages in _assign(space, split, kinds, D, mbs, recompute):
+                            for stages in _assign(space, split, kinds, D, mbs, recompute,
+                                                  ev, tried):
                                 pending.append((mbs, "1f1b", recompute, zero, tuple(
                                     (a, b, tuple((g, tp, z, m[j]) for j, (g, tp, z) in enumerate(reps)))
                                     for (a, b), reps in zip(split, stages, strict=True))))
                                 count += 1
                                 if count > LIMIT:
-                                    raise SpecError("the pool is too large for exhaustive search",
-                                                    field="--strategy", value="exhaustive",
-                                                    allowed=f"pools with at most {LIMIT:,} plans; "
-                                                            "use auto or sailor")
+                                    raise _too_large()
                                 if len(pending) >= BATCH:
                                     flush()
-    flush()
+                                    if ev.out_of_time():
+                                        raise _Stop
 
 
-def _assign(space: Space, split, kinds, D: int, mbs: int, recompute: bool):
-    """Every way to give each stage a multiset of D replicas within the pool."""
+def _assign(space: Space, split, kinds, D: int, mbs: int, recompute: bool, ev: Evaluator,
+            tried: list[int]):
+    """Every way to give each stage a multiset of D replicas within the pool (``tried``
+    counts the multisets tried, which may be far more than those that fit)."""
     avail = dict(space.problem.avail)
 
     def rec(i: int, used: dict):
@@ -77,6 +101,12 @@ def _assign(space: Space, split, kinds, D: int, mbs: int, recompute: bool):
             return
         a, b = split[i]
         for ms in itertools.combinations_with_replacement(kinds, D):
+            tried[0] += 1
+            if tried[0] % BATCH == 0:
+                if tried[0] > TRIES:
+                    raise _too_large()
+                if ev.out_of_time():
+                    raise _Stop
             use = dict(used)
             ok = True
             for g, tp, z in ms:
