@@ -336,3 +336,20 @@ def test_exhaustive_keeps_to_its_budget():
     res = search(pb, strategy="exhaustive", budget_s=1.0)
     assert time.perf_counter() - t0 < 30
     assert res.stats.truncated
+
+
+def test_a_strategy_that_misses_plans_other_searches_find_says_so():
+    """Sailor's min-cost search keeps to single-stage plans: under a throughput floor that
+    only deeper plans meet (its max-throughput search finds one), the error names the
+    strategy, not a constraint that a plan meets."""
+    from pathlib import Path
+
+    from shoal.problem import load_problem
+
+    pb = load_problem(Path(__file__).resolve().parents[1] / "examples" / "opt350m-two-zones.yaml")
+    cons = Constraints(min_iters_per_s=0.12)
+    deeper = search(pb, strategy="sailor", constraints=cons).ranked[0]
+    assert deeper.throughput_iters_per_s >= 0.12 and len(deeper.plan.stages) > 1
+    with pytest.raises(InfeasibleError) as e:
+        search(pb, strategy="sailor", objective="min-cost", constraints=cons)
+    assert e.value.binding == "search strategy" and "--strategy auto" in e.value.relaxation

@@ -294,11 +294,23 @@ def infeasible(ev: Evaluator) -> InfeasibleError:
             f"no plan fits in GPU memory ({st.oom} candidates costed{closest})",
             binding="GPU memory",
             relaxation="allow activation recompute or ZeRO in the job, add GPUs with more memory, "
-                       "or use a smaller microbatch")
+                       "or use a smaller microbatch" + (
+                           "" if st.strategy == "auto" else
+                           f"; or --strategy auto ({st.strategy}'s plan shapes are fewer)"))
     if not ev.fits:
         return InfeasibleError("no plan shape fits the pool", binding="pool",
                                relaxation="add GPUs or allow more microbatch sizes")
     best_thr, cheapest = ev.fastest, ev.cheapest
+    found = next((x for x in (best_thr, cheapest) if x is not None and meets(x, c)), None)
+    if found is not None:
+        # the searches without one constraint found a plan that meets them all: this
+        # strategy's own search passed it by (Sailor's min-cost search, say, keeps to
+        # single-stage plans)
+        return InfeasibleError(
+            f"the {ev.stats.strategy} strategy found no plan that meets the constraints, but "
+            f"one exists ({found.throughput_iters_per_s:.4g} iterations/s, "
+            f"{found.cost_usd:.4g} USD/iteration)", binding="search strategy",
+            relaxation="--strategy auto (it searches every plan shape)")
     parts = []
     if c.min_iters_per_s is not None and best_thr.throughput_iters_per_s < c.min_iters_per_s:
         parts.append(("min iterations/s", f"min_iters_per_s <= {best_thr.throughput_iters_per_s:.4g}"))
