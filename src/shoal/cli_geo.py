@@ -115,7 +115,9 @@ def bubbles_cmd(
         return
     s = res.summary()
     out = _out()
-    out.print(f"{plan.name}: {len(tl.busy)} GPUs, {schedule.value} schedule; {len(reqs)} prefill "
+    gpus = sum(r.tp for st in tplan.stages for r in st.replicas)
+    out.print(f"{plan.name}: {gpus} GPUs in {len(tl.busy)} replicas (TP groups), "
+              f"{schedule.value} schedule; {len(reqs)} prefill "
               f"requests ({source}) of {inference_model}, {len(res.pipelines)} inference pipelines")
     t = _table("training GPUs", ["", "before", "after"], left=("",))
     t.add_row("GPU busy", f"{s['utilization_before']:.1%}", f"{s['utilization_after']:.1%}")

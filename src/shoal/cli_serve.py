@@ -380,7 +380,8 @@ def run_cmd(
     from shoal.serving.spec import load_serving
 
     name = model or load_serving(serving).model.name
-    spec = catalog.models().get(name)
+    spec = catalog.models().get(name, field="--model" if model else "model.name",
+                                file=None if model else str(serving))
     if trace is not None:
         work = _trace(trace, lengths=lengths, rate=rate)
     else:
@@ -394,6 +395,8 @@ def run_cmd(
             host, port = (h or host), int(p)
         except ValueError:
             raise SpecError("expected [HOST:]PORT", field="--http", value=http) from None
+        if not 0 <= port <= 65535:
+            raise SpecError("no such port", field="--http", value=http, allowed="0-65535")
     held = [i for i, r in enumerate(placed.placement.ranges) if r is not None]
     far = [cluster.names[i] for i in held if cluster.hosts[i] is not None]
     with _cli._progress().status(

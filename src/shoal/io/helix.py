@@ -112,8 +112,10 @@ def _setting(cap: dict, cluster_file: Path, model: str | None, file: Path) -> tu
                                                                                      "")).lower()))]
     if len(match) != 1:
         raise SpecError("cannot tell which capacity table to use" if match else
-                        "no capacity table for this cluster file", file=str(file),
-                        value=cluster_file.name, allowed="--model one of " + ", ".join(
+                        f"no capacity table for the cluster file {cluster_file.name}"
+                        + (f" and --model {model}" if model is not None else ""),
+                        file=str(file), field="--model" if model is not None else None,
+                        value=model, allowed="--model one of " + ", ".join(
                             sorted({str(settings[k]["model"].get("name")) for k in
                                     (match or settings)})))
     return match[0], settings[match[0]]
