@@ -102,10 +102,9 @@ def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path
     idle = [cluster.names[i] for i, r in enumerate(placed.placement.ranges) if r is None]
     if idle:
         out.print(f"{len(idle)} node(s) hold no layers: {', '.join(idle)}")
-    bare = placed.placement.uncovered(cluster)
+    bare = placed.placement.uncovered_text(cluster)
     if bare:
-        out.print("no node holds layers " + ", ".join(f"[{a}, {b})" for a, b in bare)
-                  + ": no request can finish, so the max flow is 0")
+        out.print(f"no node holds layers {bare}: no request can finish, so the max flow is 0")
     for path, what in ((output, "placement"), (helix_out, "placement (Helix format)"),
                        (figure, "figure")):
         if path is not None:

@@ -48,6 +48,10 @@ class Placement:
         edges = np.flatnonzero(np.diff(np.concatenate([[0], bare.astype(np.int8), [0]])))
         return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
+    def uncovered_text(self, cluster: Cluster) -> str:
+        """``uncovered`` as "[a, b), [c, d)" ("" when every layer is held)."""
+        return ", ".join(f"[{a}, {b})" for a, b in self.uncovered(cluster))
+
     def to_json(self, cluster: Cluster) -> dict:
         return {"schema": PLACEMENT_SCHEMA, "layers": cluster.layers, "nodes": [
             {"name": cluster.names[i], "gpu": cluster.machines[i], "layers": list(r)}

@@ -188,11 +188,10 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
     if batching not in BATCHING:
         raise SpecError("unknown batching", field="--batching", value=batching,
                         allowed=", ".join(BATCHING))
-    bare = pl.uncovered(cluster)
+    bare = pl.uncovered_text(cluster)
     if bare:
         raise InfeasibleError(
-            "no request can finish: layers " + ", ".join(f"[{a}, {b})" for a, b in bare)
-            + " are on no node", binding="placement",
+            f"no request can finish: layers {bare} are on no node", binding="placement",
             relaxation="give those layers to a node (serve plan places every layer)")
     capped = batching == "vllm"
     missing = [cluster.names[i] for i, r in enumerate(pl.ranges)

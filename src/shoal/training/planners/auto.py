@@ -1174,7 +1174,7 @@ class Worth:
         return not self._worse(t, usd) or not self.beaten(t, usd)
 
     def _worse(self, t: float, usd: float) -> bool:
-        return bool(np.isfinite(self.bar) and cannot_beat(
+        return bool(math.isfinite(self.bar) and cannot_beat(
             _key(t, usd, self.objective), t, self.bar, self.bar_t, 1e-9))
 
     def _beyond_limits(self, t: float, usd: float) -> bool:
