@@ -429,3 +429,22 @@ def test_a_move_during_a_switch_still_owes_its_redo(problem, replanner):
     assert second.save_s == 0.0  # nothing new to save: the second plan never trained
     for p in ("shoal", "always", "never"):
         assert runs["oracle"].tokens >= runs[p].tokens * (1 - 1e-12)
+
+
+def test_a_chooser_decides_instead_of_the_policy(problem, replanner):
+    """``simulate(..., chooser=f)``: ``f`` makes every decision (benchmarks study policies of
+    their own this way); one that keeps its plan until forced replays as ``never`` does."""
+    tr = trace([(0.0, pool(0, 4, 4, 0)), (600.0, pool()), (1200.0, pool(4, 4, 0, 0))], 8 * 3600.0)
+    opts = plan_trace(problem, tr, replanner)
+    calls = []
+
+    def keep(policy, problem, objective, cur, options, *, forced, **_):
+        calls.append(forced)
+        return cur if cur is not None and not forced else (options[0] if options else None)
+
+    mine = simulate(problem, tr, opts, "always", chooser=keep)
+    never, always = (simulate(problem, tr, opts, p) for p in ("never", "always"))
+    assert calls == [False, False, True]
+    assert [s.decision for s in mine.steps] == [s.decision for s in never.steps]
+    assert mine.tokens == pytest.approx(never.tokens)
+    assert [s.decision for s in always.steps] != [s.decision for s in never.steps]

@@ -86,9 +86,13 @@ def plan_trace(problem: Problem, trace: Trace, replanner: Replanner,
 
 
 def simulate(problem: Problem, trace: Trace, options: list[list[Running]], policy: str,
-             objective: str | None = None) -> Replay:
-    """Run ``policy`` over the trace given every state's ranked plans."""
+             objective: str | None = None, *, chooser: Callable[..., Running | None] | None = None
+             ) -> Replay:
+    """Run ``policy`` over the trace given every state's ranked plans. ``chooser``: a function
+    called as ``policy.choose`` is, deciding instead of it (a policy studied outside shoal's own;
+    the replay labels it ``policy``)."""
     check_policy(policy)
+    chooser = chooser or choose
     objective = objective or problem.objective
     sw = problem.switching
     fixed = oracle_choices(problem, trace, options) if policy == "oracle" else None
@@ -121,7 +125,7 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
                 ranked = {r.cand.spec for r in here}
                 here = here + [r for sp, r in known.items()
                                if sp not in ranked and r.fits(st.avail)]
-            new = choose(policy, problem, objective, cur, here, forced=forced,
+            new = chooser(policy, problem, objective, cur, here, forced=forced,
                          notice_s=st.notice_s, since_checkpoint_s=max(since_ckpt - owed, 0.0),
                          pending_s=busy, owed_s=owed, seen=list(trace.states[:i + 1]),
                          known=list(known.values()))

@@ -561,6 +561,12 @@ def _spot(problem: Problem, rng: np.random.Generator, duration_s: float, *, mean
     return events
 
 
+def scarcity_down_p(have: float, cap: float) -> float:
+    """The chance that a scarcity step goes down from ``have`` of ``cap`` GPUs: the pull
+    towards 5/8 of capacity, between 0.1 and 0.9."""
+    return min(0.9, max(0.1, 0.5 + (have - 0.625 * cap) / max(cap, 1)))
+
+
 def _scarcity(problem: Problem, rng: np.random.Generator, duration_s: float, *,
               mean_step_s: float, max_step_nodes: float) -> list[_Event]:
     """Per pair, a random walk of a few nodes at a time, pulled towards 5/8 of capacity so that it
@@ -576,7 +582,7 @@ def _scarcity(problem: Problem, rng: np.random.Generator, duration_s: float, *,
             if t >= duration_s:
                 break
             step = int(rng.integers(1, int(max_step_nodes) + 1)) * node
-            down = rng.random() < min(0.9, max(0.1, 0.5 + (have - 0.625 * cap) / max(cap, 1)))
+            down = rng.random() < scarcity_down_p(have, cap)
             new = min(cap, max(0, have - step if down else have + step))
             if new != have:
                 have = new
