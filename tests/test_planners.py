@@ -230,6 +230,24 @@ def test_strategies_keep_to_the_jobs_recompute_settings(allowed):
     assert only.iteration_time_s <= ex.iteration_time_s * 1.01
 
 
+@pytest.mark.parametrize(("zeros", "schedules"), [([2], ["1f1b"]), ([0], ["gpipe"]),
+                                                  ([1, 3], ["gpipe", "1f1b"])])
+def test_strategies_keep_to_the_jobs_zero_stages_and_schedules(zeros, schedules):
+    """A job that rules out ZeRO 0 or 1F1B (the strategies' own shapes) gets plans under the
+    settings it allows from every strategy, ranked and on the front, and their estimates are
+    what ``shoal estimate`` gives for them."""
+    pb = problem(job={"global_batch": 32, "seq_len": 2048, "schedule": schedules,
+                      "zero_stage": zeros})
+    for strategy in ("sailor", "auto", "exhaustive"):
+        res = search(pb, strategy=strategy, objective="max-throughput")
+        assert res.ranked, strategy
+        for c in [*res.ranked, *res.pareto]:
+            assert c.plan.zero_stage in zeros and c.plan.schedule in schedules, strategy
+        best = res.ranked[0]
+        est = estimate(pb, best.plan)
+        assert est.iteration_time_s == pytest.approx(best.iteration_time_s, rel=1e-9)
+
+
 @pytest.mark.parametrize("case", range(len(SMALL_PROBLEMS)))
 @pytest.mark.parametrize("objective", ["max-throughput", "min-cost", "max-throughput-per-dollar"])
 def test_search_without_the_front_finds_the_same_best_plan(objective, case):

@@ -116,6 +116,10 @@ class Evaluator:
         # time ascending, so by cost descending
         self._front_t: list[float] = []
         self._front_c: list[float] = []
+        job = problem.job
+        self._zeros = sorted(set(job.zero_stage))
+        self._schedules = [x for x in dict.fromkeys(job.schedule) if x != "zorse"]
+        self._key_ok: dict[str, bool] = {}  # schedule key -> whether the job allows it
 
     def _within_quotas(self, sp: PlanSpec) -> bool:
         used: dict[str, int] = {}
@@ -136,8 +140,41 @@ class Evaluator:
         (until then the search goes on, so that it returns a plan)."""
         return self.deadline if self.feasible else None
 
+    def _allowed(self, sp: PlanSpec) -> list[PlanSpec] | None:
+        """``sp``'s variants under the ZeRO stages and schedules the job allows, or None when
+        it allows ``sp``'s own (the strategies' own shapes are ZeRO 0 with 1F1B, which a job
+        may rule out)."""
+        schedule_ok = self._key_ok.get(sp[1])
+        if schedule_ok is None:
+            name = parse_schedule(sp[1])[0]
+            schedule_ok = self._key_ok[sp[1]] = name == "zorse" or name in self._schedules
+        zero_ok = sp[3] in self._zeros
+        if zero_ok and schedule_ok:
+            return None
+        zeros = [sp[3]] if zero_ok else self._zeros
+        keys = [sp[1]] if schedule_ok else self._schedules
+        return [(sp[0], k, sp[2], z, sp[4]) for z in zeros for k in keys]
+
     def cost(self, specs: list[PlanSpec]) -> list[Candidate | None]:
-        """Candidates for ``specs`` (None where OOM or against a constraint), batch-costed."""
+        """Candidates for ``specs`` (None where OOM or against a constraint), batch-costed.
+        A plan under a ZeRO stage or schedule the job rules out is costed under each one it
+        allows; its candidate is the best of those (the objective's ranking)."""
+        if not specs:
+            return []
+        variants = [self._allowed(sp) for sp in specs]
+        if any(v is not None for v in variants):
+            variants = [[sp] if v is None else v for v, sp in zip(variants, specs, strict=True)]
+            flat = self._cost([x for v in variants for x in v])
+            res: list[Candidate | None] = []
+            i = 0
+            for v in variants:
+                found = [c for c in flat[i:i + len(v)] if c is not None]
+                res.append(min(found, key=lambda c: score(c, self.objective)) if found else None)
+                i += len(v)
+            return res
+        return self._cost(specs)
+
+    def _cost(self, specs: list[PlanSpec]) -> list[Candidate | None]:
         if not specs:
             return []
         new = [sp for sp in dict.fromkeys(specs) if sp not in self.memo]
