@@ -17,7 +17,7 @@ from shoal.estimate.validate import validate_plan
 from shoal.problem import build_problem
 from shoal.specs.job import Constraints
 from shoal.specs.scenario import parse_scenario
-from shoal.training.planners import sailor, search
+from shoal.training.planners import OBJECTIVES, Reuse, complete_front, sailor, search
 from shoal.training.planners.allocate import Allocation, upgraded
 from shoal.training.planners.space import Space, balanced_split, mbs_options
 
@@ -228,6 +228,26 @@ def test_strategies_keep_to_the_jobs_recompute_settings(allowed):
     only = search(pb, strategy="auto", objective="max-throughput").ranked[0]
     ex = search(pb, strategy="exhaustive", objective="max-throughput").ranked[0]
     assert only.iteration_time_s <= ex.iteration_time_s * 1.01
+
+
+def test_completed_front_has_no_plan_another_objective_beats():
+    """A max-throughput search's own front passes by plans its bounds need not build (the cheap
+    end); ``complete_front`` adds the other objectives' searches, and then no point is beaten in
+    both throughput and cost by any objective's best plan, and both ends are on it."""
+    pb = small_problem({"us-central1-a": (4, 8), "us-central1-b": (4, 8)}, 8, 2048, 64, 4)
+    reuse = Reuse()
+    fast = search(pb, objective="max-throughput", reuse=reuse)
+    full = complete_front(pb, fast, reuse=reuse)
+    best = {o: search(pb, objective=o).ranked[0] for o in OBJECTIVES}
+
+    def beaten(c, by):
+        return (by.iteration_time_s <= c.iteration_time_s and by.cost_usd <= c.cost_usd
+                and (by.iteration_time_s, by.cost_usd) != (c.iteration_time_s, c.cost_usd))
+    assert any(beaten(c, b) for c in fast.pareto for b in best.values())  # what it completes
+    assert not any(beaten(c, b) for c in full.pareto for b in best.values())
+    assert full.pareto[-1].cost_usd == pytest.approx(best["min-cost"].cost_usd)
+    assert full.pareto[0].iteration_time_s == pytest.approx(best["max-throughput"].iteration_time_s)
+    assert full.ranked == fast.ranked
 
 
 @pytest.mark.parametrize(("zeros", "schedules"), [([2], ["1f1b"]), ([0], ["gpipe"]),

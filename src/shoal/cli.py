@@ -141,7 +141,7 @@ def plan(
     from shoal.estimate import estimate as run_estimate
     from shoal.files import check_output, write_json
     from shoal.problem import load_problem
-    from shoal.training.planners import search
+    from shoal.training.planners import Reuse, complete_front, search
 
     for path, opt in ((output, "--output"), (figure, "--figure")):
         if path is not None:
@@ -156,13 +156,21 @@ def plan(
         "max_cost_per_iteration_usd": max_cost_per_iter, "min_iters_per_s": min_throughput,
         "max_gpus": max_gpus, "deadline": _deadline(iterations, within)}.items() if v is not None})
     goal = objective.value if objective else None
+    reuse = Reuse()
+
+    def run():
+        found = search(problem, strategy=strategy.value, objective=goal, constraints=cons,
+                       top_k=top, budget_s=budget, reuse=reuse)
+        if status is not None:
+            status.update("completing the throughput-cost front (the other objectives' searches)...")
+        return complete_front(problem, found, strategy=strategy.value, constraints=cons,
+                              budget_s=budget, reuse=reuse)
     if as_json:
-        result = search(problem, strategy=strategy.value, objective=goal, constraints=cons,
-                        top_k=top, budget_s=budget)
+        status = None
+        result = run()
     else:
-        with _progress().status(f"searching plans ({strategy.value})..."):
-            result = search(problem, strategy=strategy.value, objective=goal, constraints=cons,
-                            top_k=top, budget_s=budget)
+        with _progress().status(f"searching plans ({strategy.value})...") as status:
+            result = run()
     best = result.ranked[0].plan
     if output is not None:
         write_json(output, best.to_json())

@@ -20,6 +20,7 @@ from shoal.training.planners.common import (
     SearchResult,
     SearchStats,
     finish,
+    pareto,
 )
 from shoal.training.planners.space import Space, mbs_options
 
@@ -40,7 +41,8 @@ class Reuse:
 STRATEGIES = {"auto": auto.search, "sailor": sailor.search, "espresso": espresso.search,
               "zorse": zorse.search, "atlas": atlas.search, "exhaustive": exhaustive.search}
 
-__all__ = ["OBJECTIVES", "STRATEGIES", "Candidate", "Reuse", "SearchResult", "search"]
+__all__ = ["OBJECTIVES", "STRATEGIES", "Candidate", "Reuse", "SearchResult", "complete_front",
+           "search"]
 
 
 def search(problem: Problem, *, strategy: str = "auto", objective: str | None = None,
@@ -101,6 +103,43 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     if not ev.feasible and ev.fits and not ev.out_of_time():
         _nearest(ev, problem, strategy, constraints, max_stages, budget_s, reuse)
     return finish(ev, objective, top_k)
+
+
+def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "auto",
+                   constraints: Constraints | None = None, max_stages: int | None = None,
+                   budget_s: float | None = None, reuse: Reuse | None = None) -> SearchResult:
+    """``result`` (a search under one objective) with its throughput-cost front completed by
+    the same strategy's searches under the other objectives. A search passes by what cannot
+    beat its own best plan, so the plans one search costs reach only part of the front (the
+    fastest search misses the cheap end, and plans between); the front returned is the plans
+    that no plan of any of the searches beats in both throughput and cost per iteration.
+    ``budget_s`` counts from ``result``'s start, as ``search``'s does; the statistics add up
+    all the searches. The ranked plans are ``result``'s."""
+    st = result.stats
+    found = list(result.pareto)
+    for goal in OBJECTIVES:
+        if goal == result.objective:
+            continue
+        left = None if budget_s is None else budget_s - (time.perf_counter() - st.started)
+        if left is not None and left < 0.1:
+            st.truncated = True
+            break
+        try:
+            other = search(problem, strategy=strategy, objective=goal, constraints=constraints,
+                           top_k=1, max_stages=max_stages, budget_s=left, reuse=reuse)
+        except InfeasibleError:
+            continue
+        o = other.stats
+        st.candidates_costed += o.candidates_costed
+        st.oom += o.oom
+        st.pruned += o.pruned
+        st.infeasible += o.infeasible
+        st.no_fit += o.no_fit
+        st.truncated = st.truncated or o.truncated
+        found += other.pareto
+    st.search_time_s = time.perf_counter() - st.started
+    return SearchResult(ranked=result.ranked, pareto=pareto(found), stats=st,
+                        objective=result.objective)
 
 
 def _nearest(ev: Evaluator, problem: Problem, strategy: str, constraints: Constraints,
