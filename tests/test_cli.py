@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -130,6 +131,34 @@ def test_schema_is_json(kind):
     res = run("schema", kind)
     assert res.exit_code == 0, res.output
     assert "properties" in json.loads(res.stdout)
+
+
+@pytest.mark.parametrize(("kind", "pattern"), [("scenario", "*.yaml"), ("plan", "*.plan.json"),
+                                             ("serving", "*.serving.yaml")])
+def test_schema_accepts_the_examples_and_what_the_loader_takes(kind, pattern):
+    """Every bundled file validates against its `shoal schema`; so do the shorthands the
+    loaders take (an objective's name, one value for a list of choices), and values outside
+    their choices do not."""
+    jsonschema = pytest.importorskip("jsonschema")
+    import yaml
+
+    res = run("schema", kind)
+    check = jsonschema.Draft202012Validator(json.loads(res.stdout))
+    files = [f for f in sorted((ROOT / "examples").glob(pattern))
+             if kind == "serving" or ".serving." not in f.name]
+    assert files
+    for f in files:
+        errors = [e.message for e in check.iter_errors(yaml.safe_load(f.read_text()))]
+        assert not errors, (f.name, errors)
+    if kind == "scenario":
+        doc = yaml.safe_load(SCENARIO.read_text())
+        doc["objective"] = {"goal": "min-cost"}
+        doc["job"].update(recompute=True, zero_stage=2, schedule="gpipe")
+        assert not list(check.iter_errors(doc))
+        for field, bad in (("objective", "fastest"), ("zero_stage", 5), ("schedule", ["zb"])):
+            wrong = copy.deepcopy(doc)
+            (wrong if field == "objective" else wrong["job"])[field] = bad
+            assert list(check.iter_errors(wrong)), field
 
 
 def test_schema_defaults_to_scenario():

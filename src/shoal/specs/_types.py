@@ -45,3 +45,10 @@ PositiveInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 
 STRICT = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def one_or_list(schema: dict) -> None:
+    """JSON Schema of a list field that also takes one value (its validator makes the list):
+    a field's ``json_schema_extra``."""
+    array = {k: schema.pop(k) for k in ("type", "items") if k in schema}
+    schema["anyOf"] = [array["items"], array]

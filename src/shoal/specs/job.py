@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from shoal.specs._types import STRICT, PositiveInt, Seconds
+from shoal.specs._types import STRICT, PositiveInt, Seconds, one_or_list
 
 
 class JobSpec(BaseModel):
@@ -19,15 +19,15 @@ class JobSpec(BaseModel):
     precision: Literal["mixed-fp16", "mixed-bf16", "fp32"] = Field(
         default="mixed-fp16", description="mixed precision keeps fp32 master weights; mixed-bf16 "
                                           "needs GPUs with bf16 tensor cores")
-    recompute: list[bool] = Field(
+    recompute: list[bool] = Field(json_schema_extra=one_or_list,
         default=[False], description="activation-recompute settings the planner may choose (one value or "
                                    "a list)"
     )
-    zero_stage: list[Literal[0, 1, 2, 3]] = Field(
+    zero_stage: list[Literal[0, 1, 2, 3]] = Field(json_schema_extra=one_or_list,
         default=[0], description="ZeRO stages the planner may choose (0 = none; 3 also shards weights; "
                                 "one value or a list)"
     )
-    schedule: list[Literal["1f1b", "gpipe", "zorse"]] = Field(
+    schedule: list[Literal["1f1b", "gpipe", "zorse"]] = Field(json_schema_extra=one_or_list,
         default=["1f1b", "gpipe"],
         description="pipeline schedules the planner may choose (one value or a list); zorse "
                     "(ministages with host offload) needs recompute and ZeRO stage 2 allowed"
@@ -70,8 +70,15 @@ class Constraints(BaseModel):
 Objective = Literal["max-throughput", "min-cost", "max-throughput-per-dollar"]
 
 
+def _goal_or_mapping(schema: dict) -> None:
+    """The objective is a goal's name or ``{goal: name}``."""
+    mapping = {k: schema.pop(k) for k in ("type", "properties", "additionalProperties",
+                                           "required") if k in schema}
+    schema["anyOf"] = [{"type": "string", "enum": mapping["properties"]["goal"]["enum"]}, mapping]
+
+
 class ObjectiveSpec(BaseModel):
-    model_config = STRICT
+    model_config = ConfigDict(**STRICT, json_schema_extra=_goal_or_mapping)
     goal: Objective = Field(
         default="max-throughput",
         description="what planners optimize: the shortest iteration, the cheapest iteration, or "
