@@ -445,7 +445,7 @@ def _replay_steps(rep) -> Table:
     zones = sorted({z for s in rep.steps for _, z in s.avail})
     t = _table(f"Plan per availability change (policy {rep.policy}; GPUs available per zone: "
                f"{'/'.join(zones)})",
-               ["time", "available", "decision", "it/s", "$/h", "switch", "plan"],
+               ["time", "available", "decision", "it/s", "$/h", "move cost", "switching", "plan"],
                left=("available", "decision", "plan"))
     for s in rep.steps:
         p = s.plan
@@ -453,6 +453,7 @@ def _replay_steps(rep) -> Table:
                   f"{1 / p.iteration_time_s:.4g}" if p else "-",
                   f"{p.usd_per_s * 3600:,.1f}" if p else "-",
                   _s(s.switch.total_s) if s.switch else "",
+                  _s(s.switch_s) if s.switch_s > 0 else "",
                   p.cand.plan.summary() if p and s.decision != "keep" else "")
     return t
 
