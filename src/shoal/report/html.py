@@ -18,7 +18,7 @@ from pathlib import Path
 from shoal.errors import SpecError
 from shoal.files import read_json, write_text
 from shoal.report import figures
-from shoal.units import fmt_per_usd
+from shoal.units import fmt_bytes, fmt_per_usd
 
 KINDS = ("plan", "estimate", "replay", "bubbles", "serve plan", "serve simulate")
 
@@ -69,10 +69,6 @@ def _s(t: float | None) -> str:
     return "-" if t is None else fmt_seconds(t)
 
 
-def _gib(b: float) -> str:
-    return f"{b / 2**30:.1f} GiB"
-
-
 def _summary(plan_json: dict) -> str:
     from shoal.specs.plan import TrainingPlan
 
@@ -88,8 +84,8 @@ def _estimate_rows(e: dict) -> list[tuple[str, str]]:
                                   f"egress {c['egress']:.4g})"),
             ("GPUs", str(e.get("num_gpus", len(e["workers"])))),
             ("fullest worker", f"stage {peak['stage']} replica {peak['replica']} "
-                               f"({peak['gpu']}): {_gib(peak['peak_memory_bytes'])} of "
-                               f"{_gib(peak['capacity_bytes'])}"),
+                               f"({peak['gpu']}): {fmt_bytes(peak['peak_memory_bytes'])} of "
+                               f"{fmt_bytes(peak['capacity_bytes'])}"),
             ("out of memory", "yes" if e["oom"] else "no")]
 
 
