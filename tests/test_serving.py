@@ -682,3 +682,24 @@ def test_layers_on_no_node_are_named_by_flow_and_simulate():
     with pytest.raises(InfeasibleError, match=r"layers \[2, 4\) are on no node") as e:
         simulate(c, gap, None, Workload(np.array([10]), np.array([5]), None, "one"))
     assert e.value.binding == "placement"
+
+
+def test_zero_flow_names_its_reason():
+    """When no request can get through a placement, the reason names what is missing: layers
+    on no node, the coordinator's links, or links between the nodes of consecutive layers."""
+    from shoal.serving.placers import no_flow_reason
+
+    nodes = [{"machine": "big", "count": 2}]
+    split = Placement(((0, 3), (3, 6)))
+    c = cluster(nodes)
+    assert max_flow(c, split).value > 0
+    assert "on no node" in no_flow_reason(c, Placement(((0, 3), None)))[0]
+    cut = cluster(nodes, links={"mesh": False, "pairs": [
+        {"a": "big-0", "b": "big-1", "bandwidth": 1e9}]})
+    assert max_flow(cut, split).value == 0
+    why, fix = no_flow_reason(cut, split)
+    assert "coordinator" in why and "`within`" in fix
+    between = cluster(nodes, links={"coordinator": {"bandwidth": 1e9}})
+    assert max_flow(between, split).value == 0
+    why, fix = no_flow_reason(between, split)
+    assert "link to another" in why and "`within`" in fix

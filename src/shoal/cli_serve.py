@@ -102,9 +102,11 @@ def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path
     idle = [cluster.names[i] for i, r in enumerate(placed.placement.ranges) if r is None]
     if idle:
         out.print(f"{len(idle)} node(s) hold no layers: {', '.join(idle)}")
-    bare = placed.placement.uncovered_text(cluster)
-    if bare:
-        out.print(f"no node holds layers {bare}: no request can finish, so the max flow is 0")
+    if placed.flow.value <= 0:
+        from shoal.serving.placers import no_flow_reason
+
+        why, fix = no_flow_reason(cluster, placed.placement)
+        out.print(f"the max flow is 0: {why}; {fix}")
     for path, what in ((output, "placement"), (helix_out, "placement (Helix format)"),
                        (figure, "figure")):
         if path is not None:

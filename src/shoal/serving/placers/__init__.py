@@ -120,10 +120,31 @@ def place(cluster: Cluster, placer: str = "auto", *, time_limit_s: float = 60.0,
                               relaxation="try --placer auto or a longer --time-limit")
     fl = max_flow(cluster, pl)
     if fl.value <= 0:
-        raise InfeasibleError(f"the {placer} placement serves nothing (no path covers every "
-                              "layer)", binding="placement",
-                              relaxation="try --placer auto, or allow partial inference")
+        why, fix = no_flow_reason(cluster, pl)
+        raise InfeasibleError(f"the {placer} placement serves nothing ({why})", binding="placement",
+                              relaxation=fix)
     return Placed(placer, pl, fl, ub, time.perf_counter() - t0, details)
+
+
+def no_flow_reason(cluster: Cluster, pl: Placement) -> tuple[str, str]:
+    """Why no request can get through ``pl`` (its max flow is 0), and what would help."""
+    gaps = pl.uncovered_text(cluster)
+    if gaps:
+        return (f"layers {gaps} are on no node",
+                "try --placer auto, or nodes with more memory, or allow partial inference")
+    first = [i for i, r in enumerate(pl.ranges) if r is not None and r[0] == 0]
+    last = [i for i, r in enumerate(pl.ranges) if r is not None and r[1] == cluster.layers]
+    if not any(cluster.src[i] > 0 for i in first) or not any(cluster.snk[i] > 0 for i in last):
+        return ("the coordinator has no link to the nodes holding the first or last layers",
+                "give the serving file's links a `within` class (or `coordinator`, or `pairs` "
+                "from the coordinator)")
+    if not (cluster.S > 0).any():
+        return ("no node has a link to another, and no node holds every layer",
+                "give the serving file's links a `within` class (and `between` for nodes in "
+                "two regions)")
+    return ("no chain of linked nodes covers every layer",
+            "link the nodes holding consecutive layers (the serving file's links: `within`, "
+            "`between` or `pairs`), or try --placer auto")
 
 
 SIM_WARMUP_S, SIM_WINDOW_S = 60.0, 300.0  # decode objective: each candidate's offline run
