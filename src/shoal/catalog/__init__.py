@@ -29,6 +29,9 @@ class GPU:
     # per direction to the host's memory (CPU offload); every catalog entry gives its own, this
     # default (PCIe Gen3 x16, as gpus.yaml halves it) is for GPUs built in code
     host_bw_Bps: float = 16e9
+    # per-GPU FLOPs at which a layer reaches half the best efficiency, where the analytic
+    # profile's fitted constant (GPU kernels) does not apply; None: that constant
+    f_half_flops: float | None = None
 
 
 def _read(name: str) -> dict:
@@ -102,7 +105,9 @@ def gpus() -> Registry:
 
 
 # CPU processes for runtime tests: a nominal desktop core (no vendor datasheet applies).
-_CPU = GPU("cpu", 8e9, 1e11, 1e11, 2e10, 1e10, 4, None, host_bw_Bps=2e10)
+# A CPU has no kernel launches or waves to fill: its small GEMMs reach half the best rate at
+# about a megaFLOP (the GPUs' fitted 7.85e10 would charge every layer over 2 s here).
+_CPU = GPU("cpu", 8e9, 1e11, 1e11, 2e10, 1e10, 4, None, host_bw_Bps=2e10, f_half_flops=1e6)
 
 
 @cache

@@ -68,7 +68,7 @@ class AnalyticProfile:
         c = self.c
         peak = g.flops_32 if self.precision == "fp32" else g.flops_16
         flops = self.sizes.fwd_flops * mbs / tp
-        eff = c.e_max * flops / (flops + c.f_half_flops)
+        eff = c.e_max * flops / (flops + (g.f_half_flops or c.f_half_flops))
         t_gemm = np.where(flops > 0, flops / (peak * np.maximum(eff, 1e-9)), 0.0)
         act = activation_bytes(self.model, self.seq_len, tp, recompute=False,
                                flash_attention=self.flash) * mbs
