@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -703,3 +704,20 @@ def test_zero_flow_names_its_reason():
     assert max_flow(between, split).value == 0
     why, fix = no_flow_reason(between, split)
     assert "link to another" in why and "`within`" in fix
+
+
+def test_max_flow_on_a_hundred_node_cluster():
+    """The bundled serving example at 5x its node counts: networkx's preflow-push failed inside
+    (IndexError) on its floating-point capacities; capacities are whole micro-tokens/s now."""
+    import yaml
+
+    from shoal.serving.placers import place
+
+    doc = yaml.safe_load((Path(__file__).parents[1] / "examples"
+                          / "llama2-70b-mixed.serving.yaml").read_text())
+    for group, n in zip(doc["nodes"], (20, 20, 20, 60), strict=True):
+        group["count"] = n
+    c = build_cluster(parse_serving(doc))
+    placed = place(c, "auto", time_limit_s=3.0)
+    assert 0 < placed.flow.value <= c.upper_bound() * (1 + 1e-9)
+    assert placed.flow.value == pytest.approx(max_flow(c, placed.placement).value)

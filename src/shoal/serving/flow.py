@@ -5,6 +5,7 @@ per-edge flows are the routing weights."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import networkx as nx
@@ -59,10 +60,22 @@ class Flow:
     through: tuple[float, ...]  # tokens/s through each node
 
 
+SCALE = 1e6  # capacities in micro-tokens/s, as integers
+
+
 def max_flow(cluster: Cluster, pl: Placement) -> Flow:
-    """The placement's max flow with networkx (preflow-push)."""
+    """The placement's max flow with networkx (preflow-push), on capacities rounded to whole
+    micro-tokens/s: preflow-push's relabelling can overrun its height bound on floating-point
+    capacities (an IndexError inside networkx on clusters of ~100 nodes)."""
     G = graph(cluster, pl)
+    for _, _, d in G.edges(data=True):
+        if math.isinf(d["capacity"]):
+            del d["capacity"]  # networkx: no capacity, no limit
+        else:
+            d["capacity"] = round(d["capacity"] * SCALE)
     value, fd = nx.maximum_flow(G, SOURCE, SINK)
+    value /= SCALE
+    fd = {u: {v: f / SCALE for v, f in outs.items()} for u, outs in fd.items()}
     edges: dict[tuple[object, object], float] = {}
     through = [0.0] * cluster.n
 
