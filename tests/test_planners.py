@@ -376,6 +376,17 @@ def test_exhaustive_keeps_to_its_budget():
     assert res.stats.truncated
 
 
+def test_exhaustive_past_its_limits_returns_what_it_found(monkeypatch):
+    """Past its plan limit, `exhaustive` returns the plans it costed, cut short (as a budget
+    cuts it), instead of an error that a shorter budget would not have reached."""
+    from shoal.training.planners import exhaustive
+
+    monkeypatch.setattr(exhaustive, "LIMIT", 200)
+    res = search(problem(), strategy="exhaustive")
+    assert res.ranked and res.stats.truncated
+    assert 200 <= res.stats.candidates_costed <= 201
+
+
 def test_a_strategy_that_misses_plans_other_searches_find_says_so():
     """Sailor's min-cost search keeps to single-stage plans: under a throughput floor that
     only deeper plans meet (its max-throughput search finds one), the error names the

@@ -60,6 +60,13 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                    flush)
     except _Stop:
         ev.stats.truncated = True
+    except SpecError:
+        # past the limits: with plans found, the result is cut short as a budget cuts it (so
+        # a longer budget never turns a result into an error); with none, refuse
+        flush()
+        if not ev.feasible:
+            raise
+        ev.stats.truncated = True
     flush()
 
 
