@@ -217,14 +217,14 @@ def test_rollout_pays_each_cut_as_a_forced_move(problem, replanner):
     assert not big.fits(pool(4, 4, 0, 0))
     calm = Futures([State(0.0, pool())], 3600.0)
     r = Rollout(problem, "max-throughput", calm, [big, small], 0.0)
-    assert r.value(big, 100.0) == pytest.approx(big.tokens_per_s * (calm.horizon_s - 100.0))
+    assert r.value(big, 100.0)[0] == pytest.approx(big.tokens_per_s * (calm.horizon_s - 100.0))
     one = Futures.__new__(Futures)  # one future: at 900 s zone b's GPUs go, for good
     one.keys, one.gap_s, one.horizon_s = calm.keys, 900.0, 8 * 900.0
     one.paths = [[(900.0, np.array([4.0, 4.0, 0.0, 0.0]))]]
     move = switch_cost(problem, big, small, forced=True, notice_s=0.0,
                        since_checkpoint_s=problem.switching.checkpoint_interval / 2).total_s
     want = big.tokens_per_s * 900.0 + small.tokens_per_s * (one.horizon_s - 900.0 - move)
-    assert Rollout(problem, "max-throughput", one, [big, small], 0.0).value(big, 0.0) == \
+    assert Rollout(problem, "max-throughput", one, [big, small], 0.0).value(big, 0.0)[0] == \
         pytest.approx(want)
 
 
@@ -448,3 +448,19 @@ def test_a_chooser_decides_instead_of_the_policy(problem, replanner):
     assert [s.decision for s in mine.steps] == [s.decision for s in never.steps]
     assert mine.tokens == pytest.approx(never.tokens)
     assert [s.decision for s in always.steps] != [s.decision for s in never.steps]
+
+
+def test_free_gpus_under_a_cost_objective_still_take_more_tokens():
+    """With GPUs and egress free, tokens per dollar tie (nothing is paid): ``shoal`` then goes by
+    tokens and takes a lasting improvement, as under max-throughput (before, it never moved)."""
+    data = copy.deepcopy(SCENARIO)
+    data["prices"] = {"gpu_usd_per_h": {A100: 0.0, V100: 0.0}}
+    data["network"]["egress_usd_per_gb"] = {"same_region": 0.0}
+    free = build_problem(parse_scenario(data))
+    tr = trace([(0.0, pool(0, 4, 4, 0)), (600.0, pool())], 8 * 3600.0)
+    opts = plan_trace(free, tr, Replanner(free))
+    shoal = simulate(free, tr, opts, "shoal", "min-cost")
+    never = simulate(free, tr, opts, "never", "min-cost")
+    assert shoal.usd == 0.0
+    assert [s.decision for s in shoal.steps] == ["start", "switch"]
+    assert shoal.tokens > never.tokens

@@ -119,7 +119,9 @@ class Rollout:
                 best, worth = q, w
         return best
 
-    def value(self, run: Running, switch_s: float) -> float:
+    def value(self, run: Running, switch_s: float) -> tuple[float, float]:
+        """(what the objective ranks by, tokens): tokens, or tokens per dollar (infinite when
+        nothing is paid, so that tokens break the tie) for the cost objectives; averaged."""
         tokens = usd = 0.0
         need = self.f.vector(run)
         for path in self.f.paths:
@@ -141,9 +143,10 @@ class Rollout:
                         busy = self._forced(plan, nxt)
                         held = self.f.vector(nxt)
                     plan = nxt
+        tokens /= len(self.f.paths)
         if self.objective == "max-throughput":
-            return tokens / len(self.f.paths)
-        return tokens / usd if usd > 0 else 0.0
+            return tokens, tokens
+        return (tokens * len(self.f.paths) / usd if usd > 0 else np.inf), tokens
 
 
 def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
@@ -179,7 +182,7 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
                                 pending_s=pending_s - owed_s, lost_iterations=owed).total_s)
                 for q in options]
     values = [roll.value(q, c) for q, c in choices]
-    return choices[int(np.argmax(values))][0]
+    return choices[max(range(len(values)), key=values.__getitem__)][0]
 
 
 def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
