@@ -141,30 +141,24 @@ class Evaluator:
         return self.deadline if self.feasible else None
 
     def _allowed(self, sp: PlanSpec) -> list[PlanSpec] | None:
-        """``sp``'s variants under the ZeRO stages and schedules the job allows, without
-        replicas that get no microbatches, or None when ``sp`` is all that already (the
-        strategies' own shapes are ZeRO 0 with 1F1B, which a job may rule out; Zorse's shares
-        may leave a replica none on small batches)."""
+        """``sp``'s variants under the ZeRO stages and schedules the job allows, or None when
+        it allows ``sp``'s own (the strategies' own shapes are ZeRO 0 with 1F1B, which a job
+        may rule out)."""
         schedule_ok = self._key_ok.get(sp[1])
         if schedule_ok is None:
             name = parse_schedule(sp[1])[0]
             schedule_ok = self._key_ok[sp[1]] = name == "zorse" or name in self._schedules
         zero_ok = sp[3] in self._zeros
-        idle = any(r[3] == 0 for _, _, reps in sp[4] for r in reps)
-        if zero_ok and schedule_ok and not idle:
+        if zero_ok and schedule_ok:
             return None
-        stages = sp[4]
-        if idle:  # a replica without microbatches only holds GPUs (and joins the sync)
-            stages = tuple((a, b, tuple(r for r in reps if r[3] > 0)) for a, b, reps in stages)
         zeros = [sp[3]] if zero_ok else self._zeros
         keys = [sp[1]] if schedule_ok else self._schedules
-        return [(sp[0], k, sp[2], z, stages) for z in zeros for k in keys]
+        return [(sp[0], k, sp[2], z, sp[4]) for z in zeros for k in keys]
 
     def cost(self, specs: list[PlanSpec]) -> list[Candidate | None]:
         """Candidates for ``specs`` (None where OOM or against a constraint), batch-costed.
         A plan under a ZeRO stage or schedule the job rules out is costed under each one it
-        allows; its candidate is the best of those (the objective's ranking). Replicas without
-        microbatches are left out."""
+        allows; its candidate is the best of those (the objective's ranking)."""
         if not specs:
             return []
         variants = [self._allowed(sp) for sp in specs]

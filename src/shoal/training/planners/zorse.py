@@ -265,7 +265,7 @@ def layout(space: Space, vertices, groups: list[list[int]], mbs: int, recompute:
 
 def _stages(space: Space, vertices, groups: list[list[int]], mbs: int, lay: tuple) -> tuple:
     """The partition's stages from its ``layout``: inside a group, one replica per GPU with
-    microbatch shares in proportion to the GPU's speed."""
+    microbatch shares in proportion to the GPU's speed (GPUs whose share is none left out)."""
     total = space.problem.job.global_batch // mbs
     stages, rate = [], lay[1]
     for a, b, i in lay[0]:
@@ -276,7 +276,8 @@ def _stages(space: Space, vertices, groups: list[list[int]], mbs: int, lay: tupl
         for g, z, count in grp:
             gpus += [g] * count
             zones += [z] * count
-        reps = tuple(zip(gpus, [1] * len(gpus), zones, shares, strict=True))
+        # a GPU whose share rounds to no microbatch would only hold its GPU (and join the sync)
+        reps = tuple(r for r in zip(gpus, [1] * len(gpus), zones, shares, strict=True) if r[3] > 0)
         stages.append((a, b, reps))
     return tuple(stages)
 
