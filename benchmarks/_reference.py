@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -15,3 +16,11 @@ def reference_dir() -> Path | None:
         if (cand / "sailor").is_dir():
             return cand
     return None
+
+
+def reference_or_skip() -> Path | None:
+    """``reference_dir()``; when there is none, prints the benchmark's JSON saying it skipped."""
+    ref = reference_dir()
+    if ref is None:
+        print(json.dumps({"skipped": "reference data not found (../shared/reference)"}))
+    return ref

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _reference import reference_dir  # noqa: E402
+from _reference import reference_or_skip  # noqa: E402
 from replay import MODELS, scenario  # noqa: E402
 from shoal.elastic.replan import Replanner  # noqa: E402
 from shoal.elastic.replay import plan_trace, simulate  # noqa: E402
@@ -136,9 +136,8 @@ def main() -> None:
     ap.add_argument("--tau", type=float, default=7200.0,
                     help="time constant of the informed policy's discount, seconds")
     args = ap.parse_args()
-    ref = reference_dir()
+    ref = reference_or_skip()
     if ref is None:
-        print(json.dumps({"skipped": "reference data not found (../shared/reference)"}))
         return
     zones = {z: {"A100-40GB": args.capacity, "V100-16GB": args.capacity}
              for z in ("us-central1-a", "us-central1-b")}

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _reference import reference_dir  # noqa: E402
+from _reference import reference_or_skip  # noqa: E402
 from shoal.elastic.replan import Replanner  # noqa: E402
 from shoal.errors import InfeasibleError  # noqa: E402
 from shoal.io.sailor import import_sailor  # noqa: E402
@@ -76,9 +76,8 @@ def main() -> None:
     ap.add_argument("--hinted", action="store_true",
                     help="also re-plan with the best plan of each pool as a hint")
     args = ap.parse_args()
-    ref = reference_dir()
+    ref = reference_or_skip()
     if ref is None:
-        print(json.dumps({"skipped": "reference data not found (../shared/reference)"}))
         return
     cfg, prof = MODELS[args.model]
     s = ref / "sailor"

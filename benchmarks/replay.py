@@ -25,7 +25,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _reference import reference_dir  # noqa: E402
+from _reference import reference_or_skip  # noqa: E402
 from shoal.elastic.policy import POLICIES  # noqa: E402
 from shoal.elastic.replan import Replanner  # noqa: E402
 from shoal.elastic.replay import plan_trace, simulate  # noqa: E402
@@ -80,9 +80,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0", help="comma-separated seeds of synthetic traces")
     ap.add_argument("--only", default=None, help="run the rows whose name contains this")
     args = ap.parse_args()
-    ref = reference_dir()
+    ref = reference_or_skip()
     if ref is None:
-        print(json.dumps({"skipped": "reference data not found (../shared/reference)"}))
         return
     rows = {}
     zones2 = {z: {"A100-40GB": args.capacity, "V100-16GB": args.capacity}
