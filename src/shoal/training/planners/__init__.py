@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shoal.errors import InfeasibleError, SpecError
 from shoal.estimate.tables import CostTables
@@ -72,6 +72,7 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
         raise SpecError("unknown objective", field="--objective", value=objective,
                         allowed=", ".join(OBJECTIVES))
     constraints = constraints or problem.constraints
+    problem = _capped(problem, constraints)
     mbs = mbs_options(problem)
     stats = SearchStats(strategy=strategy)
     reuse = reuse if reuse is not None else Reuse()
@@ -103,6 +104,18 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     if not ev.feasible and ev.fits and not ev.out_of_time():
         _nearest(ev, problem, strategy, constraints, max_stages, budget_s, reuse)
     return finish(ev, objective, top_k)
+
+
+def _capped(problem: Problem, constraints: Constraints) -> Problem:
+    """The pool as a plan under the GPU cap and the quotas can use it: no (GPU type, zone) with
+    more GPUs than ``max_gpus`` or its type's quota. No plan that keeps to them is lost, and the
+    strategies' smallest TPs, allocations and bounds then see only what such a plan can take
+    (on the whole pool, a stage's fastest allocation may need more GPUs than the cap allows
+    and be rejected after costing, passing by the plans that keep to it)."""
+    cap = constraints.max_gpus
+    avail = {(g, z): min(n, n if cap is None else cap, problem.quotas.get(g, n))
+             for (g, z), n in problem.avail.items()}
+    return problem if avail == problem.avail else replace(problem, avail=avail)
 
 
 def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "auto",
