@@ -222,3 +222,11 @@ def test_cli_bubbles_bad_input(args, msg):
     r = CliRunner().invoke(app, ["bubbles", str(EXAMPLE), "--plan", str(EXAMPLE_PLAN), *args])
     assert r.exit_code == 2, r.output
     assert msg in r.output
+
+
+def test_a_rate_that_brings_no_request_is_refused():
+    """No arrival within the duration: an error naming --rate, not a request made up past the
+    end of the window."""
+    with pytest.raises(SpecError, match="no request arrives"):
+        bubbles.synthetic_requests(0.001, 10.0, seed=0)
+    assert all(a <= 60.0 for a, _ in bubbles.synthetic_requests(0.1, 60.0, seed=0))

@@ -347,9 +347,15 @@ def synthetic_requests(rate_per_s: float, duration_s: float, seed: int = 0
                        ) -> list[tuple[float, int]]:
     """Poisson arrivals at ``rate_per_s`` for ``duration_s``, prompt lengths like the Azure
     conversation trace (``shoal.serving.workload.synthetic_lengths``)."""
+    from shoal.errors import SpecError
     from shoal.serving.workload import poisson, synthetic_lengths
 
     n = max(1, int(round(rate_per_s * duration_s)))
     w = poisson(synthetic_lengths(n, seed), rate_per_s, n, seed)
-    return [(float(a), int(p)) for a, p in zip(w.arrival_s, w.prompt) if a <= duration_s] or [
-        (float(w.arrival_s[0]), int(w.prompt[0]))]
+    out = [(float(a), int(p)) for a, p in zip(w.arrival_s, w.prompt) if a <= duration_s]
+    if not out:
+        raise SpecError("no request arrives within the duration at this rate",
+                        field="--rate", value=rate_per_s,
+                        allowed=f"a rate and --duration that bring requests (here "
+                                f"{rate_per_s * duration_s:.3g} expected)")
+    return out
