@@ -91,7 +91,10 @@ def bubbles_cmd(
     catalog.models().get(inference_model, field="--inference-model")  # a clear error
     problem = load_problem(scenario)
     tplan = load_plan(plan)
-    job = job_from_plan(problem, tplan, file=str(plan))
+    from shoal.estimate import estimate
+
+    est = estimate(problem, tplan, file=str(plan))
+    job = job_from_plan(problem, tplan, est, file=str(plan))
     gpu = catalog.gpus().canonical(tplan.stages[0].replicas[0].gpu)
     import contextlib
 
@@ -105,6 +108,7 @@ def bubbles_cmd(
         res = bt.place(tl, reqs, model, depth=depth, guard_s=g, max_wait_s=w)
     doc = res.summary() | {"schedule": schedule.value, "requests_source": source,
                            "inference_model": inference_model, "training": tl.to_json(),
+                           "estimate_iteration_time_s": est.iteration_time_s,
                            "fill": res.fill_json(tl.iteration_s)}
     if figure is not None:
         from shoal.report.figures import draw_bubbles
@@ -124,6 +128,9 @@ def bubbles_cmd(
     t.add_row("training iteration", fmt_seconds(s["iteration_time_before_s"]),
               fmt_seconds(s["iteration_time_after_s"]))
     out.print(t)
+    out.print(f"(`shoal estimate` gives {fmt_seconds(est.iteration_time_s)} for this plan: its "
+              "pipeline formula adds each microbatch's hand-off to its stage's busy time, where "
+              "this event simulation overlaps hand-offs with other microbatches' compute)")
     r = s["requests"]
     q = _table("prefill requests", ["placed", "rejected", "TTFT p50", "TTFT p95", "decision p50"])
     q.add_row(f"{r['placed']}", f"{s['rejected_fraction']:.1%}",
