@@ -158,7 +158,7 @@ def plan(
     goal = objective.value if objective else None
     reuse = Reuse()
 
-    def run():
+    def run(status=None):
         found = search(problem, strategy=strategy.value, objective=goal, constraints=cons,
                        top_k=top, budget_s=budget, reuse=reuse)
         if status is not None:
@@ -166,11 +166,10 @@ def plan(
         return complete_front(problem, found, strategy=strategy.value, constraints=cons,
                               budget_s=budget, reuse=reuse)
     if as_json:
-        status = None
         result = run()
     else:
         with _progress().status(f"searching plans ({strategy.value})...") as status:
-            result = run()
+            result = run(status)
     best = result.ranked[0].plan
     if output is not None:
         write_json(output, best.to_json())

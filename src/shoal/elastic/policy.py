@@ -143,10 +143,9 @@ class Rollout:
                         busy = self._forced(plan, nxt)
                         held = self.f.vector(nxt)
                     plan = nxt
+        per_usd = tokens / usd if usd > 0 else np.inf
         tokens /= len(self.f.paths)
-        if self.objective == "max-throughput":
-            return tokens, tokens
-        return (tokens * len(self.f.paths) / usd if usd > 0 else np.inf), tokens
+        return (tokens if self.objective == "max-throughput" else per_usd), tokens
 
 
 def choose(policy: str, problem: Problem, objective: str, cur: Running | None,

@@ -120,6 +120,8 @@ class Evaluator:
         self._zeros = sorted(set(job.zero_stage))
         self._schedules = [x for x in dict.fromkeys(job.schedule) if x != "zorse"]
         self._key_ok: dict[str, bool] = {}  # schedule key -> whether the job allows it
+        # the strategies' own settings (ZeRO 0, 1F1B, GPipe) all allowed: nothing to map
+        self._open = 0 in self._zeros and {"1f1b", "gpipe"} <= set(self._schedules)
 
     def _within_quotas(self, sp: PlanSpec) -> bool:
         used: dict[str, int] = {}
@@ -161,6 +163,8 @@ class Evaluator:
         allows; its candidate is the best of those (the objective's ranking)."""
         if not specs:
             return []
+        if self._open:
+            return self._cost(specs)
         variants = [self._allowed(sp) for sp in specs]
         if any(v is not None for v in variants):
             variants = [[sp] if v is None else v for v, sp in zip(variants, specs, strict=True)]
