@@ -305,6 +305,27 @@ def test_plan_json_and_outputs(tmp_path):
         first["estimate"]["iteration_time_s"])
 
 
+def test_what_to_rent_covers_the_gpus_used_with_no_gpu_idle(tmp_path):
+    """VMs hold the plan's TP groups exactly: whole nodes, then powers of two (one GPU used of
+    an 8-GPU type rents a 1-GPU VM, not a node of 8)."""
+    from shoal.cli import vm_shapes
+
+    assert vm_shapes([1], 8) == {1: 1}
+    assert vm_shapes([4, 4, 4], 8) == {8: 1, 4: 1}
+    assert vm_shapes([1] * 15, 8) == {8: 1, 4: 1, 2: 1, 1: 1}
+    assert vm_shapes([4, 4], 6) == {4: 2}  # a TP-4 group never shares a 6-GPU node
+    scn = tmp_path / "s.yaml"
+    scn.write_text(SMALL_PLAN_SCENARIO)
+    r = runner.invoke(app, ["plan", str(scn), "--json", "--top", "1"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)["plans"][0]
+    for row in plan["rent"]:
+        tps = [rep["tp"] for st in plan["plan"]["stages"] for rep in st["replicas"]
+               if (rep["gpu"], rep["zone"]) == (row["gpu"], row["zone"])]
+        assert sum(v["gpus_per_vm"] * v["count"] for v in row["vms"]) == row["gpus"] == sum(tps)
+        assert row["nodes"] == sum(v["count"] for v in row["vms"])
+
+
 def test_plan_infeasible_exits_3(tmp_path):
     scn = tmp_path / "s.yaml"
     scn.write_text(SMALL_PLAN_SCENARIO)

@@ -212,9 +212,11 @@ def plan(
     out.print(t)
     if slo:
         out.print(f"SLO: {slo.iterations:,} iterations within {fmt_seconds(slo.within)}")
-    rent = _table("What to rent for plan 1", ["zone", "GPU", "GPUs", "nodes"], left=("zone", "GPU"))
+    rent = _table("What to rent for plan 1", ["zone", "GPU", "GPUs", "VMs (count x GPUs each)"],
+                  left=("zone", "GPU", "VMs (count x GPUs each)"))
     for row in _rent(problem, best):
-        rent.add_row(row["zone"], row["gpu"], str(row["gpus"]), f"{row['nodes']} x {row['gpus_per_node']}")
+        rent.add_row(row["zone"], row["gpu"], str(row["gpus"]),
+                     " + ".join(f"{v['count']} x {v['gpus_per_vm']}" for v in row["vms"]))
     out.print(rent)
     pt = _table("Throughput-cost Pareto front", ["it/s", "$/iter", "GPUs", "stages: GPU(TP) x replicas"],
                 left=("stages: GPU(TP) x replicas",))
@@ -253,14 +255,47 @@ def _deadline(iterations: int | None, within: str | None):
 
 
 def _rent(problem, p) -> list[dict]:
-    """GPUs and whole nodes to rent per zone and GPU type."""
-    import math
-
+    """GPUs and VMs to rent per zone and GPU type (``vm_shapes``). The cost of a plan charges
+    the GPUs, as the estimate does."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for s in p.stages:
+        for r in s.replicas:
+            groups.setdefault((r.gpu, r.zone), []).append(r.tp)
     rows = []
-    for (g, z), n in sorted(p.gpu_counts().items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (g, z), tps in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         gpn = problem.gpus[g].gpus_per_node
-        rows.append({"zone": z, "gpu": g, "gpus": n, "gpus_per_node": gpn, "nodes": math.ceil(n / gpn)})
+        vms = vm_shapes(tps, gpn)
+        rows.append({"zone": z, "gpu": g, "gpus": sum(tps), "gpus_per_node": gpn,
+                     "nodes": sum(vms.values()),
+                     "vms": [{"gpus_per_vm": size, "count": c} for size, c in vms.items()]})
     return rows
+
+
+def vm_shapes(tps: list[int], gpus_per_node: int) -> dict[int, int]:
+    """GPUs per VM -> VMs that hold TP groups of ``tps`` GPUs (powers of two, none larger than
+    a node) with no GPU idle: the groups go into nodes first fit, largest first; a node they
+    fill is one VM of ``gpus_per_node`` GPUs, and a node they do not is rented as VMs of a
+    power of two GPUs each, largest first (clouds offer 1, 2, 4 and 8-GPU shapes), which its
+    groups fill exactly."""
+    nodes: list[int] = []  # GPUs used per node
+    for t in sorted(tps, reverse=True):
+        i = next((i for i, used in enumerate(nodes) if used + t <= gpus_per_node), None)
+        if i is None:
+            nodes.append(t)
+        else:
+            nodes[i] += t
+    out: dict[int, int] = {}
+    for used in nodes:
+        if used == gpus_per_node:
+            out[used] = out.get(used, 0) + 1
+            continue
+        size = 1 << (used.bit_length() - 1)
+        while used:
+            if size <= used:
+                out[size] = out.get(size, 0) + 1
+                used -= size
+            size >>= 1
+    return dict(sorted(out.items(), reverse=True))
 
 
 def _s(t: float) -> str:
