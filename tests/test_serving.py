@@ -359,6 +359,21 @@ def test_one_request_on_one_node_takes_the_profiled_times():
     assert r.completed == 1
 
 
+def test_a_run_that_ends_in_its_warm_up_says_nothing_was_measured(tmp_path):
+    from shoal.serving.simulator import simulate
+    from shoal.serving.workload import Workload
+
+    c = sim_cluster([{"machine": "m", "name": "a"}])
+    pl = Placement(((0, 4),))
+    w = Workload(np.array([100, 100]), np.array([5, 5]), np.array([0.0, 1.0]), "two")
+    r = simulate(c, pl, max_flow(c, pl), w, warmup_s=60.0, duration_s=None)
+    assert r.measured == 0 and r.prompt_latency_s["mean"] is None
+    assert len(r.warnings) == 1 and "warm-up" in r.warnings[0]
+    assert r.to_json(["a"])["warnings"] == r.warnings
+    r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.5, duration_s=None)
+    assert r.measured == 1 and r.warnings == []
+
+
 def test_simulated_tokens_add_up_and_routers_run():
     from shoal.serving.simulator import simulate
     from shoal.serving.workload import online, synthetic_lengths

@@ -329,6 +329,8 @@ def simulate_cmd(
                   f"{min(used):.0%} / {sum(used) / len(used):.0%} / {max(used):.0%}")
     t.add_row("simulated in", f"{res.wall_s:.1f} s ({res.events:,} events)")
     out.print(t)
+    for w in res.warnings:
+        out.print(f"[yellow]warning:[/yellow] {w}")
     if output is not None:
         out.print(f"result written to {output}")
 

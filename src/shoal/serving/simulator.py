@@ -27,7 +27,7 @@ import heapq
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -65,14 +65,18 @@ class SimResult:
     wall_s: float
     events: int
     latency_histogram: dict | None = None
+    measured: int = 0  # requests that entered after the warm-up (their latencies are measured)
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self, names) -> dict:
         return {"mode": self.mode, "router": self.router, "window_s": self.window_s,
+                "warnings": self.warnings,
                 "decode_throughput_tokens_per_s": self.decode_tokens_per_s,
                 "tokens_per_s": self.tokens_per_s,
                 "prompt_latency_s": self.prompt_latency_s,
                 "decode_latency_s": self.decode_latency_s,
                 "requests": {"completed": self.completed, "rejected": 0, "waited": self.waited,
+                             "measured": self.measured,
                              "in_flight_peak": self.in_flight_peak},
                 "nodes": [{"name": names[i], "utilization": u, "kv_peak_fraction": k}
                           for i, (u, k) in enumerate(zip(self.node_utilization,
@@ -495,6 +499,12 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         fin_ok = ~np.isnan(fin) & (start >= warmup_s) & (out_arr > 1)
     pl_lat = (first - start)[ok]
     dl = ((fin - first) / np.maximum(out_arr - 1, 1))[fin_ok]
+    warnings = []
+    if np.isfinite(start).any() and not (start >= warmup_s).any():
+        warnings.append(
+            f"no request arrived after the {warmup_s:g} s warm-up (the last of {len(start)} "
+            f"arrived at {float(np.nanmax(start)):.1f} s): no latency is measured and the "
+            "throughput is that of the run's tail; lower --warmup or simulate more requests")
     return SimResult(
         mode=mode, router=router, window_s=window,
         decode_tokens_per_s=decode_tokens / window,
@@ -505,4 +515,5 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         node_utilization=[b / window for b in busy_s],
         kv_peak_fraction=[float(p / t) if t > 0 else 0.0 for p, t in zip(kv.peak, kv.total,
                                                                           strict=True)],
-        wall_s=time.perf_counter() - wall0, events=events)
+        wall_s=time.perf_counter() - wall0, events=events, measured=int(ok.sum()),
+        warnings=warnings)
