@@ -658,7 +658,8 @@ def catalog_models(
     if as_json:
         typer.echo(json.dumps({"models": rows}))
         return
-    t = _table("Models (layers = transformer blocks; params at sequence length 2048)",
+    t = _table("Models (layers = transformer blocks; params at sequence length 2048, the output "
+               "projection counted apart from the embedding, as the estimator does)",
                ["name", "layers", "hidden", "heads", "kv heads", "ffn", "vocab", "params (B)"],
                left=("name",), whole=("name",))
     for r in rows:

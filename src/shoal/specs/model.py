@@ -35,7 +35,11 @@ class ModelSpec(BaseModel):
     norm: Literal["layernorm", "rmsnorm"] = Field(default="layernorm", description="norm kind")
     position: Literal["learned", "rotary", "alibi"] = Field(
         default="learned", description="position encoding")
-    tied_embeddings: bool = Field(default=False, description="input and output embeddings shared")
+    tied_embeddings: bool = Field(
+        default=False, description="input and output embeddings shared in the checkpoint; "
+                                   "informational: the estimator and the runtime give the output "
+                                   "projection its own weights, as pipeline runtimes do (and "
+                                   "Sailor's measured runs did)")
     head_dim: PositiveInt | None = Field(
         default=None, description="per-head width; default hidden_size / num_heads")
     family: str | None = Field(default=None, description="label: the model family (e.g. opt)")
