@@ -332,6 +332,16 @@ def test_plan_infeasible_exits_3(tmp_path):
     r = runner.invoke(app, ["plan", str(scn), "--max-cost-per-iter", "1e-12"])
     assert r.exit_code == 3
     assert "max $/iteration" in r.output and "Traceback" not in r.output
+    # with --json, the error is also the one JSON object on stdout
+    r = runner.invoke(app, ["plan", str(scn), "--max-cost-per-iter", "1e-12", "--json"])
+    assert r.exit_code == 3
+    err = json.loads(r.stdout)["error"]
+    assert err["exit_code"] == 3 and err["binding"] == "max $/iteration"
+    assert err["relaxation"].startswith("max_cost_per_iteration_usd >=")
+    r = runner.invoke(app, ["estimate", str(tmp_path / "missing.yaml"), "--plan", str(PLAN),
+                            "--json"])
+    assert r.exit_code == 2
+    assert json.loads(r.stdout)["error"]["file"].endswith("missing.yaml")
 
 
 def test_command_listings_break_lines_only_where_the_terminal_does():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 import typing
 from typing import Annotated
@@ -43,8 +44,18 @@ def _err() -> Console:
     return Console(stderr=True, highlight=False)
 
 
-def _fail(message: str, code: int) -> typer.Exit:
-    _err().print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
+def _fail(exc: Exception | str, code: int, as_json: bool = False) -> typer.Exit:
+    """Print the error on stderr and, for a command run with ``--json``, as the one JSON
+    object on stdout (``{"error": {"message", "exit_code", ...}}``: a SpecError's file, field,
+    value, allowed and suggestion; an InfeasibleError's binding constraint and relaxation)."""
+    _err().print(Text("error: ", style="bold red") + Text(str(exc)), soft_wrap=True)
+    if as_json:
+        doc: dict = {"message": str(exc), "exit_code": code}
+        for name in ("file", "field", "value", "allowed", "suggestion", "binding", "relaxation"):
+            v = getattr(exc, name, None)
+            if v is not None:
+                doc[name] = v if isinstance(v, (str, int, float, bool)) else repr(v)
+        typer.echo(json.dumps({"error": doc}))
     return typer.Exit(code)
 
 
@@ -57,14 +68,15 @@ def handles_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         QUIET["on"] = bool(kwargs.get("quiet") if own_quiet else kwargs.pop("quiet", False))
+        as_json = kwargs.get("as_json") is True
         try:
             return fn(*args, **kwargs)
         except InfeasibleError as exc:
-            raise _fail(str(exc), EXIT_INFEASIBLE) from None
+            raise _fail(exc, EXIT_INFEASIBLE, as_json) from None
         except ShoalError as exc:  # SpecError and any other bad-input error
-            raise _fail(str(exc), EXIT_BAD_INPUT) from None
+            raise _fail(exc, EXIT_BAD_INPUT, as_json) from None
         except ValidationError as exc:
-            raise _fail(str(_spec_error(exc, None)), EXIT_BAD_INPUT) from None
+            raise _fail(_spec_error(exc, None), EXIT_BAD_INPUT, as_json) from None
         finally:
             QUIET["on"] = False
 

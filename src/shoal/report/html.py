@@ -229,7 +229,7 @@ def build(inputs: list[Path], out: Path, title: str | None = None) -> Path:
     for i, (path, kind, doc) in enumerate(docs):
         try:
             body = SECTIONS[kind](doc)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise SpecError(f"incomplete {kind} result ({type(exc).__name__}: {exc})",
                             file=str(path)) from None
         anchor = f"s{i}"
