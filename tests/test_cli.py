@@ -173,6 +173,10 @@ def test_catalog_gpus_json():
     gpus = json.loads(res.stdout)["gpus"]
     assert len(gpus) >= 18
     assert {"A100-40GB", "V100-16GB", "H100-80GB"} <= {g["name"] for g in gpus}
+    for g in gpus:  # every catalog number comes with its source (the CPU test entry has none)
+        if g["name"] != "cpu":
+            assert {"flops", "memory", "mem_bandwidth"} <= set(g["source"]), g["name"]
+            assert g["price_usd_per_h"] is None or "price" in g["source"], g["name"]
 
 
 def test_catalog_models():

@@ -180,6 +180,9 @@ def test_controller_json_zone_must_hold_the_gpu(tmp_path, problem):
 def test_controller_json_gpu_not_in_pool(tmp_path, problem):
     err = _spec_error(_write(tmp_path, "c.json", CONTROLLER), problem, gpu="H100")
     assert err.field == "--trace-gpu" and "A100-40GB, V100-16GB" in str(err)
+    # with a zone given, the GPU type is still what is wrong
+    err = _spec_error(_write(tmp_path, "c.json", CONTROLLER), problem, gpu="H100", zone=A)
+    assert err.field == "--trace-gpu" and "A100-40GB, V100-16GB" in str(err)
 
 
 @pytest.mark.parametrize("old, new, where, words", [
@@ -232,7 +235,7 @@ def test_native_csv_without_notice_and_no_op_events(tmp_path, problem):
     tr = load_trace(_write(tmp_path, "e.csv", text), problem)
     assert [s.time_s for s in tr.states] == [0.0, 400.0]  # 300 keeps the pool's count
     assert tr.states[1].avail[(A100, A)] == 6
-    assert tr.end_s == 500.0
+    assert tr.end_s == 600.0  # times 0 (the pool), 300, 400: median of 300 and 100
 
 
 @pytest.mark.parametrize("old, new, where, words", [
@@ -278,7 +281,8 @@ def test_native_yaml_and_json_documents(tmp_path, problem):
         tr = load_trace(path, problem)
         assert tr.states == want and tr.end_s == 2000.0
     no_end = {k: v for k, v in DOC.items() if k != "end_s"}
-    assert load_trace(_write(tmp_path, "f.json", json.dumps(no_end)), problem).end_s == 1300.0
+    # times 0 (the pool), 100, 700: the last state lasts the median of 100 and 600
+    assert load_trace(_write(tmp_path, "f.json", json.dumps(no_end)), problem).end_s == 1050.0
 
 
 @pytest.mark.parametrize("change, field, words", [

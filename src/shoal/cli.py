@@ -479,17 +479,24 @@ def _replay_steps(rep) -> Table:
     zones = sorted({z for s in rep.steps for _, z in s.avail})
     t = _table(f"Plan per availability change (policy {rep.policy}; GPUs available per zone: "
                f"{'/'.join(zones)})",
-               ["time", "available", "decision", "it/s", "$/h", "move cost", "switching", "plan"],
+               ["time", "available", "decision", "it/s", "$/h GPUs\n+ egress", "move cost",
+                "switching", "plan"],
                left=("available", "decision", "plan"))
     for s in rep.steps:
         p = s.plan
         t.add_row(f"{s.time_s / 3600:.2f} h", _avail_text(s.avail, zones), s.decision,
                   f"{1 / p.iteration_time_s:.4g}" if p else "-",
-                  f"{p.usd_per_s * 3600:,.1f}" if p else "-",
+                  f"{p.usd_per_s * 3600:,.1f} + {_egress_per_h(p):,.1f}" if p else "-",
                   _s(s.switch.total_s) if s.switch else "",
                   _s(s.switch_s) if s.switch_s > 0 else "",
                   p.cand.plan.summary() if p and s.decision != "keep" else "")
     return t
+
+
+def _egress_per_h(p) -> float:
+    """USD per hour a replay plan pays for egress while it trains (its GPUs are ``usd_per_s``;
+    no egress while switching)."""
+    return p.egress_usd_per_iter / p.iteration_time_s * 3600
 
 
 def _replay_json(problem, tr, runs, replanner) -> dict:
@@ -501,7 +508,8 @@ def _replay_json(problem, tr, runs, replanner) -> dict:
                 index[p.cand.spec] = len(plans)
                 plans.append({"plan": p.cand.plan.to_json(), "summary": p.cand.plan.summary(),
                               "iters_per_s": 1 / p.iteration_time_s, "tokens_per_s": p.tokens_per_s,
-                              "usd_per_h": p.usd_per_s * 3600, "gpus": p.cand.num_gpus})
+                              "usd_per_h": p.usd_per_s * 3600,
+                              "egress_usd_per_h": _egress_per_h(p), "gpus": p.cand.num_gpus})
 
     def one(r) -> dict:
         return {"policy": r.policy, "objective": r.objective, "totals": r.totals(), "steps": [
@@ -510,6 +518,7 @@ def _replay_json(problem, tr, runs, replanner) -> dict:
              "decision": s.decision, "plan": index[s.plan.cand.spec] if s.plan else None,
              "iters_per_s": 1 / s.plan.iteration_time_s if s.plan else 0.0,
              "usd_per_h": s.plan.usd_per_s * 3600 if s.plan else 0.0,
+             "egress_usd_per_h": _egress_per_h(s.plan) if s.plan else 0.0,
              "switch": s.switch.to_json() if s.switch else None, "switch_s": s.switch_s,
              "train_s": s.train_s, "tokens": s.tokens, "usd": s.usd} for s in r.steps]}
 
@@ -576,7 +585,7 @@ def import_sailor_cmd(
     network: Annotated[Path | None, typer.Option(
         "--network", help="directory of Sailor's fitted network curves")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="availability trace CSV")] = None,
-    step: Annotated[int | None, typer.Option("--step", help="row of the trace to use as the pool")] = None,
+    step: Annotated[int | None, typer.Option("--step", help="row of the trace to use as the pool (0-based; default 0, the first)")] = None,
     plan: Annotated[Path | None, typer.Option("--plan", help="Sailor plan_config_*.json")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
 ) -> None:
@@ -626,14 +635,18 @@ def catalog_gpus(
 
     entries = list(catalog.gpus().entries.values())
     if as_json:
-        typer.echo(json.dumps({"gpus": [asdict(g) for g in entries]}))
+        sources = catalog.gpu_sources()
+        typer.echo(json.dumps({"gpus": [{**asdict(g), "source": sources.get(g.name, {})}
+                                        for g in entries]}))
         return
-    t = _table("GPUs (dense peak FLOP/s; $/h on demand, '-' where no public price)",
-               ["name", "memory", "bf16\nTFLOPS", "fp32\nTFLOPS", "mem\nGB/s", "intra-node\nGB/s",
+    t = _table("GPUs (dense peak FLOP/s, bf16 or else fp16; $/h on demand, '-' where no public "
+               "price; sources: --json)",
+               ["name", "memory", "16-bit\nTFLOPS", "fp32\nTFLOPS", "mem\nGB/s", "intra-node\nGB/s",
                 "GPUs/\nnode", "$/h"], left=("name",), whole=("name",))
     for g in entries:
         t.add_row(
-            g.name, fmt_bytes(g.memory_bytes), f"{g.flops_16 / 1e12:.1f}", f"{g.flops_32 / 1e12:.1f}",
+            g.name, fmt_bytes(g.memory_bytes),
+            f"{g.flops_16 / 1e12:.1f}" + ("" if g.bf16 else " fp16"), f"{g.flops_32 / 1e12:.1f}",
             f"{g.mem_bw_Bps / 1e9:.0f}", f"{g.intra_node_bw_Bps / 1e9:.0f}", str(g.gpus_per_node),
             "-" if g.price_usd_per_h is None else f"{g.price_usd_per_h:.2f}",
         )

@@ -111,6 +111,12 @@ _CPU = GPU("cpu", 8e9, 1e11, 1e11, 2e10, 1e10, 4, None, host_bw_Bps=2e10, f_half
 
 
 @cache
+def gpu_sources() -> dict[str, dict[str, str]]:
+    """GPU name -> where each of its catalog numbers comes from (gpus.yaml's ``source``)."""
+    return {name: dict(e.get("source", {})) for name, e in _read("gpus.yaml")["gpus"].items()}
+
+
+@cache
 def models() -> Registry:
     reg = Registry("model")
     fields = set(ModelSpec.model_fields)

@@ -250,6 +250,12 @@ def _controller_pair(problem: Problem, gpu: str | None, zone: str | None, file: 
     g = catalog.gpus().canonical(gpu or CONTROLLER_GPU, field="--trace-gpu")
     zones = sorted(z for gg, z in problem.avail if gg == g)
     if zone is not None:
+        if not zones:  # the GPU type is what is wrong
+            raise SpecError(f"the scenario's pool has no {g} in any zone", file=file,
+                            field="--trace-gpu", value=g,
+                            allowed=f"GPU types in zone {zone}: " + ", ".join(
+                                sorted(gg for gg, z in problem.avail if z == zone))
+                            if zone in problem.zones else f"pairs in the pool: {_pairs(problem)}")
         if (g, zone) not in problem.avail:
             raise SpecError(f"the scenario's pool has no {g} in this zone", file=file,
                             field="--trace-zone", value=zone,
@@ -405,7 +411,8 @@ def _apply(problem: Problem, events: Iterable[_Event]) -> list[State]:
 
 
 def _events_end(events: list[_Event], end_s: float | None, file: str) -> float:
-    times = sorted({ev.time_s for ev in events})
+    # the scenario's pool is the state at 0, before the first event
+    times = sorted({0.0} | {ev.time_s for ev in events})
     if end_s is None:
         return times[-1] + _last_gap(times)
     if end_s <= times[-1]:

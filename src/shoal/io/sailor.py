@@ -107,8 +107,11 @@ def _link(per_n: dict, file: Path) -> dict:
             "parallel": {int(n): _curve(per_n[str(n)], file) for n in ns if n > 1}}
 
 
-def convert_network(network_dir: Path, zones: list[str], gpus: list[str]) -> dict:
-    """Sailor's fitted curves -> shoal network spec covering every zone and GPU pair used."""
+def convert_network(network_dir: Path, pool_pairs: list[tuple[str, str]]) -> dict:
+    """Sailor's fitted curves -> shoal network spec covering every two (GPU, zone) pairs of
+    the pool."""
+    zones = sorted({z for _, z in pool_pairs})
+    gpus = sorted({g for g, _ in pool_pairs})
     if not network_dir.is_dir():
         raise SpecError("network directory not found", file=str(network_dir))
     sailor_name = {}
@@ -162,21 +165,20 @@ def convert_network(network_dir: Path, zones: list[str], gpus: list[str]) -> dic
                 if za < zb and za in zones and zb in zones:
                     pairs.append([za, zb, float(p)])
         net["egress_usd_per_gb"] = {"pairs": pairs}
-    _check_coverage(net, zones, gpus, network_dir)
+    _check_coverage(net, sorted(pool_pairs), network_dir)
     return net
 
 
-def _check_coverage(net: dict, zones: list[str], gpus: list[str], where: Path) -> None:
+def _check_coverage(net: dict, pairs: list[tuple[str, str]], where: Path) -> None:
+    """Every two (GPU, zone) pairs of the pool have a curve between them."""
     have = {(frozenset(link["zones"]), frozenset(link["gpus"])) for link in net["links"]}
-    for i, za in enumerate(zones):
-        for zb in zones[i:]:
-            for ga in gpus:
-                for gb in gpus:
-                    if (frozenset((za, zb)), frozenset((ga, gb))) not in have:
-                        raise SpecError(
-                            f"no network curve between {ga} in {za} and {gb} in {zb}",
-                            file=str(where),
-                            allowed=f"one of {', '.join(_NETWORK_FILES)} covering that pair")
+    for i, (ga, za) in enumerate(pairs):
+        for gb, zb in pairs[i:]:
+            if (frozenset((za, zb)), frozenset((ga, gb))) not in have:
+                raise SpecError(
+                    f"no network curve between {ga} in {za} and {gb} in {zb}",
+                    file=str(where),
+                    allowed=f"one of {', '.join(_NETWORK_FILES)} covering that pair")
 
 
 def read_trace_row(path: Path, step: int) -> dict[tuple[str, str], int]:
@@ -203,10 +205,13 @@ def read_trace_row(path: Path, step: int) -> dict[tuple[str, str], int]:
             continue
         g_s, zone = col.split("_", 1)
         try:
-            out[(_gpu(g_s, path, col), zone)] = int(float(val))
+            n = float(val)
         except ValueError:
-            raise SpecError("expected a GPU count", file=str(path), field=f"row {step}.{col}",
-                            value=val) from None
+            n = -1.0
+        if n < 0 or n != int(n):
+            raise SpecError("expected a GPU count (a whole number >= 0)", file=str(path),
+                            field=f"line {step + 2}, column {col}", value=val)
+        out[(_gpu(g_s, path, col), zone)] = int(n)
     return out
 
 
@@ -303,10 +308,14 @@ def import_sailor(*, training_config: Path, cluster_config: Path | None = None, 
     gpus_per_node = {}
     if cluster_config is not None:
         cc = read_json(cluster_config)
-        for k, v in cc.items():
+        for k, v in cc.items() if isinstance(cc, dict) else ():
             if isinstance(v, dict) and "gpus_per_node" in v:
                 gpus_per_node[_gpu(k, cluster_config, k)] = int(v["gpus_per_node"])
-    zones = sorted({z for (_, z) in pool_counts})
+        if not gpus_per_node:
+            raise SpecError("not a Sailor cluster config: no GPU entry with gpus_per_node",
+                            file=str(cluster_config),
+                            allowed='{"<GPU>": {"gpus_per_node": N, ...}, ...} '
+                                    "(configs/basic_cluster_config.json)")
     used_gpus = sorted({g for (g, _) in pool_counts})
     regions: dict[str, dict] = {}
     for (g, z), n in sorted(pool_counts.items()):
@@ -321,7 +330,7 @@ def import_sailor(*, training_config: Path, cluster_config: Path | None = None, 
     }
     files: dict[str, object] = {}
     if network is not None:
-        scenario["network"] = convert_network(network, zones, used_gpus)
+        scenario["network"] = convert_network(network, sorted(pool_counts))
     if profiles is not None:
         prof, _ = convert_profiles(profiles, n_layers, model["name"], model)
         files["profile.json"] = prof
