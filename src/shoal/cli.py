@@ -585,7 +585,8 @@ def import_sailor_cmd(
     network: Annotated[Path | None, typer.Option(
         "--network", help="directory of Sailor's fitted network curves")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="availability trace CSV")] = None,
-    step: Annotated[int | None, typer.Option("--step", help="row of the trace to use as the pool (0-based; default 0, the first)")] = None,
+    step: Annotated[int | None, typer.Option(
+        "--step", help="row of the trace to use as the pool (0-based; default 0, the first)")] = None,
     plan: Annotated[Path | None, typer.Option("--plan", help="Sailor plan_config_*.json")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
 ) -> None:
