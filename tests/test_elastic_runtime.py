@@ -139,7 +139,7 @@ def _slow_writer(port, directory):
         real_save(obj, f)
 
     torch.save = slow
-    _write_async(port, 0, 0, 1, True, {"step": 4}, 4, directory, keep=2).join()
+    _write_async(port, 0, 0, 1, True, {"step": 4}, 4, directory, keep=2, meta={"step": 4}).join()
 
 
 def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path):
@@ -244,6 +244,23 @@ def test_switch_policy_weighs_the_gain_against_the_cost(tmp_path):
         assert choice.pays(1, 2, many, 1)  # enough steps left: the faster plan pays
     else:
         assert not choice.pays(1, 2, 10**6, 0)
+
+
+def test_the_switch_policy_estimates_a_plan_of_any_gpus_and_zones():
+    """The run's own plan (as ``shoal plan`` writes it: real GPU types and zones) is costed as
+    the CPU processes that run it, so the policy weighs it rather than switching blind."""
+    from shoal.runtime.elastic import PlannerChoice
+
+    choice = PlannerChoice("tiny", TINY, 8, SEQ, 1)
+    local = choice(1)
+    doc = local.to_json()
+    for st in doc["stages"]:
+        for r in st["replicas"]:
+            r["gpu"], r["zone"] = "A100-40GB", "us-central1-a"
+    choice.cache[1] = TrainingPlan.model_validate(doc)
+    assert choice.iteration_s(1) == pytest.approx(PlannerChoice("tiny", TINY, 8, SEQ, 1)
+                                                  .iteration_s(1))
+    assert not choice.pays(1, 1, 10**6, 0)  # the same plan: no gain, no move
 
 
 def test_cli_elastic_lists_the_reconfigurations(tmp_path):

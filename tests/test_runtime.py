@@ -125,6 +125,80 @@ def test_plans_the_runtime_cannot_run_say_why():
         layout(uneven, TINY)
     with pytest.raises(SpecError, match="does not divide"):
         layout(plan([((0, 6), [(3, 2)])]), TINY)
+    with pytest.raises(SpecError, match="at least one layer") as e:
+        layout(plan([((0, 3), [(1, 2)]), ((3, 3), [(1, 2)]), ((3, 6), [(1, 2)])]), TINY)
+    assert e.value.field == "stages.1.layers"
+    with pytest.raises(SpecError, match="no microbatch"):
+        layout(plan([((0, 6), [(1, 0)])]), TINY)
+
+
+def test_a_checkpoint_resumes_in_another_dtype_exactly(tmp_path):
+    """Parameters and Adam's moments are cast to the run's dtype: float64 to float32 and back
+    gives the float64 run's losses to float32 precision."""
+    ck = tmp_path / "ck"
+    spawn(PLANS["zero2"], TINY, 2, SEQ, checkpoint_dir=str(ck))  # float64
+    res = spawn(PLANS["dp2"], TINY, 2, SEQ, checkpoint_dir=str(ck), resume=True,
+                dtype=torch.float32)
+    ref_losses, _ = reference(TINY, PLANS["dp2"], 4, SEQ)
+    assert res[0]["losses"] == pytest.approx(ref_losses[2:], rel=1e-5)
+    meta = __import__("json").loads((ck / "step-4" / "meta.json").read_text())
+    assert meta["dtype"] == "float32" and meta["model"] == TINY.name
+
+
+def test_checkpoint_folders_of_other_names_are_left_out(tmp_path):
+    from shoal.runtime.train import checkpoint_dirs, latest_checkpoint
+
+    for name in ("step-2", "step-10", "step-10.bak", "step-3.tmp", "step-x"):
+        (tmp_path / name).mkdir()
+    for name in ("step-2", "step-10.bak"):
+        (tmp_path / name / "meta.json").write_text("{}")
+    assert [n for n, _ in checkpoint_dirs(tmp_path)] == [2, 10]
+    assert latest_checkpoint(tmp_path)[0] == 2  # step-10 has no meta.json: not complete
+
+
+def test_cli_train_refuses_what_would_fail_later(tmp_path):
+    """Refused before any worker starts: a folder with another run's checkpoint (the save at
+    the end would fail), a checkpoint of another model, several machines with no rendezvous,
+    elastic-only options without --elastic, a folder under a file."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from shoal.cli import _check_resumable, app
+
+    f = tmp_path / "plan.json"
+    f.write_text(PLANS["dp2"].model_dump_json(by_alias=True))
+    ck = tmp_path / "ck"
+    (ck / "step-3").mkdir(parents=True)
+    (ck / "step-3" / "meta.json").write_text(json.dumps(
+        {"step": 3, "model": "other", "model_spec": {"name": "other"}}))
+
+    def run(*args):
+        return CliRunner().invoke(app, ["train", str(f), "--model", "tiny", "--steps", "1",
+                                        *map(str, args)])
+
+    for args, words in (((("--checkpoint-dir", ck)), "holds a checkpoint of an earlier run"),
+                        (("--checkpoint-dir", ck, "--resume"), "checkpoint is of model 'other'"),
+                        (("--nnodes", 2), "rendezvous"),
+                        (("--nnodes", 2, "--node-rank", 2, "--rdzv-endpoint", "h:1"), "below"),
+                        (("--keep", 3), "goes with --elastic"),
+                        (("--profile", tmp_path / "p.json"), "goes with --elastic"),
+                        (("--checkpoint-dir", f / "sub"), "is a file")):
+        r = run(*args)
+        assert r.exit_code == 2 and words in r.output, (args, r.output)
+    with pytest.raises(SpecError):
+        _check_resumable(ck / "step-3", TINY)
+
+
+def test_worker_errors_are_each_ranks_last_exception():
+    from shoal.cli import worker_errors
+
+    log = ["[rank1]: Traceback (most recent call last):\n", "[rank1]:   File \"x\", line 1\n",
+           "[rank1]: ValueError: layers outside the model\n", "E1126 ChildFailedError:\n",
+           "[rank0]: torch.distributed.DistBackendError: connection closed\n"]
+    assert worker_errors(log) == ("rank0: torch.distributed.DistBackendError: connection closed; "
+                                  "rank1: ValueError: layers outside the model")
+    assert "no rank line" in worker_errors(["no rank line\n"])
 
 
 def test_cli_train_through_torchrun_and_resume(tmp_path):

@@ -33,7 +33,7 @@ from shoal.cli_common import (  # noqa: F401  (re-exported for tests and scripts
     _table,
     handles_errors,
 )
-from shoal.errors import SpecError
+from shoal.errors import RunFailed, SpecError
 from shoal.units import fmt_per_usd, fmt_seconds
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -231,6 +231,40 @@ def plan(
         out.print(f"best plan written to {output}")
     if figure is not None:
         out.print(f"Pareto front drawn in {figure}")
+
+
+def _check_seq(seq: int, spec) -> None:
+    if seq > spec.max_seq_len:
+        raise SpecError(f"longer than the model's {spec.max_seq_len} positions", field="--seq",
+                        value=seq, allowed=f"1..{spec.max_seq_len}")
+
+
+def _check_resumable(step_dir: Path, spec) -> None:
+    """A checkpoint resumes only into the model it was trained on (its ``meta.json`` says
+    which; one written before it said nothing is taken as it is)."""
+    from shoal.files import read_json
+
+    meta = read_json(step_dir / "meta.json", "checkpoint")
+    written = meta.get("model_spec") if isinstance(meta, dict) else None
+    if written is not None and written != spec.model_dump(mode="json"):
+        raise SpecError(f"the checkpoint is of model {meta.get('model')!r}, another model's "
+                        "weights", file=str(step_dir), field="--model", value=spec.name,
+                        allowed=f"{meta.get('model')} (the model it was trained on)")
+
+
+def worker_errors(log: list[str]) -> str:
+    """What the workers' errors were, from torchrun's stderr: each rank's last exception line
+    (``[rankN]: SomeError: ...``), else the log's last lines."""
+    import re
+
+    last: dict[str, str] = {}
+    for line in log:
+        m = re.match(r"\[(rank\d+)\]:\s*((?:[\w.]+)(?:Error|Exception|Interrupt)\b.*)", line)
+        if m:
+            last[m.group(1)] = m.group(2).strip()
+    if last:
+        return "; ".join(f"{rank}: {msg}" for rank, msg in sorted(last.items()))
+    return "\n" + "".join(x for x in log if not x.startswith("{"))[-2000:]
 
 
 def _deadline(iterations: int | None, within: str | None):
@@ -703,9 +737,11 @@ def train(
         "--rdzv-endpoint", help="host:port of the rendezvous (several machines)")] = None,
     elastic: Annotated[bool, typer.Option(
         "--elastic", help="kill-free reconfiguration when workers leave or join (this machine)")] = False,
-    checkpoint_every: Annotated[int, typer.Option(
-        "--checkpoint-every", min=1, help="elastic: asynchronous checkpoint every K steps")] = 2,
-    keep: Annotated[int, typer.Option("--keep", min=1, help="elastic: checkpoints kept")] = 2,
+    checkpoint_every: Annotated[int | None, typer.Option(
+        "--checkpoint-every", min=1,
+        help="elastic: asynchronous checkpoint every K steps [default: 2]")] = None,
+    keep: Annotated[int | None, typer.Option(
+        "--keep", min=1, help="elastic: checkpoints kept [default: 2]")] = None,
     fault_at: Annotated[int | None, typer.Option(
         "--fault-at", min=1, help="elastic demo: kill the last worker after this step")] = None,
     join_at: Annotated[int | None, typer.Option(
@@ -728,10 +764,30 @@ def train(
 
     p = load_plan(plan_file)
     spec = catalog.models().get(model, field="--model")
-    world = layout(p, spec).world
+    try:
+        world = layout(p, spec).world
+    except SpecError as exc:
+        raise exc.located(file=str(plan_file)) from None
     if world % nnodes:
         raise SpecError(f"the plan's {world} processes do not split evenly over {nnodes} "
                         "machines", field="--nnodes", value=nnodes)
+    if nnodes > 1 and rdzv_endpoint is None:
+        raise SpecError("several machines meet at a rendezvous", field="--nnodes", value=nnodes,
+                        allowed="--rdzv-endpoint HOST:PORT with it (the same on every machine)")
+    if node_rank >= nnodes:
+        raise SpecError("this machine's index must be below the number of machines",
+                        field="--node-rank", value=node_rank, allowed=f"0..{nnodes - 1}")
+    if elastic and nnodes > 1:
+        raise SpecError("--elastic runs on this machine only", field="--nnodes", value=nnodes,
+                        allowed="1 with --elastic")
+    if not elastic:
+        for option, value in (("--profile", profile), ("--checkpoint-every", checkpoint_every),
+                              ("--keep", keep), ("--fault-at", fault_at), ("--join-at", join_at)):
+            if value is not None:
+                raise SpecError(f"{option} goes with --elastic", field=option,
+                                value=str(value) if isinstance(value, Path) else value)
+    if profile is not None and not profile.is_file():
+        raise SpecError("profile not found", file=str(profile), field="--profile")
     if dtype not in ("float32", "float64"):
         raise SpecError("unknown dtype", field="--dtype", value=dtype, allowed="float32, float64")
     if resume and checkpoint_dir is None:
@@ -746,15 +802,15 @@ def train(
         if resume and found is None:
             raise SpecError("no checkpoint to resume from (no complete step-N folder)",
                             field="--checkpoint-dir", value=str(checkpoint_dir))
-        if elastic and found is not None and not resume:
-            # the workers reload the newest checkpoint there when they reconfigure
+        if found is not None and not resume:
+            # a run writes step-N there (and, elastic, reloads the newest on a reconfiguration)
             raise SpecError(f"holds a checkpoint of an earlier run (step-{found[0]})",
                             field="--checkpoint-dir", value=str(checkpoint_dir),
                             allowed="--resume to continue from it, or an empty folder")
+        if found is not None:
+            _check_resumable(checkpoint_dir / f"step-{found[0]}", spec)
     seq = seq or min(spec.max_seq_len, 128)
-    if seq > spec.max_seq_len:
-        raise SpecError(f"longer than the model's {spec.max_seq_len} positions", field="--seq",
-                        value=seq)
+    _check_seq(seq, spec)
     if elastic and fault_at is not None and world < 2:
         raise SpecError("the plan has one worker: killing it leaves none to go on",
                         field="--fault-at", value=fault_at, allowed="a plan of two workers or more")
@@ -762,10 +818,8 @@ def train(
         # --steps more iterations after the checkpoint resumed from, as without --elastic
         start = found[0] if resume and found is not None else 0
         _train_elastic(p, model, spec, world, start + steps, seq, seed, dtype, checkpoint_dir,
-                       checkpoint_every, keep, fault_at, join_at, profile, as_json)
+                       checkpoint_every or 2, keep or 2, fault_at, join_at, profile, as_json)
         return
-    if fault_at is not None or join_at is not None:
-        raise SpecError("--fault-at and --join-at go with --elastic", field="--fault-at")
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
         plan_json = Path(tmp) / "plan.json"
@@ -777,7 +831,10 @@ def train(
         cmd += ["-m", "shoal.runtime.entry", "--plan", str(plan_json), "--model", model,
                 "--steps", str(steps), "--seq", str(seq), "--seed", str(seed), "--dtype", dtype,
                 "--result", str(result)]
+        made = None  # the first folder of --checkpoint-dir this run makes (gone if it fails)
         if checkpoint_dir is not None:
+            made = next((d for d in reversed([checkpoint_dir, *checkpoint_dir.parents])
+                         if not d.exists()), None)
             checkpoint_dir.mkdir(parents=True, exist_ok=True)
             cmd += ["--checkpoint-dir", str(checkpoint_dir)] + (["--resume"] if resume else [])
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -795,8 +852,11 @@ def train(
                     pass
         rc = proc.wait()
         if rc != 0 or not result.is_file():
-            tail = "".join(x for x in log if not x.startswith("{"))[-2000:]
-            raise SpecError(f"the workers failed (exit {rc}):\n{tail}")
+            if made is not None:
+                import shutil
+
+                shutil.rmtree(made, ignore_errors=True)
+            raise RunFailed(f"the workers failed (exit {rc}): {worker_errors(log)}")
         doc = json.loads(result.read_text())
     if as_json:
         typer.echo(json.dumps(doc))
@@ -850,6 +910,7 @@ def profile(
             raise SpecError(f"TP {t} must divide --procs ({procs}) and the model's "
                             f"{spec.num_heads} heads", field="--tp", value=t)
     seq = seq or min(spec.max_seq_len, 128)
+    _check_seq(seq, spec)
     launch(procs, profiler.run, spec, model, tps, sizes, seq, reps, output.resolve())
     doc = json.loads(output.read_text())
     summary = {"path": str(output), "layers": doc["n_layers"], "tp": tps, "mbs": sizes,

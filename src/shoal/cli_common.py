@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from shoal.errors import InfeasibleError, ShoalError, SpecError
+from shoal.errors import InfeasibleError, RunFailed, ShoalError, SpecError
 
+EXIT_RUN_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
 
@@ -73,6 +74,8 @@ def handles_errors(fn):
             return fn(*args, **kwargs)
         except InfeasibleError as exc:
             raise _fail(exc, EXIT_INFEASIBLE, as_json) from None
+        except RunFailed as exc:
+            raise _fail(exc, EXIT_RUN_FAILED, as_json) from None
         except ShoalError as exc:  # SpecError and any other bad-input error
             raise _fail(exc, EXIT_BAD_INPUT, as_json) from None
         except ValidationError as exc:

@@ -76,6 +76,10 @@ class InfeasibleError(ShoalError):
         super().__init__(text)
 
 
+class RunFailed(ShoalError, RuntimeError):
+    """A run (``shoal train``) failed while it ran: the message says which worker and why."""
+
+
 def close_match(name: str, choices: Iterable[str]) -> str | None:
     """The closest known name to a misspelt one, compared case-insensitively."""
     choices = list(choices)

@@ -124,6 +124,13 @@ def check_folder(path: str | Path, option: str, parents: bool = False) -> Path:
     if not parents and not p.exists() and not p.parent.is_dir():
         raise SpecError("the folder to write into does not exist", field=option,
                         value=str(p.parent), allowed="a path in an existing folder")
+    if parents and not p.exists():
+        up = p.parent
+        while not up.exists() and up != up.parent:
+            up = up.parent
+        if not up.is_dir():
+            raise SpecError(f"{up} is a file: no folder can be made under it", field=option,
+                            value=str(p), allowed="a path whose existing part is a folder")
     return p
 
 

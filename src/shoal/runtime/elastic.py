@@ -35,7 +35,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from shoal.runtime.train import StoreHost, batch, latest_checkpoint
+from shoal.runtime.train import (
+    StoreHost,
+    batch,
+    checkpoint_dirs,
+    checkpoint_meta,
+    latest_checkpoint,
+)
 from shoal.runtime.train import store as make_store
 from shoal.specs.model import ModelSpec
 from shoal.specs.plan import TrainingPlan
@@ -70,7 +76,7 @@ def _client(port: int):
 
 
 def _write_async(port: int, gen: int, rank: int, world: int, writer: bool, doc: dict, step: int,
-                 directory: Path, keep: int) -> threading.Thread:
+                 directory: Path, keep: int, meta: dict) -> threading.Thread:
     """Write this rank's share of checkpoint ``step`` in a thread; rank 0 publishes it once
     every rank's share is on disk. The folder being written is the generation's own, so the
     files of a generation that broke off mid-write never mix with a later one's."""
@@ -86,14 +92,12 @@ def _write_async(port: int, gen: int, rank: int, world: int, writer: bool, doc: 
         store.set(f"g{gen}/ckpt/{step}/{rank}", "1")
         if rank == 0:
             store.wait([f"g{gen}/ckpt/{step}/{r}" for r in range(world)])
-            (tmp / "meta.json").write_text(json.dumps({"step": step}))
+            (tmp / "meta.json").write_text(json.dumps(meta))
             final = directory / f"step-{step}"
             if final.exists():
                 shutil.rmtree(final)
             tmp.rename(final)
-            old = sorted((int(d.name.split("-")[1]), d) for d in directory.glob("step-*")
-                         if d.is_dir() and not d.name.endswith(".tmp"))
-            for _, d in old[:-keep]:
+            for _, d in checkpoint_dirs(directory)[:-keep]:
                 shutil.rmtree(d, ignore_errors=True)
 
     t = threading.Thread(target=work, daemon=True)
@@ -169,7 +173,8 @@ def worker_main(wid: int, port: int, model_json: str, seq: int, total_steps: int
                     store.set(f"loss/{step}", str(loss))
                 if step % every == 0 or step == total_steps:
                     pending.append(_write_async(port, g, rank, world, w.role.replica == 0,
-                                                w.snapshot(), step, directory, keep))
+                                                w.snapshot(), step, directory, keep,
+                                                checkpoint_meta(w, step)))
             for t in pending:
                 t.join()
             if step >= total_steps:
@@ -375,8 +380,11 @@ class ElasticJob:
         error = records[first][1]
         self._retries += 1
         if self._retries > MAX_RETRIES:
-            raise RuntimeError(f"generation {self.gen} failed {self._retries} times in a row; "
-                               f"worker {first}, the first to fail:\n{error}")
+            from shoal.errors import RunFailed
+
+            raise RunFailed(f"generation {self.gen} failed {self._retries} times in a row; "
+                            f"worker {first}, the first to fail:\n"
+                            + "\n".join(error.strip().splitlines()[-12:]))
         last = error.strip().splitlines()[-1] if error.strip() else "error"
         self._publish(members, f"worker {first} failed ({last}): retried", now)
 
@@ -409,6 +417,16 @@ class ElasticJob:
                 p.kill()
 
 
+def _as_local(plan: TrainingPlan) -> TrainingPlan:
+    """The plan as this machine runs it: every replica a CPU process in the zone ``local``
+    (the plan the run started with may name any GPU types and zones)."""
+    doc = plan.to_json()
+    for st in doc["stages"]:
+        for r in st["replicas"]:
+            r["gpu"], r["zone"] = "cpu", "local"
+    return TrainingPlan.model_validate(doc)
+
+
 class PlannerChoice:
     """``plan_for(n)`` with shoal's planner: the best plan for n CPU workers (the job's global
     batch and sequence kept) that the runtime can run; data parallel when none is."""
@@ -434,7 +452,7 @@ class PlannerChoice:
         from shoal.problem import build_problem
 
         try:
-            return estimate(build_problem(self._scenario(n)), self(n)).iteration_time_s
+            return estimate(build_problem(self._scenario(n)), _as_local(self(n))).iteration_time_s
         except ShoalError:
             return None
 

@@ -76,10 +76,17 @@ def layout(plan: TrainingPlan, spec: ModelSpec) -> Layout:
             a[1] != b[0] for a, b in zip(edges, edges[1:], strict=False)):
         raise SpecError(f"the stages' layers must tile the model's {n_layers} layers "
                         "(embedding, blocks, head) in order", field="stages", value=edges)
+    for s, (a, b) in enumerate(edges):
+        if b <= a:
+            raise SpecError("a stage must hold at least one layer", field=f"stages.{s}.layers",
+                            value=[a, b])
     totals = {sum(r.microbatches for r in st.replicas) for st in plan.stages}
     if len(totals) != 1:
         raise SpecError("every stage must process the same number of microbatches",
                         field="stages", value=sorted(totals))
+    if totals == {0}:
+        raise SpecError("the iteration has no microbatch: every replica has 0",
+                        field="stages.0.replicas", allowed="at least one microbatch")
     roles, first, tps, owned = [], [], [], []
     for s, st in enumerate(plan.stages):
         if len({r.tp for r in st.replicas}) > 1:
@@ -322,7 +329,9 @@ class Worker:
                 raise SpecError("the checkpoint lacks a parameter of this plan", value=str(key))
             parts = [shards[key][t] for t in sorted(shards[key])]
             full = {k: unshard(key[1], [x[k] for x in parts]) for k in parts[0]}
-            mine = {k: shard(key[1], v, self.tp.size, self.role.tp_rank) for k, v in full.items()}
+            # in this run's dtype (the checkpoint may have been written in another)
+            mine = {k: shard(key[1], v, self.tp.size, self.role.tp_rank).to(p.dtype)
+                    for k, v in full.items()}
             with torch.no_grad():
                 p.copy_(mine["param"])
             state[p] = mine

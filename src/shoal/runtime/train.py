@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import tempfile
 import time
@@ -58,15 +59,32 @@ def reference(spec: ModelSpec, plan: TrainingPlan, steps: int, seq: int, *, seed
     return losses, params
 
 
+def checkpoint_dirs(directory: str | Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every ``step-N`` folder in ``directory``, oldest first (folders being
+    written, ``step-N...tmp``, and any other name are left out)."""
+    out = []
+    for d in Path(directory).glob("step-*"):
+        m = re.fullmatch(r"step-(\d+)", d.name)
+        if m and d.is_dir():
+            out.append((int(m.group(1)), d))
+    return sorted(out)
+
+
 def latest_checkpoint(directory: str | Path) -> tuple[int, list[str]] | None:
     """(step, files) of the newest complete checkpoint in ``directory``, or None."""
-    best = None
-    for d in Path(directory).glob("step-*"):
-        if d.is_dir() and not d.name.endswith(".tmp") and (d / "meta.json").is_file():
-            n = int(d.name.split("-")[1])
-            if best is None or n > best[0]:
-                best = (n, sorted(str(f) for f in d.glob("rank*.pt")))
-    return best
+    done = [(n, d) for n, d in checkpoint_dirs(directory) if (d / "meta.json").is_file()]
+    if not done:
+        return None
+    n, d = done[-1]
+    return n, sorted(str(f) for f in d.glob("rank*.pt"))
+
+
+def checkpoint_meta(w, step: int, plan: TrainingPlan | None = None) -> dict:
+    """``meta.json`` of a checkpoint written by worker ``w``: the step, and the model and dtype
+    it was trained in (a resume checks them before it starts workers)."""
+    doc = {"step": step, "model": w.spec.name, "model_spec": w.spec.model_dump(mode="json"),
+           "dtype": str(w.dtype).split(".")[-1]}
+    return doc if plan is None else {**doc, "plan": plan.to_json()}
 
 
 def save_checkpoint(w, directory: str | Path, step: int, plan: TrainingPlan) -> None:
@@ -83,7 +101,7 @@ def save_checkpoint(w, directory: str | Path, step: int, plan: TrainingPlan) -> 
     w.save(str(tmp))
     dist.barrier()
     if dist.get_rank() == 0:
-        (tmp / "meta.json").write_text(json.dumps({"step": step, "plan": plan.to_json()}))
+        (tmp / "meta.json").write_text(json.dumps(checkpoint_meta(w, step, plan)))
         tmp.rename(final)
     dist.barrier()
 
