@@ -183,11 +183,15 @@ def test_cli_train_refuses_what_would_fail_later(tmp_path):
                         (("--nnodes", 2, "--node-rank", 2, "--rdzv-endpoint", "h:1"), "below"),
                         (("--keep", 3), "goes with --elastic"),
                         (("--profile", tmp_path / "p.json"), "goes with --elastic"),
-                        (("--checkpoint-dir", f / "sub"), "is a file")):
+                        (("--checkpoint-dir", f / "sub"), "is a file"),
+                        (("--seq", 64), "longer than the model's 32 positions")):
         r = run(*args)
         assert r.exit_code == 2 and words in r.output, (args, r.output)
     with pytest.raises(SpecError):
         _check_resumable(ck / "step-3", TINY)
+    r = CliRunner().invoke(app, ["profile", "--model", "tiny", "--seq", "64", "-o",
+                                 str(tmp_path / "p.json")])
+    assert r.exit_code == 2 and "longer than the model's 32 positions" in r.output
 
 
 def test_worker_errors_are_each_ranks_last_exception():

@@ -233,10 +233,13 @@ def plan(
         out.print(f"Pareto front drawn in {figure}")
 
 
-def _check_seq(seq: int, spec) -> None:
+def _seq(seq: int | None, spec) -> int:
+    """``--seq``, by default the model's positions up to 128; no more than the model has."""
+    seq = seq or min(spec.max_seq_len, 128)
     if seq > spec.max_seq_len:
         raise SpecError(f"longer than the model's {spec.max_seq_len} positions", field="--seq",
                         value=seq, allowed=f"1..{spec.max_seq_len}")
+    return seq
 
 
 def _check_resumable(step_dir: Path, spec) -> None:
@@ -809,8 +812,7 @@ def train(
                             allowed="--resume to continue from it, or an empty folder")
         if found is not None:
             _check_resumable(checkpoint_dir / f"step-{found[0]}", spec)
-    seq = seq or min(spec.max_seq_len, 128)
-    _check_seq(seq, spec)
+    seq = _seq(seq, spec)
     if elastic and fault_at is not None and world < 2:
         raise SpecError("the plan has one worker: killing it leaves none to go on",
                         field="--fault-at", value=fault_at, allowed="a plan of two workers or more")
@@ -909,8 +911,7 @@ def profile(
         if procs % t or spec.num_heads % t:
             raise SpecError(f"TP {t} must divide --procs ({procs}) and the model's "
                             f"{spec.num_heads} heads", field="--tp", value=t)
-    seq = seq or min(spec.max_seq_len, 128)
-    _check_seq(seq, spec)
+    seq = _seq(seq, spec)
     launch(procs, profiler.run, spec, model, tps, sizes, seq, reps, output.resolve())
     doc = json.loads(output.read_text())
     summary = {"path": str(output), "layers": doc["n_layers"], "tp": tps, "mbs": sizes,
