@@ -388,3 +388,17 @@ def test_cli_train_checks_its_folders_and_options_before_starting(tmp_path):
     r = CliRunner().invoke(app, ["profile", "--model", "tiny", "-o", str(tmp_path / "p.json"),
                                  "--mbs", "0,1"])
     assert r.exit_code == 2 and "--mbs: must be at least 1" in r.output
+
+
+def test_a_join_after_the_last_step_is_not_a_switch(tmp_path):
+    """Workers that join once every step has run have nothing left to speed up: the plan
+    stays, whatever the switch policy (here, one that always switches)."""
+    job = ElasticJob(TINY, dp, total_steps=6, seq=SEQ, ckpt_dir=str(tmp_path / "ck"))
+    try:
+        job.gen, job.members = 0, [0, 1]
+        job.store.set("g0/last_step", "5")
+        assert job._why_stay(3) is None  # a step left: the policy (always) switches
+        job.store.set("g0/last_step", "6")
+        assert job._why_stay(3) == "stay: the run has done its steps"
+    finally:
+        job.shutdown()

@@ -272,8 +272,7 @@ class ElasticJob:
 
     def _publish(self, members: list[int], cause: str, detected: float) -> None:
         old = self.plan.summary() if self.plan is not None else None
-        lost_from = int(self.store.get(f"g{self.gen}/last_step")) \
-            if self.gen >= 0 and self.store.check([f"g{self.gen}/last_step"]) else 0
+        lost_from = self._steps_done() if self.gen >= 0 else 0
         from shoal.runtime.pipeline import layout
 
         plan = self.plan_for(len(members))
@@ -328,8 +327,9 @@ class ElasticJob:
             alive = self._alive()
             gone = sorted(set(self.members) - set(alive))
             new = sorted(set(alive) - set(self.members) - self._standby)
-            if new and not gone and not self._worth_it(len(self.members), len(alive)):
-                self._stay(new)
+            why = self._why_stay(len(alive)) if new and not gone else None
+            if why is not None:
+                self._stay(new, why)
                 new = []
             if gone or new:
                 cause = ", ".join([f"worker {w} left" for w in gone]
@@ -388,25 +388,39 @@ class ElasticJob:
         last = error.strip().splitlines()[-1] if error.strip() else "error"
         self._publish(members, f"worker {first} failed ({last}): retried", now)
 
+    def _why_stay(self, new_n: int) -> str | None:
+        """Why the plan stays when workers join and none left (None: it switches to
+        ``new_n`` workers): a join after the last step has nothing left to speed up; else the
+        plan chooser's switch policy decides."""
+        if self._steps_done() >= self.total_steps:
+            return "stay: the run has done its steps"
+        if not self._worth_it(len(self.members), new_n):
+            return "stay: the switch would not pay"
+        return None
+
     def _worth_it(self, old_n: int, new_n: int) -> bool:
         """Ask the plan chooser's switch policy (when it has one) whether more workers pay."""
         pays = getattr(self.plan_for, "pays", None)
         if pays is None:
             return True
-        done = int(self.store.get(f"g{self.gen}/last_step")) \
-            if self.store.check([f"g{self.gen}/last_step"]) else 0
+        done = self._steps_done()
         found = latest_checkpoint(self.ckpt_dir)
         ck = found[0] if found else 0
         return pays(old_n, new_n, self.total_steps - done, max(done - ck, 0))
 
-    def _stay(self, new: list[int]) -> None:
+    def _steps_done(self) -> int:
+        """The steps the current generation has run up to (0 before its first)."""
+        return int(self.store.get(f"g{self.gen}/last_step")) \
+            if self.store.check([f"g{self.gen}/last_step"]) else 0
+
+    def _stay(self, new: list[int], why: str) -> None:
         """Keep the plan; the new workers wait as standbys (asked again at the next change)."""
         self._standby |= set(new)
         self.reconfigurations.append(Reconfiguration(
             time_s=time.time() - self.t0, cause=", ".join(f"worker {w} joined" for w in new),
             old_plan=self.plan.summary(), new_plan=self.plan.summary(),
             members=list(self.members), detect_to_first_step_s=0.0, steps_lost=0,
-            resumed_from_step=None, decision="stay: the switch would not pay"))
+            resumed_from_step=None, decision=why))
 
     def shutdown(self) -> None:
         self.store.set("done", "1")
