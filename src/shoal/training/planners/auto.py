@@ -892,7 +892,8 @@ def _shapes(space: Space, mbs_values: list[int], max_stages: int | None):
                         # TP from the smallest up)
                         smallest = tuple(tuple(_first_per_kind(st)) for st in opts)
                     yield Shape(recompute, mbs, split, tuple(tuple(o) for o in opts),
-                                rebalance=P > 1 and split == bal, smallest=smallest)
+                                rebalance=P > 1 and split == bal and not every_split(L, P),
+                                smallest=smallest)
 
 
 def _first_per_kind(options) -> list[Option]:
