@@ -209,6 +209,8 @@ def test_cli_bubbles_json_contract(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,msg", [
     (["--rate", "0"], "--rate"),
+    (["--rate", "nan"], "--rate"),
+    (["--rate", "inf"], "--rate"),
     ([], "no requests"),
     (["--rate", "5", "--guard", "5 parsecs"], "--guard"),
     (["--rate", "5", "--inference-model", "GPT-17"], "GPT-17"),

@@ -348,6 +348,29 @@ def test_plan_infeasible_exits_3(tmp_path):
     assert json.loads(r.stdout)["error"]["file"].endswith("missing.yaml")
 
 
+def test_usage_errors_exit_2_and_under_json_print_the_error_object(monkeypatch, capsys):
+    from shoal.cli import main
+
+    for args, option in ((["plan", "s.yaml", "--top", "0", "--json"], "--top"),
+                         (["plan", "s.yaml", "--objective", "cheapest", "--json"], "--objective"),
+                         (["replay", "s.yaml", "--synthetic", "spot", "--seed", "-1", "--json"],
+                          "--seed")):
+        monkeypatch.setattr("sys.argv", ["shoal", *args])
+        with pytest.raises(SystemExit) as ei:
+            main()
+        assert ei.value.code == 2
+        err = json.loads(capsys.readouterr().out)["error"]
+        assert err["exit_code"] == 2 and option in err["message"]
+    monkeypatch.setattr("sys.argv", ["shoal", "plan", "s.yaml", "--top", "0"])
+    with pytest.raises(SystemExit) as ei:
+        main()
+    assert ei.value.code == 2 and capsys.readouterr().out == ""  # no --json: stderr only
+    monkeypatch.setattr("sys.argv", ["shoal", "catalog", "models", "--json"])
+    with pytest.raises(SystemExit) as ei:
+        main()
+    assert ei.value.code == 0 and json.loads(capsys.readouterr().out)
+
+
 def test_command_listings_break_lines_only_where_the_terminal_does():
     """The command lists keep no line break of the docstrings' source: a summary wraps at the
     terminal's width, not in mid-sentence."""

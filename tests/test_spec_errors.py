@@ -112,6 +112,24 @@ def test_zero_global_batch(scenario_dict):
     assert "greater than 0" in str(e)
 
 
+def test_microbatch_sizes_none_of_which_divides_the_batch(scenario_dict):
+    scenario_dict["job"]["microbatch_sizes"] = [3, 5]
+    scenario_dict["job"]["global_batch"] = 32
+    with pytest.raises(SpecError) as ei:
+        parse_scenario(scenario_dict, file=F)
+    assert "none of [3, 5] divides the global batch 32" in str(ei.value)
+    scenario_dict["job"]["microbatch_sizes"] = [3, 4]  # one that does is enough
+    parse_scenario(scenario_dict, file=F)
+
+
+@pytest.mark.parametrize("within", [0, "0s", "1e400h", float("nan")])
+def test_deadline_within_a_positive_finite_time(scenario_dict, within):
+    scenario_dict["constraints"] = {"deadline": {"iterations": 10, "within": within}}
+    with pytest.raises(SpecError) as ei:
+        parse_scenario(scenario_dict, file=F)
+    assert ei.value.field == "constraints.deadline.within"
+
+
 def test_negative_gpu_count_in_pool(scenario_dict):
     zone_gpus(scenario_dict)["A100-40GB"] = -4
     with pytest.raises(SpecError) as ei:

@@ -94,3 +94,10 @@ def test_booleans_and_other_types_rejected(fn):
 
 def test_unit_error_is_a_value_error():
     assert issubclass(UnitError, ValueError)
+
+
+@pytest.mark.parametrize("fn", [parse_bytes, parse_seconds, parse_bandwidth, parse_flops])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), "1e400", "inf", "-inf"])
+def test_values_that_are_not_finite_rejected(fn, value):
+    with pytest.raises(UnitError):
+        fn(value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 import math
 import os
 from dataclasses import asdict
@@ -433,7 +434,7 @@ def replay(
         "--trace", help="availability trace: Sailor CSV or controller JSON, or shoal events")] = None,
     synthetic: Annotated[str | None, typer.Option(
         "--synthetic", help="instead of --trace: generate one (spot, scarcity, outage)")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="seed of --synthetic")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="seed of --synthetic")] = 0,
     hours: Annotated[float, typer.Option("--hours", min=0.01, help="length of --synthetic")] = 8.0,
     trace_gpu: Annotated[str | None, typer.Option(
         "--trace-gpu", help="GPU type of a controller JSON trace (default A100-40GB)")] = None,
@@ -728,7 +729,7 @@ def train(
     steps: Annotated[int, typer.Option("--steps", min=1, help="iterations to run")],
     seq: Annotated[int | None, typer.Option(
         "--seq", min=1, help="sequence length (default: the model's, at most 128)")] = None,
-    seed: Annotated[int, typer.Option(help="seed of weights and data")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="seed of weights and data")] = 0,
     dtype: Annotated[str, typer.Option(help="float32 or float64")] = "float32",
     checkpoint_dir: Annotated[Path | None, typer.Option(
         "--checkpoint-dir", help="write a checkpoint here after the last step")] = None,
@@ -1063,7 +1064,28 @@ _reflow_help(app)
 
 
 def main() -> None:
-    app()
+    """The ``shoal`` command. A command-line usage error (an unknown option, a value out of
+    range) exits 2 as the others do; under ``--json`` it is also printed as the one JSON object
+    on stdout (``{"error": {"message", "exit_code"}}``), as every other error is."""
+    try:
+        rv = app(standalone_mode=False)
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
+    except Exception as exc:
+        if not all(hasattr(exc, a) for a in ("format_message", "exit_code", "show")):
+            raise  # not a usage error (click's ClickException, whichever click typer uses)
+        if "--json" in sys.argv[1:]:
+            typer.echo(json.dumps({"error": {"message": exc.format_message(),
+                                             "exit_code": exc.exit_code}}))
+        try:
+            from typer import rich_utils
+
+            rich_utils.rich_format_error(exc)
+        except Exception:  # typer without rich: click's plain message
+            exc.show()
+        sys.exit(exc.exit_code)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":

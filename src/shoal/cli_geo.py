@@ -4,6 +4,7 @@ inference prefill placed in its pipeline bubbles (BubbleTea)."""
 from __future__ import annotations
 
 import json
+import math
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -41,7 +42,7 @@ def bubbles_cmd(
     rate: Annotated[float | None, typer.Option(
         "--rate", help="without --requests: Poisson requests per second")] = None,
     duration: Annotated[str, typer.Option("--duration", help="with --rate: how long")] = "60s",
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="seed of --rate")] = 0,
     schedule: Annotated[GeoSchedule, typer.Option(
         "--schedule", help="training schedule over the WAN")] = GeoSchedule.atlas,
     cell: Annotated[int | None, typer.Option(
@@ -78,8 +79,9 @@ def bubbles_cmd(
         reqs = bt.load_requests(requests)
         source = str(requests)
     elif rate is not None:
-        if rate <= 0:
-            raise SpecError("must be > 0", field="--rate", value=rate)
+        if not (0 < rate < math.inf):
+            raise SpecError("must be a positive number", field="--rate", value=rate,
+                            allowed="requests per second > 0")
         length = _seconds(duration, "--duration")
         if length <= 0:
             raise SpecError("must be > 0", field="--duration", value=duration)

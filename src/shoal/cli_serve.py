@@ -124,7 +124,7 @@ def plan_cmd(
     lengths: Annotated[Path | None, typer.Option(
         "--lengths", help="decode objective: request lengths to simulate (CSV)")] = None,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="seconds")] = 60.0,
-    seed: Annotated[int, typer.Option(help="seed (petals' node order)")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="seed (petals' node order)")] = 0,
     prune: Annotated[int, typer.Option(
         min=0, help="milp: keep each node's fastest N links (0: all)")] = 12,
     warm_start: Annotated[bool, typer.Option(
@@ -249,7 +249,7 @@ def simulate_cmd(
     warmup: Annotated[float, typer.Option("--warmup", min=0, help="seconds not measured")] = 60.0,
     duration: Annotated[float | None, typer.Option(
         "--duration", min=1, help="seconds measured (offline default 600; online: until done)")] = None,
-    seed: Annotated[int, typer.Option(help="seed of lengths, arrivals and random routing")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="seed of lengths, arrivals and random routing")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here")] = None,
 ) -> None:
@@ -363,7 +363,7 @@ def run_cmd(
         "--http", metavar="[HOST:]PORT",
         help="serve an OpenAI-style /v1/completions endpoint here until interrupted "
              "(instead of the generated requests)")] = None,
-    seed: Annotated[int, typer.Option(help="seed of weights, prompts and arrivals")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="seed of weights, prompts and arrivals")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here")] = None,
 ) -> None:
@@ -496,7 +496,7 @@ def profile_cmd(
                                  "(default: a quarter of the model's context)")] = None,
     reps: Annotated[int, typer.Option("--reps", min=1, help="repeats per measurement")] = 5,
     dtype: Annotated[str, typer.Option(help="float32 or float64")] = "float32",
-    seed: Annotated[int, typer.Option(help="seed of the weights")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="seed of the weights")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
 ) -> None:
     """Measure per-layer prompt and decode times and the hop between processes with serve run's

@@ -6,6 +6,7 @@ are bits per second and are divided by 8; ``GB/s`` and ``GBps`` are bytes per se
 
 from __future__ import annotations
 
+import math
 import re
 
 _DEC = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
@@ -21,13 +22,17 @@ def _split(text: object, kind: str) -> tuple[float, str]:
     if isinstance(text, bool):
         raise UnitError(f"expected a {kind}, got a boolean")
     if isinstance(text, int | float):
-        return float(text), ""
-    if not isinstance(text, str):
+        value, unit = float(text), ""
+    elif not isinstance(text, str):
         raise UnitError(f"expected a {kind} such as {_EXAMPLES[kind]}, got {type(text).__name__}")
-    m = re.fullmatch(_NUM + r"([A-Za-z/%]*)\s*", text)
-    if not m:
-        raise UnitError(f"cannot read {text!r} as a {kind}; write it like {_EXAMPLES[kind]}")
-    return float(m.group(1)), m.group(2)
+    else:
+        m = re.fullmatch(_NUM + r"([A-Za-z/%]*)\s*", text)
+        if not m:
+            raise UnitError(f"cannot read {text!r} as a {kind}; write it like {_EXAMPLES[kind]}")
+        value, unit = float(m.group(1)), m.group(2)
+    if not math.isfinite(value):
+        raise UnitError(f"{text!r} is not a finite {kind}")
+    return value, unit
 
 
 _EXAMPLES = {

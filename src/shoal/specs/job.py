@@ -42,6 +42,13 @@ class JobSpec(BaseModel):
         v = v if isinstance(v, list) else [v]
         return [x.lower() if isinstance(x, str) else x for x in v]
 
+    @model_validator(mode="after")
+    def _some_microbatch_size_divides(self):
+        if self.microbatch_sizes and all(self.global_batch % m for m in self.microbatch_sizes):
+            raise ValueError(f"microbatch_sizes: none of {self.microbatch_sizes} divides the "
+                             f"global batch {self.global_batch}; allowed: a divisor of it")
+        return self
+
     @field_validator("optimizer", "precision", mode="before")
     @classmethod
     def _lower(cls, v):
@@ -51,7 +58,7 @@ class JobSpec(BaseModel):
 class Deadline(BaseModel):
     model_config = STRICT
     iterations: PositiveInt = Field(description="iterations that must finish within `within`")
-    within: Seconds = Field(description="wall-clock time the iterations must finish in")
+    within: Seconds = Field(gt=0, description="wall-clock time the iterations must finish in")
 
 
 class Constraints(BaseModel):
