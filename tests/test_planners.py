@@ -18,6 +18,7 @@ from shoal.problem import build_problem
 from shoal.specs.job import Constraints
 from shoal.specs.scenario import parse_scenario
 from shoal.training.planners import OBJECTIVES, Reuse, complete_front, sailor, search
+from shoal.training.planners.common import rounded
 from shoal.training.planners.allocate import Allocation, upgraded
 from shoal.training.planners.space import Space, balanced_split, mbs_options
 
@@ -332,9 +333,10 @@ def test_relaxations_name_the_best_plan_under_the_other_constraints(strategy="au
             search(pb, strategy=strategy, constraints=capped.model_copy(update=tight))
         assert e.value.binding == binding
         assert f"{fastest:.4g} iterations/s" in e.value.relaxation or \
-            e.value.relaxation == f"min_iters_per_s <= {fastest:.4g}"
+            e.value.relaxation == f"min_iters_per_s <= {rounded(fastest, up=False)}"
+    # the relaxation as written (rounded down) gives a plan
     search(pb, strategy=strategy, constraints=capped.model_copy(
-        update={"min_iters_per_s": fastest * (1 - 1e-9)}))
+        update={"min_iters_per_s": float(rounded(fastest, up=False))}))
     floor = fastest * 0.9
     cheapest = search(pb, strategy=strategy, objective="min-cost",
                       constraints=Constraints(min_iters_per_s=floor)).ranked[0].cost_usd
@@ -342,7 +344,42 @@ def test_relaxations_name_the_best_plan_under_the_other_constraints(strategy="au
         search(pb, strategy=strategy, constraints=Constraints(
             min_iters_per_s=floor, max_cost_per_iteration_usd=cheapest / 3))
     assert e.value.binding == "max $/iteration"
-    assert e.value.relaxation == f"max_cost_per_iteration_usd >= {cheapest:.4g}"
+    assert e.value.relaxation == f"max_cost_per_iteration_usd >= {rounded(cheapest, up=True)}"
+    search(pb, strategy=strategy, constraints=Constraints(
+        min_iters_per_s=floor, max_cost_per_iteration_usd=float(rounded(cheapest, up=True))))
+
+
+def test_relaxations_keep_the_other_constraints_when_no_relaxed_search_runs(monkeypatch):
+    """When the searches without one constraint do not run (the budget is spent), the
+    relaxation named is still of a plan costed that meets every other constraint: a cost cap
+    that also meets the deadline, not the cheapest plan of all."""
+    from shoal.specs.job import Deadline
+    from shoal.training import planners
+
+    pb = problem()
+    fastest = search(pb).ranked[0]
+    deadline = Deadline(iterations=1000, within=1000 / fastest.throughput_iters_per_s * 1.01)
+    cheapest_all = search(pb, objective="min-cost").ranked[0].cost_usd
+    cheapest_in_time = search(pb, objective="min-cost",
+                              constraints=Constraints(deadline=deadline)).ranked[0].cost_usd
+    assert cheapest_in_time > cheapest_all * 1.01  # the deadline moves the cheapest plan
+    monkeypatch.setattr(planners, "_nearest", lambda *a, **k: None)
+    with pytest.raises(InfeasibleError) as e:
+        search(pb, objective="min-cost", constraints=Constraints(
+            deadline=deadline, max_cost_per_iteration_usd=cheapest_all / 2))
+    # the plans the failed search costed may hold none that meets the deadline: then no
+    # relaxation of the cap alone is named
+    if e.value.binding == "max $/iteration":
+        assert float(e.value.relaxation.split(">=")[1]) >= cheapest_in_time
+    else:
+        assert e.value.binding == "constraints together"
+
+
+@pytest.mark.parametrize("x,up,text", [(2.69729, True, "2.698"), (2.697, True, "2.697"),
+                                       (0.010488, False, "0.01048"), (1.7325, True, "1.733"),
+                                       (9.9999, True, "10"), (0.0270249, False, "0.02702")])
+def test_relaxations_are_rounded_toward_what_holds(x, up, text):
+    assert rounded(x, up=up) == text
 
 
 def test_free_gpus_rank_by_time_under_every_objective():

@@ -179,6 +179,6 @@ def _nearest(ev: Evaluator, problem: Problem, strategy: str, constraints: Constr
         except InfeasibleError:
             continue  # the other constraints bind too
         if goal == "max-throughput":
-            ev.fastest = best
+            ev.fastest_else = best
         else:
-            ev.cheapest = best
+            ev.cheapest_else = best

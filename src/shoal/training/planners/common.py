@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -103,8 +104,16 @@ class Evaluator:
         self.feasible: dict[PlanSpec, Candidate] = {}
         self.best_oom_margin = np.inf  # smallest peak/capacity over OOM candidates (for errors)
         self.fits = 0  # candidates that fit in memory, constraints or not
-        self.fastest: Candidate | None = None  # among those: for InfeasibleError's relaxation
+        self.fastest: Candidate | None = None  # among those
         self.cheapest: Candidate | None = None
+        # the fastest that meets every constraint but the throughput floors (min iterations/s,
+        # the deadline), and the cheapest that meets every one but the cost cap: the
+        # relaxations InfeasibleError names (each alone then gives a plan)
+        self.fastest_else: Candidate | None = None
+        self.cheapest_else: Candidate | None = None
+        self._but_floors = constraints.model_copy(update={"min_iters_per_s": None,
+                                                          "deadline": None})
+        self._but_cap = constraints.model_copy(update={"max_cost_per_iteration_usd": None})
         self.objective = objective
         self.deadline: float | None = None  # perf_counter time after which the search stops
         self.max_pairs: int | None = None  # (shape, degree) pairs a bounded search allocates
@@ -223,6 +232,13 @@ class Evaluator:
             self.cheapest = cand
         if not meets(cand, self.constraints):
             self.stats.infeasible += 1
+            if ((self.fastest_else is None
+                 or cand.iteration_time_s < self.fastest_else.iteration_time_s)
+                    and meets(cand, self._but_floors)):
+                self.fastest_else = cand
+            if ((self.cheapest_else is None or cand.cost_usd < self.cheapest_else.cost_usd)
+                    and meets(cand, self._but_cap)):
+                self.cheapest_else = cand
             return False
         self.feasible[cand.spec] = cand
         if self.incumbent is None or (score(cand, self.objective)
@@ -316,6 +332,16 @@ def finish(ev: Evaluator, objective: str, top_k: int) -> SearchResult:
     return SearchResult(ranked=ranked, pareto=pareto(cands), stats=ev.stats, objective=objective)
 
 
+def rounded(x: float, up: bool, digits: int = 4) -> str:
+    """``x`` to ``digits`` significant digits, rounded up (``up``) or down, so that a limit
+    written as shown still admits the plan it was read from."""
+    if not math.isfinite(x) or x <= 0:
+        return f"{x:.{digits}g}"
+    scale = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    v = (math.ceil if up else math.floor)(x / scale) * scale
+    return f"{v:.{digits + 1}g}"
+
+
 def infeasible(ev: Evaluator) -> InfeasibleError:
     """The binding reason nothing was returned, and the nearest relaxation."""
     st, c = ev.stats, ev.constraints
@@ -341,7 +367,7 @@ def infeasible(ev: Evaluator) -> InfeasibleError:
     if not ev.fits:
         return InfeasibleError("no plan shape fits the pool", binding="pool",
                                relaxation="add GPUs or allow more microbatch sizes")
-    best_thr, cheapest = ev.fastest, ev.cheapest
+    best_thr, cheapest = ev.fastest_else, ev.cheapest_else
     found = next((x for x in (best_thr, cheapest) if x is not None and meets(x, c)), None)
     if found is not None:
         # the searches without one constraint found a plan that meets them all: this
@@ -352,18 +378,24 @@ def infeasible(ev: Evaluator) -> InfeasibleError:
             f"one exists ({found.throughput_iters_per_s:.4g} iterations/s, "
             f"{found.cost_usd:.4g} USD/iteration)", binding="search strategy",
             relaxation="--strategy auto (it searches every plan shape)")
+    # each relaxation is of the one constraint alone, to a value rounded so that it holds
     parts = []
-    if c.min_iters_per_s is not None and best_thr.throughput_iters_per_s < c.min_iters_per_s:
-        parts.append(("min iterations/s", f"min_iters_per_s <= {best_thr.throughput_iters_per_s:.4g}"))
-    if c.max_cost_per_iteration_usd is not None and cheapest.cost_usd > c.max_cost_per_iteration_usd:
-        parts.append(("max $/iteration", f"max_cost_per_iteration_usd >= {cheapest.cost_usd:.4g}"))
+    if (c.min_iters_per_s is not None and best_thr is not None
+            and best_thr.throughput_iters_per_s < c.min_iters_per_s):
+        parts.append(("min iterations/s", "min_iters_per_s <= "
+                      + rounded(best_thr.throughput_iters_per_s, up=False)))
+    if (c.max_cost_per_iteration_usd is not None and cheapest is not None
+            and cheapest.cost_usd > c.max_cost_per_iteration_usd):
+        parts.append(("max $/iteration", "max_cost_per_iteration_usd >= "
+                      + rounded(cheapest.cost_usd, up=True)))
     if c.max_gpus is not None and c.max_gpus < sum(ev.problem.avail.values()):
         parts.append(("max GPUs", f"max_gpus > {c.max_gpus}"))  # a cap below the pool may bind
-    if c.deadline is not None:
+    if c.deadline is not None and best_thr is not None:
         thr = best_thr.throughput_iters_per_s
         need_s = c.deadline.iterations / thr if thr > 0 else float("inf")
         most = int(thr * c.deadline.within)
-        parts.append(("deadline", f"--within {need_s / 3600:.3g}h (the fastest plan runs "
+        parts.append(("deadline", f"--within {rounded(need_s / 3600, up=True)}h "
+                                  f"(the fastest plan that meets the other constraints runs "
                                   f"{thr:.4g} iterations/s)"
                       + (f", or at most {most} iterations" if most >= 1 else "")))
     if not parts:
