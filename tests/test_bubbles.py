@@ -232,3 +232,18 @@ def test_a_rate_that_brings_no_request_is_refused():
     with pytest.raises(SpecError, match="no request arrives"):
         bubbles.synthetic_requests(0.001, 10.0, seed=0)
     assert all(a <= 60.0 for a, _ in bubbles.synthetic_requests(0.1, 60.0, seed=0))
+
+
+def test_uneven_shares_are_refused_with_the_even_share_allowed(tmp_path):
+    from typer.testing import CliRunner
+
+    from shoal.cli import app
+
+    doc = json.loads(EXAMPLE_PLAN.read_text())
+    doc["stages"][0]["replicas"][0]["microbatches"] = 8
+    doc["stages"][0]["replicas"][1]["microbatches"] = 4
+    plan = tmp_path / "uneven.json"
+    plan.write_text(json.dumps(doc))
+    r = CliRunner().invoke(app, ["bubbles", str(EXAMPLE), "--plan", str(plan), "--rate", "5"])
+    assert r.exit_code == 2, r.output
+    assert "2 replicas of 6 microbatches" in r.output and "[8, 4]" in r.output

@@ -471,3 +471,20 @@ def test_a_plan_result_given_as_a_plan_says_how_to_get_the_plan(tmp_path):
     result.write_text(json.dumps({"plans": [], "pareto": [], "stats": {}}))
     res = run("estimate", SCENARIO, "--plan", result)
     assert res.exit_code == 2 and "shoal plan ... -o plan.json" in res.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_output_in_a_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path):
+    """--figure in a folder no file can be made in: refused up front, naming the option, and
+    the plan file is not written either."""
+    from shoal.errors import SpecError
+    from shoal.files import check_output
+
+    with pytest.raises(SpecError) as ei:
+        check_output("/proc/front.png", "--figure")
+    assert ei.value.field == "--figure"
+    scn = tmp_path / "s.yaml"
+    scn.write_text(SMALL_PLAN_SCENARIO)
+    r = run("plan", scn, "-o", tmp_path / "p.json", "--figure", "/proc/front.png")
+    assert r.exit_code == 2 and "--figure" in r.output
+    assert not (tmp_path / "p.json").exists() and [p.name for p in tmp_path.iterdir()] == ["s.yaml"]

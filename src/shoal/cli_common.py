@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import os
 import typing
 from typing import Annotated
@@ -55,7 +56,9 @@ def _fail(exc: Exception | str, code: int, as_json: bool = False) -> typer.Exit:
         for name in ("file", "field", "value", "allowed", "suggestion", "binding", "relaxation"):
             v = getattr(exc, name, None)
             if v is not None:
-                doc[name] = v if isinstance(v, (str, int, float, bool)) else repr(v)
+                plain = isinstance(v, (str, int, bool)) or (isinstance(v, float)
+                                                            and math.isfinite(v))
+                doc[name] = v if plain else repr(v)  # JSON has no inf or nan
         typer.echo(json.dumps({"error": doc}))
     return typer.Exit(code)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -110,6 +111,13 @@ def check_output(path: str | Path, option: str) -> Path:
     if not p.parent.is_dir():
         raise SpecError("the folder to write into does not exist", field=option,
                         value=str(p), allowed="a path in an existing folder")
+    if not p.exists() or p.is_file():  # written through a temporary file beside it
+        try:
+            with tempfile.NamedTemporaryFile(dir=p.parent, prefix=".shoal-check-"):
+                pass
+        except OSError as exc:
+            raise SpecError(f"cannot write there: {exc.strerror or exc}", field=option,
+                            value=str(p), allowed="a path in a folder you can write to") from None
     return p
 
 

@@ -424,6 +424,7 @@ def job_from_plan(problem, plan, est=None, *, file: str | None = None) -> GeoJob
     reg = catalog.gpus()
     dcs, firsts = [], []
     n_rep = len(plan.stages[0].replicas)
+    total = sum(r.microbatches for r in plan.stages[0].replicas)
     share = plan.stages[0].replicas[0].microbatches
     for s, st in enumerate(plan.stages):
         regions = {problem.zone_region[r.zone] for r in st.replicas}
@@ -434,7 +435,10 @@ def job_from_plan(problem, plan, est=None, *, file: str | None = None) -> GeoJob
         if len(st.replicas) != n_rep or any(r.microbatches != share for r in st.replicas):
             raise SpecError("every stage needs the same number of replicas with equal "
                             "microbatch shares", file=file, field=f"stages.{s}.replicas",
-                            value=len(st.replicas), allowed=f"{n_rep} replicas of {share}")
+                            value=[r.microbatches for r in st.replicas],
+                            allowed=(f"{n_rep} replicas of {total // n_rep} microbatches"
+                                     if total % n_rep == 0 else
+                                     f"a replica count that divides the {total} microbatches"))
         dcs.append(regions.pop())
         firsts.append(st.replicas[0])
     nbytes = float(problem.sizes.boundary_bytes) * plan.microbatch_size
