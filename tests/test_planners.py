@@ -18,8 +18,8 @@ from shoal.problem import build_problem
 from shoal.specs.job import Constraints
 from shoal.specs.scenario import parse_scenario
 from shoal.training.planners import OBJECTIVES, Reuse, complete_front, sailor, search
-from shoal.training.planners.common import rounded
 from shoal.training.planners.allocate import Allocation, upgraded
+from shoal.training.planners.common import rounded
 from shoal.training.planners.space import Space, balanced_split, mbs_options
 
 SMALL = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -196,8 +197,36 @@ def test_http_endpoint_streams_concurrent_requests(setup):
                          json.dumps({"prompt": "x" * 40, "max_tokens": 4}))
             bad = conn.getresponse()
             assert bad.status == 400 and b"context" in bad.read()
+            for method, path, status in (("GET", "/v1/completions", 405),
+                                         ("DELETE", "/v1/completions", 405),
+                                         ("GET", "/nowhere", 404)):
+                conn.request(method, path)
+                resp = conn.getresponse()
+                assert resp.status == status and "error" in json.loads(resp.read())
         finally:
             ep.close()
+
+
+@pytest.mark.parametrize("body,what", [
+    ('{"prompt": "hi", "max_tokens": 1e400}', "max_tokens"),
+    ('{"prompt": [1e400]}', "prompt"),
+    ('{"prompt": "hi", "max_tokens": "8"}', "max_tokens"),
+    ('{"prompt": "hi", "max_tokens": 2.5}', "max_tokens"),
+    ('{"prompt": "hi", "max_tokens": true}', "max_tokens"),
+    ('{"prompt": [1.5, 2]}', "prompt"),
+    ('{"prompt": {"1": 2}}', "prompt"),
+    ('{"prompt": ""}', "empty"),
+    ('{"prompt": [300]}', "[0, 256)"),
+    ('{"prompt": "hi", "stream": "yes"}', "stream"),
+    ('[1, 2]', "prompt"),
+])
+def test_a_completions_request_of_a_bad_value_is_refused_naming_it(body, what):
+    from shoal.serving.http import parse_request
+
+    with pytest.raises(ValueError, match=re.escape(what)):
+        parse_request(json.loads(body), 256)
+    assert parse_request({"prompt": [1, 2], "max_tokens": 3, "stream": True}, 256) == (
+        [1, 2], 3, True)
 
 
 def test_profile_then_the_same_trace_simulated_and_run(setup, tmp_path):

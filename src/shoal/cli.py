@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import inspect
 import json
-import sys
 import math
 import os
+import sys
 from dataclasses import asdict
 from enum import StrEnum
 from pathlib import Path

@@ -63,6 +63,33 @@ class Endpoint:
         self.loop.join()
 
 
+def parse_request(body: object, vocab: int) -> tuple[list[int], int, bool]:
+    """(prompt tokens, max_tokens, stream) of a completions request, or a ValueError saying
+    what is wrong: the prompt is text or a non-empty list of token ids (integers in [0,
+    vocab)), ``max_tokens`` a positive integer (16 by default), ``stream`` a boolean."""
+    if not isinstance(body, dict) or "prompt" not in body:
+        raise ValueError("expected a JSON object with 'prompt' (text or token ids), and "
+                         "optionally 'max_tokens' and 'stream'")
+    prompt = body["prompt"]
+    if isinstance(prompt, str):
+        tokens = encode(prompt, vocab)
+    elif isinstance(prompt, list) and all(type(t) is int for t in prompt):
+        tokens = list(prompt)
+    else:
+        raise ValueError("'prompt' must be text or a list of integer token ids")
+    if not tokens:
+        raise ValueError("'prompt' is empty")
+    if any(t < 0 or t >= vocab for t in tokens):
+        raise ValueError(f"prompt token ids must be in [0, {vocab})")
+    max_new = body.get("max_tokens", 16)
+    if type(max_new) is not int or max_new < 1:
+        raise ValueError(f"'max_tokens' must be a positive integer (got {max_new!r})")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ValueError(f"'stream' must be true or false (got {stream!r})")
+    return tokens, max_new, stream
+
+
 def _handler(ep: Endpoint):
     spec = ep.server.spec
 
@@ -81,13 +108,23 @@ def _handler(ep: Endpoint):
             self.wfile.write(body)
 
         def _error(self, code: int, message: str) -> None:
-            self._json(code, {"error": {"message": message, "type": "invalid_request_error"
-                                        if code == 400 else "server_error"}})
+            kind = {404: "not_found_error", 405: "invalid_request_error"}.get(
+                code, "invalid_request_error" if 400 <= code < 500 else "server_error")
+            self._json(code, {"error": {"message": message, "type": kind}})
+
+        def _no_method(self) -> None:
+            allowed = "POST" if self.path.rstrip("/") == "/v1/completions" else "GET"
+            self._json(405, {"error": {"message": f"{self.command} {self.path}: allowed {allowed}",
+                                       "type": "invalid_request_error"}})
+
+        do_PUT = do_DELETE = do_PATCH = _no_method  # noqa: N815 (http.server's names)
 
         def do_GET(self):  # noqa: N802 (http.server's name)
             if self.path.rstrip("/") == "/v1/models":
                 self._json(200, {"object": "list", "data": [
                     {"id": spec.name, "object": "model", "owned_by": "shoal"}]})
+            elif self.path.rstrip("/") == "/v1/completions":
+                self._no_method()
             else:
                 self._error(404, f"no route {self.path}")
 
@@ -97,30 +134,22 @@ def _handler(ep: Endpoint):
                 return
             try:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                prompt = body["prompt"]
-                tokens = (encode(prompt, spec.vocab_size) if isinstance(prompt, str)
-                          else [int(t) for t in prompt])
-                max_new = int(body.get("max_tokens", 16))
-                stream = bool(body.get("stream", False))
-            except (ValueError, KeyError, TypeError) as exc:
-                self._error(400, f"expected JSON with 'prompt' (text or token ids), "
-                                 f"'max_tokens', 'stream' ({type(exc).__name__}: {exc})")
-                return
-            if not tokens or any(t < 0 or t >= spec.vocab_size for t in tokens):
-                self._error(400, f"prompt tokens must be in [0, {spec.vocab_size})")
+                tokens, max_new, stream = parse_request(body, spec.vocab_size)
+            except ValueError as exc:
+                self._error(400, str(exc))
                 return
             if max_new < 1 or len(tokens) + max_new > spec.max_seq_len:
                 self._error(400, f"prompt ({len(tokens)} tokens) + max_tokens ({max_new}) must "
                                  f"fit the model's context of {spec.max_seq_len}")
                 return
             r = ep.submit(tokens, max_new)
+            try:
+                self._answer(r, tokens, stream)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client went away: its tokens have nowhere to go
+
+        def _answer(self, r: Request, tokens: list[int], stream: bool) -> None:
             rid = f"cmpl-{r.rid}"
-            if stream:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
             got: list[int] = []
             while True:
                 try:
@@ -129,6 +158,9 @@ def _handler(ep: Endpoint):
                     item = Rejected("no answer from the coordinator")
                 if isinstance(item, Rejected) or item is None:
                     break
+                if stream and not got:  # the first token: the stream starts (a request
+                    # rejected before any token gets a 503, streamed or not)
+                    self._start_stream()
                 got.append(item)
                 if stream:
                     self._chunk({"id": rid, "object": "text_completion", "model": spec.name,
@@ -136,7 +168,7 @@ def _handler(ep: Endpoint):
                                      {"index": 0, "text": decode([item]), "tokens": [item],
                                       "finish_reason": None}]})
             if isinstance(item, Rejected):
-                if stream:
+                if stream and got:  # rejected mid-stream: the status is sent already
                     self._chunk({"id": rid, "error": {"message": item.reason}})
                     self._end()
                 else:
@@ -144,6 +176,8 @@ def _handler(ep: Endpoint):
                 return
             usage = {"prompt_tokens": len(tokens), "completion_tokens": len(got),
                      "total_tokens": len(tokens) + len(got)}
+            if stream and not got:
+                self._start_stream()
             if stream:
                 self._chunk({"id": rid, "object": "text_completion", "model": spec.name,
                              "choices": [{"index": 0, "text": "", "tokens": [],
@@ -154,6 +188,13 @@ def _handler(ep: Endpoint):
                              "created": int(time.time()), "choices": [
                                  {"index": 0, "text": decode(got), "tokens": got,
                                   "finish_reason": "length"}], "usage": usage})
+
+        def _start_stream(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
 
         def _chunk(self, doc) -> None:
             data = f"data: {json.dumps(doc)}\n\n".encode()
