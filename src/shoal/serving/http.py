@@ -12,6 +12,7 @@ runs in its own thread.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import queue
@@ -143,10 +144,9 @@ def _handler(ep: Endpoint):
                                  f"fit the model's context of {spec.max_seq_len}")
                 return
             r = ep.submit(tokens, max_new)
-            try:
+            # a client that went away: its tokens have nowhere to go
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 self._answer(r, tokens, stream)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client went away: its tokens have nowhere to go
 
         def _answer(self, r: Request, tokens: list[int], stream: bool) -> None:
             rid = f"cmpl-{r.rid}"
