@@ -374,3 +374,24 @@ def test_bad_addresses_are_refused(tmp_path, coord, host, why):
         .replace("coordinator: {region: r1}", f"coordinator: {{region: r1, address: '{coord}'}}"))
     with pytest.raises(SpecError, match=why):
         load_serving(tmp_path / "s.yaml")
+
+
+def test_run_refuses_a_placement_that_serves_nothing_and_a_port_in_use(setup):
+    """A placement that leaves a layer on no node is refused before any worker starts (it
+    used to start them and reject every request); so is an --http port already taken."""
+    import socket
+
+    from shoal.cli import app
+
+    d, *_ = setup
+    (d / "gap.json").write_text(json.dumps({"layers": 4, "nodes": [
+        {"name": "a", "layers": [0, 2]}, {"name": "b", "layers": [3, 4]}]}))
+    r = CliRunner().invoke(app, ["serve", "run", str(d / "s.yaml"), "--placement",
+                                 str(d / "gap.json"), "--requests", "2", "--json"])
+    assert r.exit_code == 3, r.output
+    assert "layers [2, 3) are on no node" in json.loads(r.stdout)["error"]["message"]
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        r = CliRunner().invoke(app, ["serve", "run", str(d / "s.yaml"), "--placement",
+                                     str(d / "p.json"), "--http", str(port)])
+    assert r.exit_code == 2 and "--http" in r.output, r.output

@@ -202,6 +202,19 @@ class RouterName(StrEnum):
     shortest_queue = "shortest-queue"
 
 
+def _check_port(host: str, port: int) -> None:
+    """A SpecError naming --http when ``host:port`` cannot be listened on (in use, say), before
+    the workers start."""
+    import socket
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise SpecError(f"cannot listen there: {exc.strerror or exc}", field="--http",
+                        value=f"{host}:{port}", allowed="a free port (0: any)") from None
+
+
 def _placement(cluster, placement: Path | None):
     """A placement file (shoal JSON or Helix .ini), or auto's when none is given."""
     from shoal.serving.flow import max_flow
@@ -380,6 +393,13 @@ def run_cmd(
         raise SpecError("unknown dtype", field="--dtype", value=dtype, allowed="float32, float64")
     cluster = _load(serving)
     placed = _placement(cluster, placement)
+    if placed.flow.value <= 0:  # no request could be served: refused before any worker starts
+        from shoal.errors import InfeasibleError
+        from shoal.serving.placers import no_flow_reason
+
+        why, fix = no_flow_reason(cluster, placed.placement)
+        raise InfeasibleError(f"the placement serves nothing ({why})", binding="placement",
+                              relaxation=fix)
     from shoal.serving.spec import load_serving
 
     name = model or load_serving(serving).model.name
@@ -400,6 +420,7 @@ def run_cmd(
             raise SpecError("expected [HOST:]PORT", field="--http", value=http) from None
         if not 0 <= port <= 65535:
             raise SpecError("no such port", field="--http", value=http, allowed="0-65535")
+        _check_port(host, port)
     held = [i for i, r in enumerate(placed.placement.ranges) if r is not None]
     far = [cluster.names[i] for i in held if cluster.hosts[i] is not None]
     with _cli._progress().status(
