@@ -395,3 +395,14 @@ def test_run_refuses_a_placement_that_serves_nothing_and_a_port_in_use(setup):
         r = CliRunner().invoke(app, ["serve", "run", str(d / "s.yaml"), "--placement",
                                      str(d / "p.json"), "--http", str(port)])
     assert r.exit_code == 2 and "--http" in r.output, r.output
+
+
+def test_profile_refuses_a_context_past_the_model(tmp_path):
+    from shoal.cli import app
+
+    for ctx in ("32", "100000"):  # tiny's context is 32
+        r = CliRunner().invoke(app, ["serve", "profile", "--model", "tiny", "-o",
+                                     str(tmp_path / "p"), "--context", ctx, "--json"])
+        assert r.exit_code == 2, r.output
+        assert json.loads(r.stdout)["error"]["field"] == "--context"
+    assert not (tmp_path / "p").exists()

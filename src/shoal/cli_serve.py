@@ -534,6 +534,10 @@ def profile_cmd(
     from shoal.files import check_folder
 
     spec = catalog.models().get(model, field="--model")
+    if context is not None and context >= spec.max_seq_len:
+        raise SpecError(f"more cached tokens than {spec.name}'s context of {spec.max_seq_len} "
+                        "leaves room for", field="--context", value=context,
+                        allowed=f"1 to {spec.max_seq_len - 1}")
     check_folder(out_dir, "--out")
     with _cli._progress().status(f"measuring {spec.name}") if not as_json else _null():
         prof = measure(spec, reps=reps, seed=seed, dtype=dtype, context=context)
