@@ -736,3 +736,57 @@ def test_max_flow_on_a_hundred_node_cluster():
     placed = place(c, "auto", time_limit_s=3.0)
     assert 0 < placed.flow.value <= c.upper_bound() * (1 + 1e-9)
     assert placed.flow.value == pytest.approx(max_flow(c, placed.placement).value)
+
+
+def _helix_inputs(tmp_path, capacity: dict, machines: str = "[L4]\ninbound_nic_speed = 10 * gbps\n"
+                  "outbound_nic_speed = 10 * gbps\nvram_size = 24 * GB\n"):
+    (tmp_path / "c.ini").write_text(
+        "[NodeNames]\ntotal_compute_nodes=1\n[ComputeNode-0]\ntype=L4\n"
+        "[Link-source-0]\nbandwidth=1 * gbps\n[Link-0-sink]\nbandwidth=1 * gbps\n")
+    (tmp_path / "m.ini").write_text("[SourceNode]\ninbound_nic_speed = -1\n" + machines)
+    (tmp_path / "cap.json").write_text(json.dumps(capacity))
+    return {"cluster": tmp_path / "c.ini", "machines": tmp_path / "m.ini",
+            "capacity": tmp_path / "cap.json"}
+
+
+def _capacity(**over) -> dict:
+    nt = {"max_layers": 2, "tokens_per_s": {"1": 100.0, "2": 50.0}}
+    model = {"name": "m", "layers": 4, "activation_bytes": 1000}
+    setting = {"model": model, "clusters": ["c.ini"], "node_types": {"L4": nt}}
+    for k, v in over.items():
+        where, _, key = k.partition("__")
+        {"nt": nt, "model": model, "setting": setting}[where][key] = v
+    return {"settings": {"x": setting}}
+
+
+@pytest.mark.parametrize("over,field", [
+    ({"nt__max_layers": 3}, "node_types.L4"),  # no tokens_per_s for 3 layers
+    ({"nt__max_layers": "two"}, "node_types.L4"),
+    ({"nt__max_layers": 0}, "node_types.L4"),
+    ({"nt__tokens_per_s": [100.0, 50.0]}, "node_types.L4"),
+    ({"nt__tokens_per_s": {"1": "fast", "2": 50.0}}, "node_types.L4"),
+    ({"model__layers": None}, "x.model"),
+    ({"setting__node_types": {"L4": None}}, "node_types.L4"),
+    ({"setting__node_types": []}, "node_types"),
+])
+def test_helix_capacity_entries_that_cannot_be_read_are_named(tmp_path, over, field):
+    from shoal.io.helix import import_helix
+
+    import_helix(**_helix_inputs(tmp_path, _capacity()))  # the file as made reads
+    with pytest.raises(SpecError) as e:
+        import_helix(**_helix_inputs(tmp_path, _capacity(**over)))
+    assert e.value.file.endswith("cap.json") and field in e.value.field
+
+
+@pytest.mark.parametrize("machines,bad", [
+    ("[L4]\ninbound_nic_speed = -10 * gbps\n", "inbound_nic_speed"),
+    ("[L4]\nvram_size = 0 * GB\n", "vram_size"),
+    ("[L4]\nvram_size = 1e999 * GB\n", "vram_size"),
+    ("[L4]\nvram_size = 1.2.3 * GB\n", "vram_size"),
+])
+def test_helix_machine_values_that_are_not_positive_quantities_are_named(tmp_path, machines, bad):
+    from shoal.io.helix import import_helix
+
+    with pytest.raises(SpecError) as e:
+        import_helix(**_helix_inputs(tmp_path, _capacity(), machines))
+    assert e.value.field == f"[L4] {bad}" and e.value.file.endswith("m.ini")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import configparser
+import math
 import re
 from pathlib import Path
 
@@ -35,11 +36,27 @@ ENGINE_BATCH = {
 
 def _value(text: str, file: Path, field: str) -> float:
     m = _EXPR.match(text)
-    if not m or (m.group(2) and m.group(2) not in _UNITS):
+    try:
+        if not m or (m.group(2) and m.group(2) not in _UNITS):
+            raise ValueError
+        v = float(m.group(1)) * (_UNITS[m.group(2)] if m.group(2) else 1.0)
+        if not math.isfinite(v):
+            raise ValueError
+    except ValueError:
         raise SpecError("not a Helix quantity", file=str(file), field=field, value=text,
-                        allowed="a number, optionally '* <unit>' with unit one of "
-                                + ", ".join(_UNITS))
-    return float(m.group(1)) * (_UNITS[m.group(2)] if m.group(2) else 1.0)
+                        allowed="a finite number, optionally '* <unit>' with unit one of "
+                                + ", ".join(_UNITS)) from None
+    return v
+
+
+def _capacity(file: Path, field: str, read, allowed: str):
+    """``read()`` of a capacity file's entry, any failure to read it (a missing key, a value
+    of the wrong type) a SpecError naming the file and the entry."""
+    try:
+        return read()
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
+        raise SpecError(f"unreadable entry ({type(exc).__name__}: {exc})", file=str(file),
+                        field=field, allowed=allowed) from None
 
 
 def _ini(path: Path) -> configparser.ConfigParser:
@@ -96,17 +113,26 @@ def read_machines(path: Path) -> dict[str, dict[str, float]]:
     for sec in cp.sections():
         row = {}
         for key in ("inbound_nic_speed", "outbound_nic_speed", "vram_size"):
-            v = _value(cp.get(sec, key, fallback="-1"), path, f"[{sec}] {key}")
-            if v > 0:
-                row[key] = v
+            if not cp.has_option(sec, key):
+                continue
+            v = _value(cp.get(sec, key), path, f"[{sec}] {key}")
+            if v == -1:
+                continue  # Helix's "does not apply" (the source's inbound NIC, say)
+            if v <= 0:
+                raise SpecError("must be positive", file=str(path), field=f"[{sec}] {key}",
+                                value=cp.get(sec, key), allowed="a positive quantity, or -1 "
+                                                                "where it does not apply")
+            row[key] = v
         out[sec] = row
     return out
 
 
 def _setting(cap: dict, cluster_file: Path, model: str | None, file: Path) -> tuple[str, dict]:
-    settings = cap.get("settings")
-    if not isinstance(settings, dict):
-        raise SpecError("expected 'settings': {name: {model, clusters, node_types}}", file=str(file))
+    settings = cap.get("settings") if isinstance(cap, dict) else None
+    if not isinstance(settings, dict) or not all(isinstance(v, dict) and isinstance(
+            v.get("model", {}), dict) for v in settings.values()):
+        raise SpecError("expected 'settings': {name: {model: {...}, clusters: [...], "
+                        "node_types: {...}}}", file=str(file), field="settings")
     match = [k for k, v in settings.items() if cluster_file.name in v.get("clusters", [])
              and (model is None or model.lower() in (k.lower(), str(v.get("model", {}).get("name",
                                                                                      "")).lower()))]
@@ -116,7 +142,7 @@ def _setting(cap: dict, cluster_file: Path, model: str | None, file: Path) -> tu
                         + (f" and --model {model}" if model is not None else ""),
                         file=str(file), field="--model" if model is not None else None,
                         value=model, allowed="--model one of " + ", ".join(
-                            sorted({str(settings[k]["model"].get("name")) for k in
+                            sorted({str(settings[k].get("model", {}).get("name")) for k in
                                     (match or settings)})))
     return match[0], settings[match[0]]
 
@@ -151,6 +177,9 @@ def import_helix(*, cluster: Path, machines: Path, capacity: Path, model: str | 
     name, setting = _setting(read_json(capacity, "capacity file"), cluster, model, capacity)
     mdl = setting.get("model", {})
     node_types = setting.get("node_types", {})
+    if not isinstance(node_types, dict):
+        raise SpecError("expected {node type: {max_layers, tokens_per_s}}", file=str(capacity),
+                        field=f"settings.{name}.node_types")
     mach = {}
     for t in sorted(set(types)):
         if t not in node_types:
@@ -158,9 +187,17 @@ def import_helix(*, cluster: Path, machines: Path, capacity: Path, model: str | 
                             field=f"settings.{name}.node_types", value=t,
                             allowed=", ".join(sorted(node_types)))
         nt = node_types[t]
-        k = int(nt["max_layers"])
-        row = {"max_layers": k, "tokens_per_s": [float(nt["tokens_per_s"][str(j)])
-                                                 for j in range(1, k + 1)]}
+
+        def table(nt=nt) -> dict:
+            k = int(nt["max_layers"])
+            if k < 1:
+                raise ValueError(f"max_layers {k} < 1")
+            return {"max_layers": k, "tokens_per_s": [float(nt["tokens_per_s"][str(j)])
+                                                      for j in range(1, k + 1)]}
+
+        row = _capacity(capacity, f"settings.{name}.node_types.{t}", table,
+                        "max_layers (an integer >= 1) and tokens_per_s {'1': n, ..., "
+                        "'<max_layers>': n}")
         prof = nics.get(t, {})
         if "vram_size" in prof:
             row["memory"] = prof["vram_size"]
@@ -194,9 +231,11 @@ def import_helix(*, cluster: Path, machines: Path, capacity: Path, model: str | 
     return {
         "schema": "shoal/serving@1",
         "name": f"{cluster.stem} {mdl.get('name', name)}",
-        "model": {"name": str(mdl.get("name", "model")), "layers": int(mdl["layers"]),
-                  "token_bytes": float(mdl.get("token_bytes", 2)),
-                  "activation_bytes": float(mdl["activation_bytes"])},
+        "model": _capacity(capacity, f"settings.{name}.model", lambda: {
+            "name": str(mdl.get("name", "model")), "layers": int(mdl["layers"]),
+            "token_bytes": float(mdl.get("token_bytes", 2)),
+            "activation_bytes": float(mdl["activation_bytes"])},
+            "layers and activation_bytes (numbers), optionally name and token_bytes"),
         "machines": mach,
         "nodes": [{"name": f"n{i}", "machine": t, "region": regions[i]}
                   for i, t in enumerate(types)],
