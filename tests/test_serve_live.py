@@ -406,3 +406,28 @@ def test_profile_refuses_a_context_past_the_model(tmp_path):
         assert r.exit_code == 2, r.output
         assert json.loads(r.stdout)["error"]["field"] == "--context"
     assert not (tmp_path / "p").exists()
+
+
+def test_an_interrupted_worker_with_no_coordinator_exits_at_once(tmp_path):
+    """Ctrl-C on `serve worker` before any coordinator answered: it exits 130 (it used to hang
+    on its unsent hello until killed)."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as s:  # a free port, then nobody there
+        port = s.getsockname()[1]
+    (tmp_path / "s.yaml").write_text(
+        SERVING.replace("name: c, region: r1}", "name: c, region: r1, host: 127.0.0.1}")
+        .replace("coordinator: {region: r1}",
+                 f'coordinator: {{region: r1, address: "127.0.0.1:{port}"}}'))
+    p = _worker(tmp_path, "c")
+    try:
+        deadline = time.time() + 60
+        line = ""
+        while "waiting for the coordinator" not in line and time.time() < deadline:
+            line = p.stdout.readline()
+        time.sleep(4.0)  # torch and zmq imported: in the worker's loop, its hello queued
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=15) == 130
+    finally:
+        p.kill()
+        p.wait()

@@ -166,6 +166,9 @@ def worker_main(name: str, coord: str, bind: str = "127.0.0.1", advertise: str |
 
     torch.set_num_threads(1)
     ctx = zmq.Context()
+    # no socket waits for unsent messages at exit: a worker interrupted before any
+    # coordinator answered would otherwise hang there on its hello
+    ctx.setsockopt(zmq.LINGER, 0)
     pull = ctx.socket(zmq.PULL)
     try:
         port = pull.bind_to_random_port(f"tcp://{bind}")
