@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,3 +156,18 @@ def test_example_scenario_finds_a_plan_within_its_slo():
     assert dl.iterations * best.iteration_time_s <= dl.within
     # the 10 s goal is measured alone by benchmarks/strategies.py; here tests share the cores
     assert res.stats.search_time_s < 40
+
+
+def test_plan_completes_the_front_of_espresso_with_its_cost_search_only():
+    """`shoal plan --strategy espresso`: the front is completed by Espresso's min-cost search
+    alone (its walk is not bounded under the other objectives, which ran to the time budget)."""
+    from typer.testing import CliRunner
+
+    from shoal.cli import app
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "espresso-llama-1.3b.yaml"
+    r = CliRunner().invoke(app, ["plan", str(example), "--strategy", "espresso", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert not doc["stats"]["truncated"]
+    assert doc["plans"][0]["slo_total"]["time_s"] <= 3600

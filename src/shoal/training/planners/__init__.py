@@ -131,8 +131,8 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
     st = result.stats
     found = list(result.pareto)
     for goal in OBJECTIVES:
-        if goal == result.objective:
-            continue
+        if goal == result.objective or (strategy == "espresso" and goal != "min-cost"):
+            continue  # Espresso's walk is bounded by cost alone: other goals run to the budget
         left = None if budget_s is None else budget_s - (time.perf_counter() - st.started)
         if left is not None and left < 0.1:
             st.truncated = True

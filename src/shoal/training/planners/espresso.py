@@ -64,7 +64,7 @@ import numpy as np
 
 from shoal.estimate.kernel import p2p_s, ring_allreduce_s, worker_memory
 from shoal.training.planners.build import shares
-from shoal.training.planners.common import Evaluator, PlanSpec
+from shoal.training.planners.common import Evaluator, PlanSpec, cannot_beat, score
 from shoal.training.planners.space import Space, balanced_split
 
 
@@ -427,10 +427,22 @@ def _search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
             evaluate(tree, alloc)
         if ev.out_of_time():
             return
-    trees.sort(key=lambda t: min(t.t_lower(t.k * u.rate) * t.k * t.d * u.price
-                                 for u in t.units))
+    if prune_cost:  # the cheapest bound first
+        trees.sort(key=lambda t: min(t.t_lower(t.k * u.rate) * t.k * t.d * u.price
+                                     for u in t.units))
+    else:  # the fastest bound first: the incumbent the others are pruned against
+        trees.sort(key=lambda t: t.t_lower(t.k * max(u.rate for u in t.units)))
+    def hopeless(t_low: float, usd_low: float) -> bool:
+        """Under the other objectives, whether plans of at least ``t_low`` seconds and
+        ``usd_low`` USD per iteration cannot beat the incumbent (min-cost: ``best_cost``)."""
+        inc = ev.incumbent
+        if prune_cost or inc is None:
+            return False
+        key = t_low if objective == "max-throughput" else t_low * usd_low
+        return cannot_beat(key, t_low, score(inc, objective)[0], inc.iteration_time_s)
+
     for tree in trees:
-        _walk(ev, tree, z, slo_iter, best_cost, evaluate)
+        _walk(ev, tree, z, slo_iter, best_cost, evaluate, hopeless)
         if ev.out_of_time():
             return
     if not ev.feasible:  # nothing meets the SLO: cost the rest, so the error names the fastest
@@ -453,8 +465,11 @@ def _orders(pool: list[Unit]):
             yield (u, *tail)
 
 
-def _walk(ev: Evaluator, tree: _Tree, z: int, slo_iter: float, best_cost, evaluate) -> None:
-    """Alg. 1 on one tree: best-first over partial allocations by C_upper."""
+def _walk(ev: Evaluator, tree: _Tree, z: int, slo_iter: float, best_cost, evaluate,
+          hopeless=lambda t, usd: False) -> None:
+    """Alg. 1 on one tree: best-first over partial allocations by C_upper. ``hopeless(t,
+    usd)``: whether plans of at least t seconds and usd per iteration cannot beat the best
+    plan under the search's other objectives (Espresso's own prunes by cost alone)."""
     space, units, k, d = tree.space, tree.units, tree.k, tree.d
     U = len(units)
     kinds_of = [u.kind for u in units]
@@ -498,7 +513,7 @@ def _walk(ev: Evaluator, tree: _Tree, z: int, slo_iter: float, best_cost, evalua
         if rest:  # price over rate of the whole pipeline is at least the smallest unit's
             ratio = min(price / rate if rate > 0 else math.inf, best_ratio[t])
             bound = max(bound, z * tree.total * (ratio + tree.sigma * (price + rest * min_price[t])))
-        if bound > best_cost():
+        if bound > best_cost() or hopeless(tree.t_lower(best_rate), bound / z):
             ev.stats.pruned += 1  # CP
             continue
         if s == k:
