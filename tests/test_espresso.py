@@ -171,3 +171,28 @@ def test_plan_completes_the_front_of_espresso_with_its_cost_search_only():
     doc = json.loads(r.stdout)
     assert not doc["stats"]["truncated"]
     assert doc["plans"][0]["slo_total"]["time_s"] <= 3600
+
+
+def test_a_pipeline_stays_in_a_zone_that_holds_it(tmp_path):
+    """Two zones, z1 with 4 A30 and z2 with 4 A30 and 4 RTX-3090, slower between zones: the
+    stages of a pipeline follow each other's zone. Placing each stage in the zone with most free
+    GPUs alternated z1/z2, every hand-off crossed, and no plan met the hour."""
+    import yaml
+
+    from shoal.problem import load_problem
+    from shoal.training.planners import search
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "espresso-llama-1.3b.yaml"
+    doc = yaml.safe_load(example.read_text())
+    doc["pool"]["regions"] = {"r1": {"zones": {"z1": {"gpus": {"A30": 4}},
+                                               "z2": {"gpus": {"A30": 4, "RTX-3090": 4}}}}}
+    doc["network"]["defaults"]["same_region"] = {"bandwidth": "1Gbps", "latency": "1ms"}
+    doc["network"]["egress_usd_per_gb"] = {"same_zone": 0, "same_region": 0.01}
+    path = tmp_path / "two-zones.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    pb = load_problem(path)
+    res = search(pb, strategy="espresso", constraints=pb.constraints)
+    best = res.ranked[0]
+    assert best.iteration_time_s * 100 <= 3600
+    zones = [{r.zone for r in st.replicas} for st in best.plan.stages]
+    assert all(z == zones[0] for z in zones), zones

@@ -305,15 +305,25 @@ class _Tree:
         sp = self.space
         m = shares(self.total, self.d)
         used: dict[tuple[str, str], int] = {}
+        # the pipelines start in the zone holding most GPUs of the plan's kinds, and each
+        # stage of a pipeline goes to its previous stage's zone where that has room: the
+        # hand-offs stay inside a zone where they can (the zone with most free GPUs, stage by
+        # stage, alternates between equal zones)
+        held: dict[str, int] = {}
+        for k in dict.fromkeys(u.kind for u, _, _ in stages):
+            for z, n in sp.zones_of[sp.kinds[k]]:
+                held[z] = held.get(z, 0) + n
+        last = [max(held, key=held.__getitem__) if held else None] * self.d
         out, a = [], 0
         for u, n, _ in stages:
             kind = sp.kinds[u.kind]
-            reps, prev = [], None
+            reps = []
             for j in range(self.d):
-                prev = sp.place(kind, u.tp, used, prev)
-                if prev is None:
+                z = sp.place(kind, u.tp, used, last[j])
+                if z is None:
                     return None
-                reps.append((u.gpu, u.tp, prev, m[j]))
+                last[j] = z
+                reps.append((u.gpu, u.tp, z, m[j]))
             out.append((a, a + n, tuple(reps)))
             a += n
         return (self.mbs, "1f1b", self.recompute, self.zero, tuple(out))
