@@ -160,10 +160,15 @@ def test_tp_groups_stay_in_one_zone_and_spare_faster_gpus_are_used():
 def test_model_too_large_is_infeasible():
     pb = problem(model="LLaMA-2-70B", pool__regions={"us-central1": {"zones": {
         "us-central1-a": {"gpus": {"V100-16GB": 4}}}}}, pool__gpus_per_node={"V100-16GB": 4})
-    with pytest.raises(InfeasibleError) as e:
-        search(pb)
-    assert e.value.binding == "GPU memory"
-    assert "recompute" in (e.value.relaxation or "")
+    for strategy in ("auto", "espresso", "atlas"):  # each names memory, not the pool's shape
+        with pytest.raises(InfeasibleError) as e:
+            search(pb, strategy=strategy)
+        assert e.value.binding == "GPU memory", (strategy, e.value)
+        relax = e.value.relaxation or ""
+        # what the job already allows is not suggested
+        assert ("recompute" in relax) == (True not in pb.job.recompute)
+        assert ("ZeRO" in relax) == (max(pb.job.zero_stage) < 3)
+        assert ("--strategy auto" in relax) == (strategy != "auto")
 
 
 def test_budget_below_cheapest_is_infeasible():

@@ -164,14 +164,14 @@ def search(ev, space, objective: str, mbs_values: list[int], max_stages: int | N
                 for recompute in sorted(set(job.recompute), reverse=True):
                     for zero in _zero_stages(job.zero_stage):
                         for schedule in (x for x in job.schedule if x != "zorse"):
-                            specs += _layouts(space, gpu, dcs, kinds, zone0, ranges, mbs, m_total,
+                            specs += _layouts(ev, space, gpu, dcs, kinds, zone0, ranges, mbs, m_total,
                                               recompute, zero, schedule, bandwidth,
                                               len(regions) > 1)
     if specs:
         ev.cost(list(dict.fromkeys(specs)))
 
 
-def _layouts(space, gpu, dcs, kinds, zone0, ranges, mbs, m_total, recompute, zero, schedule,
+def _layouts(ev, space, gpu, dcs, kinds, zone0, ranges, mbs, m_total, recompute, zero, schedule,
              bandwidth, geo: bool) -> list:
     """The compact plans of one (GPU type, P, mbs, recompute, ZeRO, schedule) for every D."""
     problem = space.problem
@@ -201,6 +201,7 @@ def _layouts(space, gpu, dcs, kinds, zone0, ranges, mbs, m_total, recompute, zer
                 break
             tp = max(tp, t)
         if tp is None:
+            ev.stats.no_fit += 1  # some stage fits on no GPU of this type at any TP
             continue
         parts = partitions(dcs, n_pipe * tp, P)
         if parts is None:

@@ -357,13 +357,16 @@ def infeasible(ev: Evaluator) -> InfeasibleError:
             closest = ", each with a GPU that cannot hold its layers"
         else:
             closest = ": some stage fits on no GPU of the pool even at the largest TP inside a node"
+        job = ev.problem.job
+        allow = [x for x, open_ in (("activation recompute", True not in job.recompute),
+                                    ("ZeRO", max(job.zero_stage) < 3)) if open_]
         return InfeasibleError(
             f"no plan fits in GPU memory ({st.oom} candidates costed{closest})",
             binding="GPU memory",
-            relaxation="allow activation recompute or ZeRO in the job, add GPUs with more memory, "
-                       "or use a smaller microbatch" + (
-                           "" if st.strategy == "auto" else
-                           f"; or --strategy auto ({st.strategy}'s plan shapes are fewer)"))
+            relaxation=(f"allow {' or '.join(allow)} in the job, " if allow else "")
+            + "add GPUs with more memory, or use a smaller microbatch" + (
+                "" if st.strategy in ("auto", "exhaustive") else
+                f"; or --strategy auto ({st.strategy}'s plan shapes are fewer)"))
     if not ev.fits:
         return InfeasibleError("no plan shape fits the pool", binding="pool",
                                relaxation="add GPUs or allow more microbatch sizes")

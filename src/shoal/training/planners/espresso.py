@@ -402,6 +402,8 @@ def _search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                         tree = _Tree(space, mbs, recompute, zero, d, k)
                         if tree.units:
                             trees.append(tree)
+                        else:  # no GPU type holds its layers at any TP
+                            ev.stats.no_fit += 1
                     d *= 2
     placed: set = set()
 
