@@ -131,8 +131,11 @@ def bubbles_cmd(
               fmt_seconds(s["iteration_time_after_s"]))
     out.print(t)
     out.print(f"(`shoal estimate` gives {fmt_seconds(est.iteration_time_s)} for this plan: its "
-              "pipeline formula adds each microbatch's hand-off to its stage's busy time, where "
-              "this event simulation overlaps hand-offs with other microbatches' compute)")
+              "pipeline formula adds each microbatch's hand-off to its stage's busy time"
+              + (" and recomputes on every stage" if tplan.recompute else "")
+              + ", where this event simulation overlaps hand-offs with other microbatches' "
+              "compute" + (" and the last stage keeps its activations" if tplan.recompute
+                           else "") + ")")
     r = s["requests"]
     q = _table("prefill requests", ["placed", "rejected", "TTFT p50", "TTFT p95", "decision p50"])
     q.add_row(f"{r['placed']}", f"{s['rejected_fraction']:.1%}",
