@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -420,6 +421,9 @@ def run_cmd(
             raise SpecError("expected [HOST:]PORT", field="--http", value=http) from None
         if not 0 <= port <= 65535:
             raise SpecError("no such port", field="--http", value=http, allowed="0-65535")
+        if output is not None:
+            raise SpecError("an --http server writes no result file: it answers requests until "
+                            "stopped", field="--output", value=str(output))
         _check_port(host, port)
     held = [i for i, r in enumerate(placed.placement.ranges) if r is not None]
     far = [cluster.names[i] for i in held if cluster.hosts[i] is not None]
@@ -430,7 +434,7 @@ def run_cmd(
         server = live.LiveServer(cluster, placed.placement, placed.flow, spec, seed=seed,
                                  dtype=dtype, start_timeout_s=start_timeout)
     if port is not None:
-        _serve_http(server, host, port, spec, timeout)
+        _serve_http(server, host, port, spec, timeout, as_json)
         return
     try:
         with _cli._progress().status(f"serving {len(reqs)} requests") if not as_json else _null():
@@ -570,7 +574,7 @@ def profile_cmd(
     _cli._out().print(f"written to {out_dir}/: " + ", ".join(p.name for p in paths))
 
 
-def _serve_http(server, host: str, port: int, spec, timeout: float) -> None:
+def _serve_http(server, host: str, port: int, spec, timeout: float, as_json: bool) -> None:
     import signal
     import time
 
@@ -588,8 +592,13 @@ def _serve_http(server, host: str, port: int, spec, timeout: float) -> None:
             raise SpecError(f"cannot listen on {host}:{port} ({exc.strerror})",
                             field="--http") from None
         # the address goes to stderr and is always printed: a caller needs it even with --quiet
-        _cli._err().print(f"serving {spec.name} on http://{host}:{ep.port}/v1/completions "
-                          f"({len(server.workers)} workers); Ctrl-C stops")
+        url = f"http://{host}:{ep.port}/v1/completions"
+        _cli._err().print(f"serving {spec.name} on {url} ({len(server.workers)} workers); "
+                          "Ctrl-C stops")
+        if as_json:  # one line a caller can read the address from, as soon as it serves
+            typer.echo(json.dumps({"serving": url, "model": spec.name,
+                                   "workers": len(server.workers)}))
+            sys.stdout.flush()
         try:
             while True:
                 time.sleep(1)

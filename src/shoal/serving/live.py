@@ -25,6 +25,7 @@ import math
 import multiprocessing as mp
 import os
 import queue
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -146,6 +147,14 @@ def lost(monitor, state: dict) -> bool:
         elif ev == zmq.EVENT_DISCONNECTED and state.get("connected"):
             state["gone"] = True
     return True
+
+
+def spawned_worker(name: str, coord: str, bind: str) -> None:
+    """``worker_main`` in a process ``LiveServer`` started: Ctrl-C in the terminal is the
+    coordinator's to act on (it stops its workers, and a worker ends with it), so the worker
+    ignores it rather than print a traceback of its own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker_main(name, coord, bind)
 
 
 def worker_main(name: str, coord: str, bind: str = "127.0.0.1", advertise: str | None = None,
@@ -317,7 +326,7 @@ class LiveServer:
         self.procs: dict[str, mp.Process] = {}
         for name in self.ranges:
             if name not in self.remote:
-                p = mctx.Process(target=worker_main, daemon=True,
+                p = mctx.Process(target=spawned_worker, daemon=True,
                                  args=(name, self.addr["coord"], here))
                 p.start()
                 self.procs[name] = p
