@@ -109,14 +109,13 @@ def _handler(ep: Endpoint):
             self.wfile.write(body)
 
         def _error(self, code: int, message: str) -> None:
-            kind = {404: "not_found_error", 405: "invalid_request_error"}.get(
-                code, "invalid_request_error" if 400 <= code < 500 else "server_error")
+            kind = ("not_found_error" if code == 404 else
+                    "invalid_request_error" if 400 <= code < 500 else "server_error")
             self._json(code, {"error": {"message": message, "type": kind}})
 
         def _no_method(self) -> None:
             allowed = "POST" if self.path.rstrip("/") == "/v1/completions" else "GET"
-            self._json(405, {"error": {"message": f"{self.command} {self.path}: allowed {allowed}",
-                                       "type": "invalid_request_error"}})
+            self._error(405, f"{self.command} {self.path}: allowed {allowed}")
 
         do_PUT = do_DELETE = do_PATCH = _no_method  # noqa: N815 (http.server's names)
 
