@@ -790,3 +790,18 @@ def test_helix_machine_values_that_are_not_positive_quantities_are_named(tmp_pat
     with pytest.raises(SpecError) as e:
         import_helix(**_helix_inputs(tmp_path, _capacity(), machines))
     assert e.value.field == f"[L4] {bad}" and e.value.file.endswith("m.ini")
+
+
+def test_import_helix_warns_of_a_placement_that_leaves_layers_on_no_node(tmp_path):
+    files = _helix_inputs(tmp_path, _capacity())
+    (tmp_path / "p.ini").write_text("[Settings]\noffset=2\n\n[Solution]\ncompute_node_2=[0]\n")
+    args = ["import", "helix", "--cluster", str(files["cluster"]), "--machines",
+            str(files["machines"]), "--capacity", str(files["capacity"]), "--placement",
+            str(tmp_path / "p.ini"), "-o", str(tmp_path / "out"), "--json"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["warnings"] == ["the placement leaves layers [1, 4) on no node: it serves nothing"]
+    (tmp_path / "p.ini").write_text("[Settings]\noffset=2\n\n[Solution]\ncompute_node_2=[0, 1]\n")
+    assert json.loads(runner.invoke(app, args).stdout)["warnings"] == [
+        "the placement leaves layers [2, 4) on no node: it serves nothing"]

@@ -648,10 +648,17 @@ def import_helix_cmd(
     out_dir.mkdir(exist_ok=True)
     written = {}
     written["serving"] = write_text(out_dir / "serving.yaml", yaml.safe_dump(doc, sort_keys=False))
+    warnings = []
     if pl is not None:
         written["placement"] = write_json(out_dir / "placement.json", pl.to_json(cl))
+        gaps = pl.uncovered_text(cl)
+        if gaps:  # Helix's own solutions cover every layer: a file that does not serves nothing
+            warnings.append(f"the placement leaves layers {gaps} on no node: it serves nothing")
+    for w in warnings:
+        _cli._err().print(f"warning: {w}", soft_wrap=True)
     if as_json:
-        typer.echo(json.dumps({"written": {k: str(v) for k, v in written.items()}}))
+        typer.echo(json.dumps({"written": {k: str(v) for k, v in written.items()},
+                               "warnings": warnings}))
         return
     t = _cli._table("Written", ["file", "path"], left=("file", "path"))
     for name, path in written.items():
