@@ -157,6 +157,29 @@ def test_tp_groups_stay_in_one_zone_and_spare_faster_gpus_are_used():
     assert all(u <= n for u, n in zip(moved.usage, avail, strict=True))
 
 
+def test_a_region_of_several_zones_holds_the_plan_the_whole_pool_would_split():
+    # us-central1 holds the best plan (3 stages of TP 2, 2, 1 over its 5 A100s), us-west1 two
+    # more A100s behind a slow link. The allocation of the whole pool puts a stage in us-west1,
+    # and placing the stages from the largest zone (b) leaves stage 1 no room beside stage 0:
+    # the plan is found from the region's own GPUs, placed from each of its zones
+    pb = problem(
+        model={"name": "r", "num_layers": 4, "hidden_size": 1024, "num_heads": 16,
+               "vocab_size": 32000, "max_seq_len": 2048},
+        job={"global_batch": 16, "seq_len": 2048, "schedule": ["1f1b"], "zero_stage": [0]},
+        pool__regions={"us-central1": {"zones": {"us-central1-a": {"gpus": {"A100-40GB": 2}},
+                                                 "us-central1-b": {"gpus": {"A100-40GB": 3}}}},
+                       "us-west1": {"zones": {"us-west1-b": {"gpus": {"A100-40GB": 2}}}}},
+        pool__gpus_per_node={"A100-40GB": 2, "V100-16GB": 2},
+        network__defaults={"same_zone": {"bandwidth": "100Gbps", "latency": "20us"},
+                           "same_region": {"bandwidth": "25Gbps", "latency": "1ms"},
+                           "cross_region": {"bandwidth": "1Gbps", "latency": "30ms"}})
+    ex = search(pb, strategy="exhaustive", top_k=1).ranked[0]
+    au = search(pb, strategy="auto").ranked[0]
+    assert [(r.tp, r.zone) for st in ex.plan.stages for r in st.replicas] == [
+        (2, "us-central1-a"), (2, "us-central1-b"), (1, "us-central1-b")]
+    assert au.iteration_time_s == pytest.approx(ex.iteration_time_s, rel=1e-9)
+
+
 def test_model_too_large_is_infeasible():
     pb = problem(model="LLaMA-2-70B", pool__regions={"us-central1": {"zones": {
         "us-central1-a": {"gpus": {"V100-16GB": 4}}}}}, pool__gpus_per_node={"V100-16GB": 4})

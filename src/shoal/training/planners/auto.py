@@ -12,7 +12,10 @@ The space, beyond the ``sailor`` strategy's:
 - every objective uses every pipeline depth (Sailor's public planner keeps min-cost searches to
   one stage), and activation recompute where the job allows it;
 - each pair of a balanced split also gets the ``sailor`` strategy's own allocation (each kind at
-  its smallest fitting TP), so every plan that strategy costs is costed here.
+  its smallest fitting TP), so every plan that strategy costs is costed here;
+- a pair whose allocation puts stages in more than one region also gets the allocation of each
+  region's own GPUs (the program counts no sends), and an allocation in a region of several
+  zones is also placed from each of them (``_packings``).
 
 The search: (when minimising cost, Sailor's single-stage walk first, for an incumbent) every
 (shape, degree) pair gets a lower bound on iteration time and on $/iteration
@@ -538,7 +541,8 @@ class Bounds:
         cost (``_least_cost``). On a pool of several regions the time is the least of two
         such levels: over the plans in one region (the pool of that region must hold them),
         and over the plans that send across regions between some stages b and b + 1, whose
-        options on those two stages take that send (``_crossing``): each stage's replicas
+        options on those two stages take that send (``_crossing``), as do the other stages'
+        least forwards and backwards before and after them (``_crossing_rows``): each stage's replicas
         are in one region (H5), so a plan in two regions crosses between some two stages, on
         every pipeline."""
         fpre, t, f, post, upd, ring, tp, kind, stage, bsum = self._refine_parts(sh)
@@ -552,10 +556,10 @@ class Bounds:
             # a plan in more than one region (each stage's replicas in one, H5) sends across
             # regions between some stages b and b + 1, on every pipeline: the least level
             # over the plans in one region and, for each b, those crossing there
-            ts, fs, tr, fr = self._crossing(sh)
-            b = np.arange(P - 1)[:, None]
-            rows = np.where(stage == b, _refined_level(fpre, ts, fs, *rest),
-                            np.where(stage == b + 1, _refined_level(fpre, tr, fr, *rest), base))
+            n, sc = total // D, self.tc.sync_scale
+            rows = np.stack([_refined_level(fp, tb_, fb_, po, upd, ring[0], ring[1], stage, bs,
+                                            P, n, D, sc)
+                             for fp, tb_, fb_, po, bs in self._crossing_rows(sh)])
             T = _least_level(np.concatenate([base, rows]),
                              np.arange(P) == 0, T, _NONE_YET, *pool)
         least = float(T[0])
@@ -616,6 +620,32 @@ class Bounds:
         xr = self._across(mi, range(len(tb.tps)))[1]  # from a sender at any TP
         got = (t + (1 + rf) * xs, f + xs, t + (1 + rf) * xr, f + rf * xr)
         self._by_shape[("cross", id(sh))] = (sh, got)
+        return got
+
+    def _crossing_rows(self, sh: Shape) -> list[tuple[np.ndarray, ...]]:
+        """Per b in 0..P-2, ``_refine_parts``' (fpre, t, f, post, bsum) of ``sh`` for plans that
+        send across regions between stages b and b + 1: those two stages' options take the
+        send (``_crossing``), and so do the least forwards, forward and backwards, and
+        backwards the other stages' options count of them."""
+        mine = self._by_shape.get(("cross rows", id(sh)))
+        if mine is not None and mine[0] is sh:
+            return mine[1]
+        _, t, f, *_, stage, _ = self._refine_parts(sh)
+        ts, fs, tr, fr = self._crossing(sh)
+        P = len(sh.split)
+        starts = np.concatenate([[0], np.nonzero(np.diff(stage))[0] + 1])
+        got = []
+        for b in range(P - 1):
+            tb_ = np.where(stage == b, ts, np.where(stage == b + 1, tr, t))
+            fb_ = np.where(stage == b, fs, np.where(stage == b + 1, fr, f))
+            fmin = np.minimum.reduceat(fb_, starts)
+            tmin = np.minimum.reduceat(tb_, starts)
+            bmin = np.minimum.reduceat(tb_ - fb_, starts)
+            fpre = np.concatenate([[0.0], np.cumsum(fmin)[:-1]])
+            post = np.concatenate([np.cumsum(tmin[::-1])[::-1][1:], [0.0]])
+            bsum = np.concatenate([[0.0], np.cumsum(bmin)[:-1]])
+            got.append((fpre[stage], tb_, fb_, post[stage], bsum))
+        self._by_shape[("cross rows", id(sh))] = (sh, got)
         return got
 
     def _refine_parts(self, sh: Shape):
@@ -1249,8 +1279,9 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
     fastest_s = allocs[0].bottleneck_s if allocs else np.inf
     variants = bool(allocs) and (worth is None or not worth.beyond(fastest_s, D, total))
 
-    out = [build_spec(space, a, opts, sh.split, sh.mbs, D, recompute=sh.recompute, packing=pk)
-           for a in allocs if ok(a) for pk in PACKINGS]
+    out = [build_spec(space, a, opts, sh.split, sh.mbs, D, recompute=sh.recompute, packing=pk,
+                      home=home)
+           for a in allocs if ok(a) for pk, home in _packings(space, a)]
     if sh.smallest is not None and variants:
         # the `sailor` strategy's allocation of the pair (each kind at its smallest fitting TP,
         # H2): the bottleneck program over every TP can choose allocations the estimate ranks
@@ -1282,17 +1313,35 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
                         deadline, worth, reach, slowest)
     # the allocation pools the zones of a region (H6) and ranks replicas by compute alone, so
     # on a pool spread over zones it may take a faster GPU in another zone where the estimate,
-    # with the sends and egress across zones, prefers the same plan inside one zone
+    # with the sends and egress across zones, prefers the same plan inside one zone; and where
+    # its stages are in more than one region, the same pair on one region's GPUs may be faster
     need = D * sum(min(o.tp for o in st) for st in opts)
-    for z, zavail in space.zone_pools() if variants else ():
-        if zavail.sum() >= need:
-            a3 = fastest(opts, D, zavail, price, region_of, at_least=fastest_s, total=total,
-                         memo=memo, key=key, deadline=deadline)
-            a3 = None if a3 is None else upgraded(a3, opts, zavail)
-            if a3 is not None and ok(a3):
-                out.append(build_spec(space, a3, opts, sh.split, sh.mbs, D,
-                                      recompute=sh.recompute, packing="chain", home=z))
+    subpools: list[tuple[str | None, np.ndarray]] = []
+    if variants and len({region_of[st[0][0]] for st in allocs[0].per_stage}) > 1:
+        regions = np.asarray(region_of)
+        subpools += [(None, np.where(regions == r, avail, 0)) for r in np.unique(regions)]
+    subpools += space.zone_pools() if variants else []
+    for z, sub in subpools:
+        if sub.sum() < need:
+            continue
+        a3 = fastest(opts, D, sub, price, region_of, at_least=fastest_s, total=total,
+                     memo=memo, key=key, deadline=deadline)
+        a3 = None if a3 is None else upgraded(a3, opts, sub)
+        if a3 is not None and ok(a3):
+            out += [build_spec(space, a3, opts, sh.split, sh.mbs, D, recompute=sh.recompute,
+                               packing=pk, home=home)
+                    for pk, home in (_packings(space, a3) if z is None else [("chain", z)])]
     return [s for s in out if s is not None]
+
+
+def _packings(space: Space, a: Allocation) -> list[tuple[str, str | None]]:
+    """(packing, home) pairs to place allocation ``a`` with: each of ``PACKINGS`` from the
+    zone with most free GPUs, and when its first stage's region has several zones, the
+    chain of stages from each of them (starting in the largest zone can leave a later stage
+    no room beside the stage before it)."""
+    zones = space.zones_of[space.kinds[a.per_stage[0][0][0]]]
+    return [(pk, None) for pk in PACKINGS] + (
+        [("chain", z) for z, _ in zones] if len(zones) > 1 else [])
 
 
 def _resplit(space: Space, sh: Shape, alloc: Allocation, opts: list[list[Option]], D: int, L: int,
