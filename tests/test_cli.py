@@ -488,3 +488,48 @@ def test_an_output_in_a_folder_that_cannot_be_written_is_refused_before_any_work
     r = run("plan", scn, "-o", tmp_path / "p.json", "--figure", "/proc/front.png")
     assert r.exit_code == 2 and "--figure" in r.output
     assert not (tmp_path / "p.json").exists() and [p.name for p in tmp_path.iterdir()] == ["s.yaml"]
+
+
+def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path):
+    """`plan -o` on its own scenario, `estimate --timeline` on its plan, `report -o` on one of
+    its inputs (also through a symbolic link), and two outputs on one path: each refused up
+    front, naming the option, with every input as it was."""
+    scn = tmp_path / "s.yaml"
+    scn.write_text(SMALL_PLAN_SCENARIO)
+    plan = tmp_path / "p.json"
+    plan.write_text(PLAN.read_text())
+    link = tmp_path / "link.yaml"
+    link.symlink_to(scn)
+    before = {p: p.read_bytes() for p in (scn, plan)}
+    cases = [
+        (("plan", scn, "-o", scn), "--output", "input"),
+        (("plan", scn, "-o", link), "--output", "input"),
+        (("estimate", SCENARIO, "--plan", plan, "--timeline", plan), "--timeline", "input"),
+        (("report", plan, "-o", plan), "--output", "input"),
+        (("plan", scn, "-o", tmp_path / "x.json", "--figure", tmp_path / "x.json"), "--figure",
+         "same file as --output"),
+    ]
+    for args, option, words in cases:
+        r = run(*args)
+        assert r.exit_code == 2 and option in r.output and words in r.output, (args, r.output)
+    assert {p: p.read_bytes() for p in (scn, plan)} == before
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_a_figure_is_written_in_the_format_its_suffix_names(tmp_path):
+    """--timeline t.svg writes SVG and t.pdf PDF; a suffix that names no figure format is
+    refused before any work."""
+    for name, head in (("t.svg", b"<?xml"), ("t.pdf", b"%PDF"), ("t.png", b"\x89PNG")):
+        r = run("estimate", SCENARIO, "--plan", PLAN, "--timeline", tmp_path / name)
+        assert r.exit_code == 0, r.output
+        assert (tmp_path / name).read_bytes().startswith(head)
+    r = run("estimate", SCENARIO, "--plan", PLAN, "--timeline", tmp_path / "t.txt")
+    assert r.exit_code == 2 and "--timeline" in r.output and ".svg" in r.output
+    assert not (tmp_path / "t.txt").exists()
+
+
+def test_a_plan_saved_with_a_byte_order_mark_is_read(tmp_path):
+    plan = tmp_path / "p.json"
+    plan.write_bytes(b"\xef\xbb\xbf" + PLAN.read_bytes())
+    r = run("estimate", SCENARIO, "--plan", plan, "--json")
+    assert r.exit_code == 0, r.output

@@ -74,11 +74,10 @@ def estimate(
 ) -> None:
     """Time, memory and money of one plan: per stage, per worker and in total."""
     from shoal.estimate import estimate as run_estimate
-    from shoal.files import check_output
+    from shoal.files import check_outputs
     from shoal.problem import load_problem
 
-    if timeline is not None:
-        check_output(timeline, "--timeline")
+    check_outputs([(timeline, "--timeline")], [scenario, plan])
     problem = load_problem(scenario)
     tplan = load_plan(plan)
     est = run_estimate(problem, tplan, file=str(plan))
@@ -140,13 +139,11 @@ def plan(
 ) -> None:
     """Which GPUs to rent and how to parallelise: ranked plans and the throughput-cost front."""
     from shoal.estimate import estimate as run_estimate
-    from shoal.files import check_output, write_json
+    from shoal.files import check_outputs, write_json
     from shoal.problem import load_problem
     from shoal.training.planners import Reuse, complete_front, search
 
-    for path, opt in ((output, "--output"), (figure, "--figure")):
-        if path is not None:
-            check_output(path, opt)
+    check_outputs([(output, "--output"), (figure, "--figure")], [scenario])
     for value, option in ((max_cost_per_iter, "--max-cost-per-iter"),
                           (min_throughput, "--min-throughput")):
         if value is not None and not (math.isfinite(value) and value > 0):
@@ -453,14 +450,15 @@ def replay(
     from shoal.elastic.replay import plan_trace, simulate
     from shoal.elastic.traces import load_trace
     from shoal.elastic.traces import synthetic as make_synthetic
-    from shoal.files import check_output, write_json
+    from shoal.files import check_outputs, write_json
     from shoal.problem import load_problem
 
-    for path, opt in ((output, "--output"), (figure, "--figure")):
-        if path is not None:
-            check_output(path, opt)
+    check_outputs([(output, "--output"), (figure, "--figure")], [scenario, trace])
     if (trace is None) == (synthetic is None):
         raise SpecError("give exactly one of --trace FILE and --synthetic KIND", field="--trace")
+    if not math.isfinite(hours):
+        raise SpecError("must be a finite number of hours", field="--hours", value=hours,
+                        allowed="a number >= 0.01")
     problem = load_problem(scenario)
     if trace is not None:
         tr = load_trace(trace, problem, gpu=trace_gpu, zone=trace_zone)
@@ -1016,10 +1014,10 @@ def report(
 ) -> None:
     """One self-contained HTML report (figures embedded) from the JSON outputs of shoal's
     commands."""
-    from shoal.files import check_output
+    from shoal.files import check_outputs
     from shoal.report.html import build, kind_of
 
-    check_output(output, "--output")
+    check_outputs([(output, "--output")], inputs)
     with _progress().status("drawing the report...") if not as_json else _nullcontext():
         path = build(list(inputs), output, title)
     if as_json:

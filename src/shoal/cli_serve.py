@@ -138,12 +138,11 @@ def plan_cmd(
     figure: Annotated[Path | None, typer.Option("--figure", help="write the placement (PNG)")] = None,
 ) -> None:
     """Place the model's layers on the nodes for the largest max flow (tokens/s)."""
-    from shoal.files import check_output
+    from shoal.files import check_outputs
     from shoal.serving.placers import place
 
-    for path, opt in ((output, "--output"), (helix_out, "--helix-out"), (figure, "--figure")):
-        if path is not None:
-            check_output(path, opt)
+    check_outputs([(output, "--output"), (helix_out, "--helix-out"), (figure, "--figure")],
+                  [serving, lengths])
     cluster = _load(serving)
     obj = objective.value
     L = None
@@ -171,10 +170,9 @@ def flow_cmd(
     figure: Annotated[Path | None, typer.Option("--figure", help="write the placement (PNG)")] = None,
 ) -> None:
     """The max flow (tokens/s) of a given placement and the flow on every link."""
-    from shoal.files import check_output
+    from shoal.files import check_outputs
 
-    if figure is not None:
-        check_output(figure, "--figure")
+    check_outputs([(figure, "--figure")], [serving, placement])
     cluster = _load(serving)
     _report(cluster, _placement(cluster, placement), as_json, None, None, figure, links=True)
 
@@ -268,12 +266,11 @@ def simulate_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here")] = None,
 ) -> None:
     """Simulate requests on a placement: throughput, prompt and decode latency, utilisation."""
-    from shoal.files import check_output, write_json
+    from shoal.files import check_outputs, write_json
     from shoal.serving import workload as wl
     from shoal.serving.simulator import simulate
 
-    if output is not None:
-        check_output(output, "--output")
+    check_outputs([(output, "--output")], [serving, placement, lengths, arrivals, trace])
     if concurrency is not None and (mode is not Mode.offline or trace is not None):
         raise SpecError("--concurrency is for offline runs (without --trace)",
                         field="--concurrency", value=concurrency)
@@ -384,12 +381,11 @@ def run_cmd(
     """Run a placement for real on this machine: one worker process per node holding its layers,
     the coordinator routing each request along its chain; the simulator's metrics, measured."""
     from shoal import catalog
-    from shoal.files import check_output, write_json
+    from shoal.files import check_outputs, write_json
     from shoal.serving import live
     from shoal.serving import workload as wl
 
-    if output is not None:
-        check_output(output, "--output")
+    check_outputs([(output, "--output")], [serving, placement, lengths, trace])
     if dtype not in ("float32", "float64"):
         raise SpecError("unknown dtype", field="--dtype", value=dtype, allowed="float32, float64")
     cluster = _load(serving)

@@ -18,7 +18,7 @@ def read_json(path: str | Path, what: str = "file") -> dict:
     if p.is_dir():
         raise SpecError(f"a folder, not a {what}", file=str(p))
     try:
-        data = _loads_json(p.read_text(), p)
+        data = _loads_json(p.read_text(encoding="utf-8-sig"), p)
     except FileNotFoundError:
         raise SpecError(f"{what} not found", file=str(p)) from None
     except UnicodeDecodeError:
@@ -49,9 +49,20 @@ def _unique_keys(pairs: list[tuple]) -> dict:
 
 def _loads_json(text: str, p: Path):
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except _KeyTwice as exc:
         raise SpecError(f"key {exc.args[0]!r} given twice in one object", file=str(p)) from None
+    except _NotJson as exc:
+        raise SpecError(f"{exc.args[0]} is not a JSON number (JSON has no NaN or infinity)",
+                        file=str(p)) from None
+
+
+class _NotJson(Exception):
+    pass
+
+
+def _no_constant(name: str):
+    raise _NotJson(name)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -82,7 +93,7 @@ def read_document(path: str | Path) -> dict:
     if not p.is_file():
         raise SpecError("file not found", file=str(p))
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise SpecError("not a text file (expected UTF-8 YAML or JSON)", file=str(p)) from None
     try:
@@ -119,6 +130,42 @@ def check_output(path: str | Path, option: str) -> Path:
             raise SpecError(f"cannot write there: {exc.strerror or exc}", field=option,
                             value=str(p), allowed="a path in a folder you can write to") from None
     return p
+
+
+def check_outputs(outputs, inputs=()) -> None:
+    """``check_output`` for each (path, option) of ``outputs`` whose path is given; and a
+    SpecError when one is the same file as an input of the command (``inputs``, paths or
+    None) or as another output (nothing a command reads is replaced by what it writes), or
+    when a figure's path (``FIGURE_OPTIONS``) names no format shoal writes."""
+    ins = [Path(q) for q in inputs if q is not None]
+    seen: list[tuple[Path, str]] = []
+    for path, option in outputs:
+        if path is None:
+            continue
+        p = check_output(path, option)
+        for q in ins:
+            if _same_file(p, q):
+                raise SpecError("this is an input of the command: writing it would replace it",
+                                field=option, value=str(p),
+                                allowed="a path that is not one of the command's inputs")
+        for q, other in seen:
+            if _same_file(p, q):
+                raise SpecError(f"the same file as {other}", field=option, value=str(p),
+                                allowed="a different path for each output")
+        if option in FIGURE_OPTIONS and figure_format(p) is None:
+            raise SpecError("not a figure format shoal writes", field=option, value=str(p),
+                            allowed="a path ending in " + ", ".join(f".{f}" for f in FIGURE_FORMATS))
+        seen.append((p, option))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (through links, or as the same new path)."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def check_folder(path: str | Path, option: str, parents: bool = False) -> Path:
@@ -178,14 +225,26 @@ def write_json(path: str | Path, doc) -> Path:
     return write_text(path, json.dumps(doc, indent=1))
 
 
-def save_png(fig, path: str | Path) -> Path:
-    """Write a matplotlib figure as PNG through a temporary file (never a half-written image)."""
+FIGURE_FORMATS = ("png", "svg", "pdf")  # by the file's suffix; a path without one: PNG
+FIGURE_OPTIONS = ("--figure", "--timeline")  # the options that write a figure
+
+
+def figure_format(path: str | Path) -> str | None:
+    """The format a figure path names (``FIGURE_FORMATS``; no suffix: png), or None."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    return "png" if not suffix else suffix if suffix in FIGURE_FORMATS else None
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Write a matplotlib figure in the format its suffix names (PNG, SVG or PDF) through a
+    temporary file (never a half-written image)."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
     out = Path(path)
+    fmt = figure_format(out) or "png"
     try:
-        return _swap_in(out.with_name(out.stem + ".tmp.png"), out,
-                        lambda t: fig.savefig(t, dpi=110))
+        return _swap_in(out.with_name(out.stem + f".tmp.{fmt}"), out,
+                        lambda t: fig.savefig(t, dpi=110, format=fmt))
     finally:
         plt.close(fig)

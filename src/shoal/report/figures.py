@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shoal.files import save_png
+from shoal.files import save_figure
 
 COLORS = {"F": "#4C72B0", "R": "#8172B3", "B": "#55A868", "sync": "#C44E52",
           "update": "#937860", "prefill": "#DD8452"}
@@ -52,7 +52,16 @@ def draw_timeline_doc(doc: dict, path: str | Path) -> Path:
     ax.set_title(f"one iteration: {doc['iteration_time_s']:.3f} s ({doc['schedule']}, "
                  f"{doc['stages']} stage{'s' * (doc['stages'] > 1)}; {doc['shown']})")
     _legend(ax, [k for k in COLORS if k in kinds], len(rows))
-    return save_png(fig, path)
+    return save_figure(fig, path)
+
+
+def fullest(workers: list[dict], most: int) -> list[dict]:
+    """The ``most`` workers whose memory is fullest (peak over capacity), in their order."""
+    if len(workers) <= most:
+        return workers
+    full = sorted(range(len(workers)),
+                  key=lambda i: -workers[i]["peak_memory_bytes"] / workers[i]["capacity_bytes"])
+    return [workers[i] for i in sorted(full[:most])]
 
 
 def draw_memory(doc: dict, path: str | Path, most: int = 48) -> Path:
@@ -61,7 +70,7 @@ def draw_memory(doc: dict, path: str | Path, most: int = 48) -> Path:
     plt = _plt()
     import numpy as np
 
-    workers = doc["workers"][:most]
+    workers = fullest(doc["workers"], most)
     parts = [("weights_grads_optimizer_bytes", "weights, grads, optimizer", "#4C72B0"),
              ("activation_bytes", "activations", "#55A868"), ("buffer_bytes", "buffers", "#8172B3"),
              ("framework_bytes", "framework", "#999999")]
@@ -81,11 +90,13 @@ def draw_memory(doc: dict, path: str | Path, most: int = 48) -> Path:
                   fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("GB per GPU (10^9 bytes)")
-    shown = f" (first {most} of {len(doc['workers'])})" if len(doc["workers"]) > most else ""
+    shown = (f" (the {most} fullest of {len(doc['workers'])})" if len(doc["workers"]) > most
+             else "")
     ax.set_title(f"peak memory per worker{shown}")
-    ax.legend(fontsize=7, loc="lower right")
+    # beside the bars, not over the capacity ticks and OOM marks of the last rows
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="x", alpha=0.3)
-    return save_png(fig, path)
+    return save_figure(fig, path)
 
 
 def front_doc(result) -> dict:
@@ -121,7 +132,7 @@ def draw_pareto(doc: dict, path: str | Path) -> Path:
                  f"{st['search_time_s']:.2f} s, {st['strategy']})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return save_png(fig, path)
+    return save_figure(fig, path)
 
 
 def draw_replay(doc: dict, path: str | Path) -> Path:
@@ -159,7 +170,7 @@ def draw_replay(doc: dict, path: str | Path) -> Path:
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].set_title(f"replay of {doc['trace']}")
-    return save_png(fig, path)
+    return save_figure(fig, path)
 
 
 def draw_placement(doc: dict, path: str | Path) -> Path:
@@ -204,7 +215,7 @@ def draw_placement(doc: dict, path: str | Path) -> Path:
     ax.legend(handles=[Patch(color=colours(k % 10), label=t) for k, t in enumerate(types)],
               fontsize=7, loc="upper right")
     ax.grid(axis="x", alpha=0.3)
-    return save_png(fig, path)
+    return save_figure(fig, path)
 
 
 def draw_latency(doc: dict, path: str | Path) -> Path:
@@ -233,7 +244,7 @@ def draw_latency(doc: dict, path: str | Path) -> Path:
     req = doc["requests"]
     fig.suptitle(f"{req['completed']} requests completed, {req['rejected']} rejected "
                  f"({doc.get('router', '')} routing, {doc.get('mode', '')})", fontsize=9)
-    return save_png(fig, path)
+    return save_figure(fig, path)
 
 
 def draw_bubbles(doc: dict, path: str | Path) -> Path:
@@ -264,4 +275,4 @@ def draw_bubbles(doc: dict, path: str | Path) -> Path:
                  f"{doc['utilization_after']:.0%} with prefills; iteration "
                  f"{doc['iteration_time_before_s']:.3f} s -> {doc['iteration_time_after_s']:.3f} s",
                  fontsize=9)
-    return save_png(fig, path)
+    return save_figure(fig, path)
