@@ -90,8 +90,25 @@ def test_report_bad_inputs_write_nothing(tmp_path, inputs):
     bad = tmp_path / "bad.json"
     bad.write_text('{"hello": 1}')
     r = CliRunner().invoke(app, ["report", str(inputs["estimate"]), str(bad), "-o", str(out)])
-    assert r.exit_code == 2 and "not a shoal result" in r.output and "bad.json" in r.output
+    assert r.exit_code == 2 and "not a result the report draws" in r.output
+    assert "bad.json" in r.output and not out.exists()
+    failed = tmp_path / "failed.json"  # a command's --json error
+    failed.write_text('{"error": "scenario.yaml: file not found"}')
+    r = CliRunner().invoke(app, ["report", str(failed), "-o", str(out)])
+    assert r.exit_code == 2 and "the error of a command that failed" in r.output
     assert not out.exists()
+    # a hand-edited estimate: a capacity of 0 bytes, or NaN (which JSON does not have)
+    doc = json.loads(Path(inputs["estimate"]).read_text())
+    doc["workers"][0]["capacity_bytes"] = 0
+    zero = tmp_path / "zero.json"
+    zero.write_text(json.dumps(doc))
+    r = CliRunner().invoke(app, ["report", str(zero), "-o", str(out)])
+    assert r.exit_code == 2 and "inconsistent estimate result" in r.output and not out.exists()
+    nan = tmp_path / "nan.json"
+    nan.write_text(Path(inputs["estimate"]).read_text().replace(
+        '"iteration_time_s": ', '"iteration_time_s": NaN, "x": ', 1))
+    r = CliRunner().invoke(app, ["report", str(nan), "-o", str(out)])
+    assert r.exit_code == 2 and "NaN is not a JSON number" in r.output and not out.exists()
     trained = tmp_path / "train.json"  # a `shoal train --json` result
     trained.write_text('{"steps": 3, "losses": [5.5, 5.4, 5.3], "final_loss": 5.3}')
     r = CliRunner().invoke(app, ["report", str(trained), "-o", str(out)])
@@ -164,3 +181,16 @@ def test_quiet_still_reports_errors():
     r = CliRunner().invoke(app, ["estimate", str(EX / "het-a100-v100.yaml"), "--plan",
                                  "missing.json", "-q"])
     assert r.exit_code == 2 and "missing.json: file not found" in r.output
+
+
+def test_the_memory_figure_keeps_the_fullest_workers():
+    from shoal.report.figures import fullest
+
+    workers = [{"stage": i // 10, "peak_memory_bytes": 50 + (i % 10), "capacity_bytes": 100}
+               for i in range(60)]
+    workers[59]["peak_memory_bytes"] = 99  # the fullest comes last
+    kept = fullest(workers, 48)
+    assert len(kept) == 48 and workers[59] in kept
+    assert kept == sorted(kept, key=workers.index)  # in the plan's order
+    assert all(w["peak_memory_bytes"] >= 52 for w in kept)  # the 12 dropped: six at 50, six at 51
+    assert fullest(workers[:10], 48) == workers[:10]

@@ -220,17 +220,23 @@ def build(inputs: list[Path], out: Path, title: str | None = None) -> Path:
         doc = read_json(path, "input")
         kind = kind_of(doc)
         if kind is None:
-            what = ("a `shoal train` result, which the report does not draw"
-                    if "final_loss" in doc else
-                    "not a shoal result: run the command with --json and save its output")
+            if "final_loss" in doc:
+                what = "a `shoal train` result, which the report does not draw"
+            elif set(doc) == {"error"}:
+                what = f"the error of a command that failed ({doc['error']}), not a result"
+            else:
+                what = ("not a result the report draws: give the --json output of one of the "
+                        "commands listed")
             raise SpecError(what, file=str(path), allowed=", ".join(KINDS))
         docs.append((path, kind, doc))
     sections, nav = [], []
     for i, (path, kind, doc) in enumerate(docs):
         try:
             body = SECTIONS[kind](doc)
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-            raise SpecError(f"incomplete {kind} result ({type(exc).__name__}: {exc})",
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError,
+                ArithmeticError) as exc:
+            raise SpecError(f"incomplete or inconsistent {kind} result "
+                            f"({type(exc).__name__}: {exc})",
                             file=str(path)) from None
         anchor = f"s{i}"
         nav.append(f'<a href="#{anchor}">{html.escape(kind)}</a>')
