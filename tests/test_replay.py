@@ -331,7 +331,8 @@ def test_replay_accounting(problem, replanner, pools, gaps, notices, policy):
     tr = trace([(t, pool(*p)) for t, p in zip(times, pools, strict=True)], times[-1] + gaps[-1],
                notice=dict(enumerate(notices)))
     if not any(sum(p) for p in pools):
-        with pytest.raises(InfeasibleError):  # nothing fits at any moment: the reason, not idle
+        # nothing fits at any moment: the reason, not idle; no GPUs at all: the trace's fault
+        with pytest.raises(InfeasibleError, match="has no GPUs at any moment"):
             plan_trace(problem, tr, replanner)
         return
     rep = simulate(problem, tr, plan_trace(problem, tr, replanner), policy)
@@ -403,6 +404,8 @@ def test_cli_replay_bad_inputs(scenario_file, tmp_path):
     r = runner.invoke(app, ["replay", str(scenario_file), "--synthetic", "spot",
                             "-o", str(tmp_path / "missing" / "x.json")])
     assert r.exit_code == 2 and not (tmp_path / "missing").exists()
+    r = runner.invoke(app, ["replay", str(scenario_file), "--synthetic", "spot", "--hours", "inf"])
+    assert r.exit_code == 2 and "--hours" in r.output and "finite" in r.output
 
 
 def test_free_gpus_have_no_tokens_per_usd():

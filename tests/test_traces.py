@@ -224,7 +224,7 @@ def test_native_csv_events(tmp_path, problem):
     tr = load_trace(_write(tmp_path, "e.csv", EVENTS), problem)
     assert tr.states == (
         State(0.0, {(A100, A): 8, (V100, A): 8, (A100, B): 2}),  # a time-0 event replaces the pool
-        State(600.0, {(A100, A): 0, (V100, A): 4, (A100, B): 2}, notice_s=30.0),
+        State(600.0, {(A100, A): 0, (V100, A): 4, (A100, B): 2}, notice_s=10.0),  # the shorter
         State(900.0, {(A100, A): 8, (V100, A): 4, (A100, B): 2}),
     )
     assert tr.end_s == 1350.0  # distinct times 0, 600, 900: median of 600 and 300
@@ -245,6 +245,7 @@ def test_native_csv_without_notice_and_no_op_events(tmp_path, problem):
     ("V100-16GB,us-central1-a", "V100-16GB,us-central1-b", "line 4, column zone",
      "pairs in the pool"),
     ("A100,us", "A100-4O,us", "line 3, column gpu", "did you mean 'A100-40GB'"),
+    ("A100,us", "A100-80GB,us", "line 3, column gpu", "did you mean 'A100-40GB'"),
     ("us-central1-a,4,10", "us-central1-a,four,10", "line 4, column count", "whole number"),
     ("us-central1-a,4,10", "us-central1-a,-4,10", "line 4, column count", "negative"),
     ("us-central1-a,0,30", "us-central1-a,0,-30", "line 3, column notice_s", "negative notice"),
@@ -263,7 +264,7 @@ def test_native_csv_header_only(tmp_path, problem):
 
 DOC = {"schema": "shoal/trace@1", "end_s": 2000, "events": [
     {"time_s": 100, "gpu": "A100-40GB", "zone": A, "count": 0, "notice_s": 30},
-    {"time_s": 100, "gpu": "V100-16GB", "zone": A, "count": 2},
+    {"time_s": 100, "gpu": "V100-16GB", "zone": A, "count": 2, "notice_s": 45},
     {"time_s": 700, "gpu": "A100-40GB", "zone": A, "count": 8},
 ]}
 
@@ -386,3 +387,25 @@ def test_synthetic_rejects_unknown_kind_and_parameters(problem):
         synthetic(problem, "spot", seed=0, mean_gap=10)
     with pytest.raises(SpecError, match="more than 0"):
         synthetic(problem, "outage", seed=0, mean_outage_s=0)
+
+
+def test_a_notice_is_for_the_gpus_that_leave(tmp_path, problem):
+    """A notice on a row that takes nothing away gives none to the GPUs leaving at that time,
+    and of two losses at once the shorter notice holds; a row that changes nothing is no new
+    state, with a notice or without."""
+    lose = "time_s,gpu,zone,count,notice_s\n1800,A100-40GB,us-central1-a,4,0\n"
+    tr = load_trace(_write(tmp_path, "a.csv", lose + "1800,V100-16GB,us-central1-a,8,3600\n"),
+                    problem)
+    assert [(s.time_s, s.notice_s) for s in tr.states] == [(0.0, 0.0), (1800.0, 0.0)]
+    both = lose.replace(",4,0", ",4,60") + "1800,V100-16GB,us-central1-a,2,3600\n"
+    assert load_trace(_write(tmp_path, "b.csv", both), problem).states[1].notice_s == 60.0
+    same = "time_s,gpu,zone,count,notice_s\n1800,V100-16GB,us-central1-a,8,30\n"
+    assert [s.time_s for s in load_trace(_write(tmp_path, "c.csv", same), problem).states] == [0.0]
+
+
+def test_files_saved_with_a_byte_order_mark_are_read(tmp_path, problem):
+    """Spreadsheets save CSV with a UTF-8 byte order mark: it is not part of the header."""
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + EVENTS.encode())
+    assert load_trace(path, problem).states == load_trace(_write(tmp_path, "e.csv", EVENTS),
+                                                          problem).states

@@ -81,7 +81,12 @@ def plan_trace(problem: Problem, trace: Trace, replanner: Replanner,
         if progress is not None:
             progress(i + 1, len(trace.states))
     if first is not None and not any(out):
-        raise first  # nothing fits at any moment: say why, as `shoal plan` would
+        # nothing fits at any moment: say why, as `shoal plan` would, of the trace's GPUs
+        if not any(n for st in trace.states for n in st.avail.values()):
+            raise InfeasibleError(f"the trace ({trace.source}) has no GPUs at any moment",
+                                  binding="availability")
+        raise InfeasibleError(f"no plan fits at any moment of the trace ({trace.source}): "
+                              f"at {trace.states[0].time_s:g} s, {first}")
     return out
 
 

@@ -133,7 +133,7 @@ def _read_text(p: Path) -> str:
     if not p.is_file():
         raise SpecError("trace not found", file=str(p))
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise SpecError("not a text file", file=str(p), allowed=_FORMATS) from None
     if not text.strip():
@@ -386,7 +386,8 @@ def _notice(raw: object, file: str, field: str) -> float:
 def _states(problem: Problem, events: list[_Event], file: str) -> list[State]:
     """The scenario's pool at time 0, then one state per distinct event time.
 
-    Events at the same time apply together; the state's notice is the longest they give.
+    Events at the same time apply together; the state's notice is the shortest of those
+    whose GPUs leave.
     """
     for before, ev in zip(events, events[1:]):
         if ev.time_s < before.time_s:
@@ -404,9 +405,12 @@ def _apply(problem: Problem, events: Iterable[_Event]) -> list[State]:
     avail = dict(problem.avail)
     states = [] if 0.0 in groups else [State(0.0, dict(avail))]
     for t, group in groups.items():
+        before = dict(avail)
         for ev in group:
             avail[ev.pair] = ev.count
-        states.append(State(t, dict(avail), max(ev.notice_s for ev in group)))
+        # the warning is for the GPUs that leave: the shortest of theirs (none leave: none)
+        notices = [ev.notice_s for ev in group if avail[ev.pair] < before[ev.pair]]
+        states.append(State(t, dict(avail), min(notices, default=0.0)))
     return states
 
 
@@ -422,10 +426,11 @@ def _events_end(events: list[_Event], end_s: float | None, file: str) -> float:
 
 
 def _merged(states: list[State]) -> tuple[State, ...]:
-    """Drop states equal to the one before: a row that changes nothing is no new state."""
+    """Drop states equal to the one before: a row that changes nothing is no new state (its
+    notice is for GPUs that do not leave)."""
     kept: list[State] = []
     for st in states:
-        if kept and st.avail == kept[-1].avail and st.notice_s == kept[-1].notice_s:
+        if kept and st.avail == kept[-1].avail:
             continue
         kept.append(st)
     return tuple(kept)
@@ -482,6 +487,12 @@ def _pool_pair(problem: Problem, gpu: str, zone: str, file: str, field: str) -> 
     if (gpu, zone) in problem.avail:
         return (gpu, zone)
     holding = sorted(z for g, z in problem.avail if g == gpu)
+    if not holding:  # the fault is the GPU type (the event's gpu column, where it has one)
+        gpus = list(dict.fromkeys(g for g, _ in problem.avail))
+        raise SpecError(f"the scenario's pool has no {gpu} in any zone", file=file,
+                        field=field[:-4] + "gpu" if field.endswith("zone") else field,
+                        value=gpu, allowed=f"pairs in the pool: {_pairs(problem)}",
+                        suggestion=close_match(gpu, gpus))
     if zone in problem.zones:
         reason, suggestion = f"the scenario's pool has no {gpu} in zone {zone}", None
     else:
