@@ -215,6 +215,8 @@ def test_cli_bubbles_json_contract(tmp_path, capsys):
     (["--rate", "5", "--guard", "5 parsecs"], "--guard"),
     (["--rate", "5", "--inference-model", "GPT-17"], "GPT-17"),
     (["--rate", "5", "--depth", "0"], "--depth"),
+    (["--rate", "1e9", "--duration", "1s"], "up to 200,000 requests"),
+    (["--rate", "5", "--cell", "3"], "the plan has 2 pipelines"),
 ])
 def test_cli_bubbles_bad_input(args, msg):
     from typer.testing import CliRunner

@@ -86,3 +86,18 @@ def test_estimate_matches_simulation_on_example(tmp_path):
     assert est == pytest.approx(sim, rel=0.05)
     out = draw_timeline(pb, plan, tmp_path / "t.png")
     assert out.exists() and out.stat().st_size > 5000
+
+
+def test_a_stages_bubble_is_the_idle_time_of_its_busiest_worker_on_the_timeline():
+    """The estimate's bubble per stage is what its busiest replica's timeline row leaves
+    white: the iteration less its compute, sends, gradient sync and update."""
+    problem = load_problem(EXAMPLE)
+    plan = TrainingPlan.model_validate_json(PLAN.read_text())
+    est, tl = estimate(problem, plan), simulate(problem, plan)
+    for s in est.stages:
+        busy: dict[int, float] = {}
+        for op in tl.ops:
+            if op.stage == s.stage:
+                busy[op.replica] = busy.get(op.replica, 0.0) + op.end_s - op.start_s
+        assert s.bubble_s == pytest.approx(tl.iteration_time_s - max(busy.values()), rel=1e-9)
+        assert s.bubble_s < est.iteration_time_s - s.busy_s

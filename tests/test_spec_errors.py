@@ -386,3 +386,28 @@ def test_unknown_field_in_plan():
     with pytest.raises(ValidationError) as ei:
         TrainingPlan.model_validate(data)
     assert spec_error_from_validation(ei.value, "p.json").field == "pipeline_parallel"
+
+
+def test_a_misspelt_key_is_named_with_the_name_it_stands_for(scenario_dict):
+    """`globl_batch` leaves job.global_batch missing too: the error names the key that is
+    there, with a close match, not the one that is missing; likewise at the top level."""
+    scenario_dict["job"]["globl_batch"] = scenario_dict["job"].pop("global_batch")
+    with pytest.raises(SpecError) as ei:
+        parse_scenario(scenario_dict, file=F)
+    assert ei.value.field == "job.globl_batch" and "did you mean 'global_batch'" in str(ei.value)
+    scenario_dict["job"]["global_batch"] = scenario_dict["job"].pop("globl_batch")
+    scenario_dict["netwrok"] = scenario_dict.pop("network", {})
+    with pytest.raises(SpecError) as ei:
+        parse_scenario(scenario_dict, file=F)
+    assert ei.value.field == "netwrok" and "did you mean 'network'" in str(ei.value)
+
+
+@pytest.mark.parametrize("schema, words", [
+    ("shoal/scenario@2", "a shoal/scenario@2 document, where a 'shoal/scenario@1' one goes"),
+    ("shoal/training-plan@1", "a shoal/training-plan@1 document"),
+])
+def test_a_document_of_another_kind_or_version_is_named(scenario_dict, schema, words):
+    scenario_dict["schema"] = schema
+    with pytest.raises(SpecError) as ei:
+        parse_scenario(scenario_dict, file=F)
+    assert ei.value.field == "schema" and words in str(ei.value)

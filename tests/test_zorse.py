@@ -163,3 +163,19 @@ network: {defaults: {same_zone: {bandwidth: 32Gbps, latency: 20us},
     for c in [*res.ranked, *res.pareto]:
         assert all(r.microbatches > 0 for st in c.plan.stages for r in st.replicas)
         assert c.num_gpus == sum(r.tp for st in c.plan.stages for r in st.replicas)
+
+
+def test_a_quota_caps_the_nodes_zorse_plans_on():
+    """A quota of 6 T4s over the 12 of the pool: zorse plans on 6 of them (those of the first
+    region's zone, a full node and half of the next), and its plans keep to the quota."""
+    data = copy.deepcopy(BASE)
+    data["pool"]["quotas"] = {"T4": 6}
+    pb = build_problem(parse_scenario(data, file="z.yaml"), file="z.yaml")
+    ev = Evaluator(pb, mbs_options(pb), pb.constraints, SearchStats("z"), "max-throughput")
+    t4 = [(z, n) for g, z, n in nodes(Space(pb, ev.tb)) if g == "T4"]
+    assert sum(n for _, n in t4) == 6 and sorted(t4) == [("east-a", 2), ("east-a", 4)]
+    res = search(pb, strategy="zorse", top_k=3)
+    assert res.ranked
+    for c in res.ranked:
+        validate_plan(pb, c.plan)  # within the pool and its quotas
+        assert sum(n for (g, _), n in c.plan.gpu_counts().items() if g == "T4") <= 6

@@ -23,6 +23,9 @@ class GeoSchedule(StrEnum):
     gpipe = "gpipe"
 
 
+MAX_REQUESTS = 200_000  # prefill requests one `--rate` run generates at most
+
+
 def _seconds(text: str, option: str) -> float:
     try:
         v = parse_seconds(text)
@@ -61,13 +64,12 @@ def bubbles_cmd(
     utilization, time to first token and training iteration time, before and after."""
     from shoal import catalog
     from shoal.cli import load_plan
-    from shoal.files import check_output
+    from shoal.files import check_outputs
     from shoal.problem import load_problem
     from shoal.training import bubbles as bt
     from shoal.training.geo import job_from_plan, simulate
 
-    if figure is not None:
-        check_output(figure, "--figure")
+    check_outputs([(figure, "--figure")], [scenario, plan, requests])
     if depth < 1:
         raise SpecError("must be >= 1", field="--depth", value=depth)
     if cell is not None and cell < 1:
@@ -85,6 +87,10 @@ def bubbles_cmd(
         length = _seconds(duration, "--duration")
         if length <= 0:
             raise SpecError("must be > 0", field="--duration", value=duration)
+        if rate * length > MAX_REQUESTS:
+            raise SpecError(f"{rate:g}/s for {duration} is {rate * length:,.0f} requests, "
+                            "more than one run places", field="--rate", value=rate,
+                            allowed=f"--rate x --duration up to {MAX_REQUESTS:,} requests")
         reqs = bt.synthetic_requests(rate, length, seed)
         source = f"Poisson {rate:g}/s for {duration} (seed {seed})"
     else:
@@ -97,6 +103,10 @@ def bubbles_cmd(
 
     est = estimate(problem, tplan, file=str(plan))
     job = job_from_plan(problem, tplan, est, file=str(plan))
+    pipelines = len(tplan.stages[0].replicas)
+    if cell is not None and cell > pipelines:
+        raise SpecError(f"the plan has {pipelines} pipelines", field="--cell", value=cell,
+                        allowed=f"1 to {pipelines}")
     gpu = catalog.gpus().canonical(tplan.stages[0].replicas[0].gpu)
     import contextlib
 

@@ -43,7 +43,7 @@ class StageBreakdown:
     gradient_sync_s: float
     update_s: float
     busy_s: float  # time the stage computes or sends during the iteration (slowest replica)
-    bubble_s: float  # iteration time minus busy time (idle in the pipeline, plus sync and update)
+    bubble_s: float  # idle in the pipeline: iteration time minus busy, sync and update time
     straggler: bool  # the stage whose busiest replica is busiest: it sets the pace
     profile_source: str
 
@@ -177,7 +177,9 @@ def _readable(problem: Problem, plan: TrainingPlan, tb: CostTables, o: dict) -> 
             compute_fwd_s=float(o["fwd"][0, s, r_slow]), compute_bwd_s=float(o["bwd"][0, s, r_slow]),
             send_recv_s=float(o["send_fwd"][0, s, r_slow] + o["send_bwd"][0, s, r_slow]),
             gradient_sync_s=float(o["sync"][0, s]), update_s=float(o["update"][0, s].max()),
-            busy_s=float(busy[r_slow]), bubble_s=max(0.0, T - float(busy[r_slow])),
+            busy_s=float(busy[r_slow]),
+            bubble_s=max(0.0, T - float(busy[r_slow]) - float(o["sync"][0, s])
+                         - float(o["update"][0, s].max())),
             straggler=(s == straggler),
             profile_source=tb.sources.get((reg.canonical(st.replicas[r_slow].gpu),
                                            st.replicas[r_slow].tp), "analytic"),

@@ -63,7 +63,7 @@ def _ini(path: Path) -> configparser.ConfigParser:
     cp = configparser.ConfigParser(inline_comment_prefixes=("#",))
     cp.optionxform = str  # keep the case of keys
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")
     except (FileNotFoundError, IsADirectoryError):
         raise SpecError("file not found", file=str(path)) from None
     try:

@@ -36,7 +36,7 @@ def layer_params(m: ModelSpec) -> float:
 def read_profile(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """(x, seconds per layer) from a two-column CSV of x and milliseconds, sorted by x."""
     try:
-        rows = list(csv.reader(path.read_text().splitlines()))
+        rows = list(csv.reader(path.read_text(encoding="utf-8-sig").splitlines()))
     except (FileNotFoundError, IsADirectoryError):
         raise SpecError("profile file not found", file=str(path)) from None
     pts = []

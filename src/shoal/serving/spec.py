@@ -4,7 +4,7 @@ heterogeneous nodes (Helix §3: compute nodes, links, a coordinator)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -226,7 +226,8 @@ class WakeSpec(BaseModel):
 
 class ServingSpec(BaseModel):
     model_config = STRICT
-    schema_: str = Field(default=SERVING_SCHEMA, alias="schema", description="format version")
+    schema_: Literal["shoal/serving@1"] = Field(default=SERVING_SCHEMA, alias="schema",
+                                                description="format version")
     name: str | None = Field(default=None, description="a label for reports")
     model: ServingModel = Field(description="the served model")
     machines: dict[str, Machine] = Field(description="node type name -> the node type")

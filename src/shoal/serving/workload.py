@@ -34,7 +34,7 @@ class Workload:
 
 def _rows(path: Path, cols: tuple[str, str]) -> np.ndarray:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8-sig")
     except (FileNotFoundError, IsADirectoryError):
         raise SpecError("file not found", file=str(path)) from None
     rows = list(csv.reader(text.splitlines()))
@@ -73,7 +73,7 @@ def load_trace(path: Path) -> Workload:
     """Requests one per row (``arrival_s,input_tokens,output_tokens``), arrivals in seconds from
     the start and in order: the same trace for ``serve run`` and ``serve simulate``."""
     try:
-        rows = list(csv.reader(Path(path).read_text().splitlines()))
+        rows = list(csv.reader(Path(path).read_text(encoding="utf-8-sig").splitlines()))
     except (FileNotFoundError, IsADirectoryError):
         raise SpecError("file not found", file=str(path)) from None
     cols = ["arrival_s", "input_tokens", "output_tokens"]

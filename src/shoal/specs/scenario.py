@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from shoal.errors import SpecError
+from shoal.errors import SpecError, close_match
 from shoal.files import read_document
 from shoal.specs._types import STRICT
 from shoal.specs.cluster import PoolSpec, PriceSpec
@@ -39,7 +40,8 @@ class ProfilesSpec(BaseModel):
 
 class Scenario(BaseModel):
     model_config = STRICT
-    schema_: str = Field(default=SCENARIO_SCHEMA, alias="schema", description="format version")
+    schema_: Literal["shoal/scenario@1"] = Field(default=SCENARIO_SCHEMA, alias="schema",
+                                                 description="format version")
     name: str | None = Field(default=None, description="a label for reports")
     model: str | HFModelRef | ModelSpec = Field(
         description="catalog name, {hf_config: path}, or the architecture fields"
@@ -72,19 +74,37 @@ def _model_class_names() -> set[str]:
     return names
 
 
-def spec_error_from_validation(exc: ValidationError, file: str | None) -> SpecError:
-    """Turn pydantic's first error into a SpecError with a dotted field path."""
-    err = exc.errors()[0]
+def spec_error_from_validation(exc: ValidationError, file: str | None,
+                               cls: type[BaseModel] | None = None) -> SpecError:
+    """Turn pydantic's most telling error into a SpecError with a dotted field path (``cls``:
+    the model validated, whose top-level names a misspelt key is matched against)."""
+    errors = exc.errors()
+    # a file of another kind (its schema) first, then a key the format does not have (a
+    # misspelt name also leaves its field missing, which says less)
+    err = min(errors, key=lambda e: (tuple(e["loc"]) != ("schema",),
+                                     e["type"] != "extra_forbidden"))
     loc = [str(x) for x in err["loc"] if not str(x).startswith(("function-", "tagged-union"))]
     # pydantic reports union branches in the path (e.g. 'str', 'ModelSpec'): drop type names, but
     # only those: user keys such as GPU names ('A100-40GB') also start with a capital letter.
     loc = [x for x in loc if x not in _model_class_names() and x not in ("str", "int", "float", "bool")]
     msg = err["msg"].removeprefix("Value error, ")
-    more = len(exc.errors()) - 1
+    got = err.get("input")
+    if tuple(err["loc"]) == ("schema",) and isinstance(got, str) and got.startswith("shoal/"):
+        msg = f"a {got} document, where a {err.get('ctx', {}).get('expected', '?')} one goes"
+    suggestion = None
+    if err["type"] == "extra_forbidden":
+        # the field of the same table the file leaves out, or any of the table's own
+        missing = [str(e["loc"][-1]) for e in errors if e["type"] == "missing"
+                   and tuple(e["loc"][:-1]) == tuple(err["loc"][:-1])]
+        top = ([f.alias or n for n, f in cls.model_fields.items()]
+               if cls is not None and len(err["loc"]) == 1 else [])
+        suggestion = close_match(str(err["loc"][-1]), missing) or close_match(
+            str(err["loc"][-1]), top)
+    more = len(errors) - 1
     if more:
         msg += f" (and {more} more problem{'s' if more > 1 else ''})"
     return SpecError(msg, file=file, field=".".join(loc) or None, value=err.get("input")
-                     if not isinstance(err.get("input"), dict) else None)
+                     if not isinstance(err.get("input"), dict) else None, suggestion=suggestion)
 
 
 def validated(cls: type[BaseModel], data: dict, file: str | None = None):
@@ -92,7 +112,7 @@ def validated(cls: type[BaseModel], data: dict, file: str | None = None):
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        raise spec_error_from_validation(exc, file) from None
+        raise spec_error_from_validation(exc, file, cls) from None
 
 
 def parse_scenario(data: dict, *, file: str | None = None) -> Scenario:

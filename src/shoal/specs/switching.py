@@ -19,8 +19,9 @@ class SwitchingSpec(BaseModel):
     storage_bandwidth: BytesPerSecond = Field(
         default=1e9, description="checkpoint write and read bandwidth per GPU worker")
     checkpoint_interval: Seconds = Field(
-        default=600.0, gt=0, description="wall-clock time between checkpoints while training; a move "
-                                   "forced without enough notice redoes the work since the last")
+        default=600.0, gt=0, description="training time between checkpoints (time spent switching "
+                                   "not counted); a move forced without enough notice redoes the "
+                                   "work since the last")
     restart: Seconds = Field(
         default=60.0, description="tear down and rebuild process groups, reload the framework")
     node_startup: Seconds = Field(

@@ -315,7 +315,7 @@ def load_requests(path) -> list[tuple[float, int]]:
     from shoal.errors import SpecError
 
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8-sig")
     except (FileNotFoundError, IsADirectoryError):
         raise SpecError("file not found", file=str(path)) from None
     rows = list(csv.reader(text.splitlines()))

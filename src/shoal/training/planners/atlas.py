@@ -2,11 +2,11 @@
 
 Pipelines span datacenters, data parallelism stays inside each: stage s of every pipeline sits in
 one datacenter, so a datacenter hosting k stages for D DP-cells of C pipelines uses k·D·C GPUs.
-For every D from 1 to D_max = ΣGPUs / (C·P), datacenters are filled in order (all of a
-datacenter's GPUs or none, more stages where there are more GPUs, as few datacenters as
-possible), and the iteration time is the Atlas schedule of one DP-cell (``shoal.training.geo``)
-plus the gradient all-reduce over the D·C pipelines; throughput is D·C / total_time and the
-smallest D that reaches the highest throughput wins.
+For every D from 1 to D_max = ΣGPUs / (C·P), datacenters are filled in order (each
+datacenter's GPUs in whole stages, the rest left idle; more stages where there are more GPUs,
+as few datacenters as possible), and the iteration time is the Atlas schedule of one DP-cell
+(``shoal.training.geo``) plus the gradient all-reduce over the D·C pipelines; throughput is
+D·C / total_time and the smallest D that reaches the highest throughput wins.
 
 ``search`` is ``--strategy atlas`` on a scenario: datacenters are the pool's regions, one GPU type
 at a time; for every stage count P (balanced layers, smallest TP that fits) and microbatch size,

@@ -57,12 +57,17 @@ MESSAGE = 64e6  # bytes at which link bandwidths are compared
 
 
 def nodes(space: Space) -> list[tuple[str, str, int]]:
-    """(GPU type, zone, GPUs) per node of the pool, a zone's partial node last."""
+    """(GPU type, zone, GPUs) per node of the pool, a zone's partial node last; under a quota
+    on a GPU type (``pool.quotas``), that many of its GPUs, the largest zones' first."""
     p = space.problem
     out = []
+    left = dict(p.quotas)
     for k in space.kinds:
         gpn = p.gpus[k.gpu].gpus_per_node
         for z, n in space.zones_of[k]:
+            if k.gpu in left:
+                n = min(n, left[k.gpu])
+                left[k.gpu] -= n
             full, rest = divmod(n, gpn)
             out += [(k.gpu, z, gpn)] * full + ([(k.gpu, z, rest)] if rest else [])
     return out
