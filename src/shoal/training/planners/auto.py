@@ -625,8 +625,9 @@ class Bounds:
     def _crossing_rows(self, sh: Shape) -> list[tuple[np.ndarray, ...]]:
         """Per b in 0..P-2, ``_refine_parts``' (fpre, t, f, post, bsum) of ``sh`` for plans that
         send across regions between stages b and b + 1: those two stages' options take the
-        send (``_crossing``), and so do the least forwards, forward and backwards, and
-        backwards the other stages' options count of them."""
+        send (``_crossing``), and so do the sums of least times the other stages' options
+        count (the forwards before a stage, the forwards and backwards after it, and the
+        backwards before it)."""
         mine = self._by_shape.get(("cross rows", id(sh)))
         if mine is not None and mine[0] is sh:
             return mine[1]
