@@ -467,3 +467,18 @@ def test_free_gpus_under_a_cost_objective_still_take_more_tokens():
     assert shoal.usd == 0.0
     assert [s.decision for s in shoal.steps] == ["start", "switch"]
     assert shoal.tokens > never.tokens
+
+
+def test_when_nothing_fits_at_any_moment_the_error_names_the_trace_and_keeps_the_reason(
+        problem):
+    """GPUs at every moment but no plan within the cost cap: the planner's binding constraint
+    and relaxation come through (the --json error carries them), and the message names the
+    trace."""
+    capped = replace(problem, constraints=problem.constraints.model_copy(
+        update={"max_cost_per_iteration_usd": 1e-9}))
+    tr = trace([(0.0, pool()), (600.0, pool(4, 4, 0, 0))], 1200.0)
+    with pytest.raises(InfeasibleError) as ei:
+        plan_trace(capped, tr, Replanner(capped))
+    e = ei.value
+    assert "no plan fits at any moment of the trace" in str(e) and tr.source in str(e)
+    assert e.binding and e.relaxation and str(e).count("binding constraint") == 1

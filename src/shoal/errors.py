@@ -66,6 +66,7 @@ class InfeasibleError(ShoalError):
     """Nothing fits: says the binding constraint and the nearest relaxation that would work."""
 
     def __init__(self, message: str, *, binding: str | None = None, relaxation: str | None = None):
+        self.reason = message  # without the binding constraint and relaxation
         self.binding = binding
         self.relaxation = relaxation
         text = message

@@ -86,7 +86,8 @@ def plan_trace(problem: Problem, trace: Trace, replanner: Replanner,
             raise InfeasibleError(f"the trace ({trace.source}) has no GPUs at any moment",
                                   binding="availability")
         raise InfeasibleError(f"no plan fits at any moment of the trace ({trace.source}): "
-                              f"at {trace.states[0].time_s:g} s, {first}")
+                              f"at {trace.states[0].time_s:g} s, {first.reason}",
+                              binding=first.binding, relaxation=first.relaxation)
     return out
 
 

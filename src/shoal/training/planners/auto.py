@@ -139,9 +139,11 @@ def _min_max_cuts(cum, L, arg):
 
 @compiled
 def _refined_level(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync_scale):
-    """``Bounds.refined``'s level per option (``_refine_parts``' arrays; ``move``, ``lat``:
-    its ring terms, as ``kernel.ring_from_terms`` combines them), compiled: its own least
-    ring over D members and update; per stage the least of those; and L(s, o)."""
+    """``Bounds.refined``'s levels per option (``_refine_parts``' arrays, one row per set of
+    option times: ``fpre``, ``t``, ``f``, ``post`` (rows, options) and ``bsum`` (rows,
+    stages); ``move``, ``lat``: its ring terms, as ``kernel.ring_from_terms`` combines them),
+    compiled: each option's own least ring over D members and update; per row and stage the
+    least of those; and L(s, o) per row."""
     own = upd.copy()
     if D > 1:
         d = float(D)
@@ -154,16 +156,17 @@ def _refined_level(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync_
     least = np.full(P, np.inf)  # per stage, its least ring and update
     for i in range(len(own)):
         least[stage[i]] = min(least[stage[i]], own[i])
-    # per stage s, the most max_{s' < s} (bsum[s] - bsum[s'] + least[s']) (none for s = 0)
+    level = np.empty(t.shape)
     earlier = np.empty(P)
-    most = -np.inf
-    for s in range(P):
-        earlier[s] = most + bsum[s]
-        most = max(most, least[s] - bsum[s])
-    level = np.empty(len(own))
-    for i in range(len(own)):
-        level[i] = (fpre[i] + max(n * t[i], n * f[i] + (t[i] - f[i]) + post[i])
-                    + max(own[i], earlier[stage[i]]))
+    for r in range(t.shape[0]):
+        # per stage s, the most max_{s' < s} (bsum[s] - bsum[s'] + least[s']) (none for s = 0)
+        most = -np.inf
+        for s in range(P):
+            earlier[s] = most + bsum[r, s]
+            most = max(most, least[s] - bsum[r, s])
+        for i in range(len(own)):
+            level[r, i] = (fpre[r, i] + max(n * t[r, i], n * f[r, i] + (t[r, i] - f[r, i])
+                                            + post[r, i]) + max(own[i], earlier[stage[i]]))
     return level
 
 
@@ -547,19 +550,18 @@ class Bounds:
         every pipeline."""
         fpre, t, f, post, upd, ring, tp, kind, stage, bsum = self._refine_parts(sh)
         P = len(sh.split)
-        rest = (post, upd, ring[0], ring[1], stage, bsum, P, total // D, D, self.tc.sync_scale)
+        rest = (P, total // D, D, self.tc.sync_scale)
         pool = (tp, kind, stage, P, np.array([D], dtype=np.int64), self.avail, self.region_of,
                 self.region_N, self._weights_grid)
-        base = _refined_level(fpre, t, f, *rest)[None, :]
+        base = _refined_level(fpre[None, :], t[None, :], f[None, :], post[None, :], upd,
+                              ring[0], ring[1], stage, bsum[None, :], *rest)
         T = _least_level(base, _ANY_REGIONS, _NO_FLOOR, _NONE_YET, *pool)
         if self.cross is not None and P > 1:
             # a plan in more than one region (each stage's replicas in one, H5) sends across
             # regions between some stages b and b + 1, on every pipeline: the least level
             # over the plans in one region and, for each b, those crossing there
-            n, sc = total // D, self.tc.sync_scale
-            rows = np.stack([_refined_level(fp, tb_, fb_, po, upd, ring[0], ring[1], stage, bs,
-                                            P, n, D, sc)
-                             for fp, tb_, fb_, po, bs in self._crossing_rows(sh)])
+            fp, tb_, fb_, po, bs = self._crossing_rows(sh)
+            rows = _refined_level(fp, tb_, fb_, po, upd, ring[0], ring[1], stage, bs, *rest)
             T = _least_level(np.concatenate([base, rows]),
                              np.arange(P) == 0, T, _NONE_YET, *pool)
         least = float(T[0])
@@ -622,8 +624,9 @@ class Bounds:
         self._by_shape[("cross", id(sh))] = (sh, got)
         return got
 
-    def _crossing_rows(self, sh: Shape) -> list[tuple[np.ndarray, ...]]:
-        """Per b in 0..P-2, ``_refine_parts``' (fpre, t, f, post, bsum) of ``sh`` for plans that
+    def _crossing_rows(self, sh: Shape) -> tuple[np.ndarray, ...]:
+        """``_refine_parts``' (fpre, t, f, post, bsum) of ``sh``, a row per b in 0..P-2 (arrays
+        of P-1 rows, as ``_refined_level`` takes them), for plans that
         send across regions between stages b and b + 1: those two stages' options take the
         send (``_crossing``), and so do the sums of least times the other stages' options
         count (the forwards before a stage, the forwards and backwards after it, and the
@@ -635,7 +638,7 @@ class Bounds:
         ts, fs, tr, fr = self._crossing(sh)
         P = len(sh.split)
         starts = np.concatenate([[0], np.nonzero(np.diff(stage))[0] + 1])
-        got = []
+        rows = []
         for b in range(P - 1):
             tb_ = np.where(stage == b, ts, np.where(stage == b + 1, tr, t))
             fb_ = np.where(stage == b, fs, np.where(stage == b + 1, fr, f))
@@ -645,7 +648,8 @@ class Bounds:
             fpre = np.concatenate([[0.0], np.cumsum(fmin)[:-1]])
             post = np.concatenate([np.cumsum(tmin[::-1])[::-1][1:], [0.0]])
             bsum = np.concatenate([[0.0], np.cumsum(bmin)[:-1]])
-            got.append((fpre[stage], tb_, fb_, post[stage], bsum))
+            rows.append((fpre[stage], tb_, fb_, post[stage], bsum))
+        got = tuple(np.stack(x) for x in zip(*rows, strict=True))
         self._by_shape[("cross rows", id(sh))] = (sh, got)
         return got
 
