@@ -12,14 +12,15 @@ from hypothesis import strategies as st
 
 from shoal.errors import InfeasibleError
 from shoal.estimate import estimate
-from shoal.estimate.api import tables_for
+from shoal.estimate.api import run_specs, tables_for
 from shoal.estimate.validate import validate_plan
-from shoal.problem import build_problem
+from shoal.io.sailor import import_sailor
+from shoal.problem import build_problem, load_problem
 from shoal.specs.job import Constraints
 from shoal.specs.scenario import parse_scenario
-from shoal.training.planners import OBJECTIVES, Reuse, complete_front, sailor, search
+from shoal.training.planners import OBJECTIVES, Reuse, complete_front, refine, sailor, search
 from shoal.training.planners.allocate import Allocation, upgraded
-from shoal.training.planners.common import rounded
+from shoal.training.planners.common import Evaluator, SearchStats, rounded
 from shoal.training.planners.space import Space, balanced_split, mbs_options
 
 SMALL = {
@@ -295,6 +296,40 @@ def test_strategies_keep_to_the_jobs_zero_stages_and_schedules(zeros, schedules)
         best = res.ranked[0]
         est = estimate(pb, best.plan)
         assert est.iteration_time_s == pytest.approx(best.iteration_time_s, rel=1e-9)
+
+
+@pytest.mark.reference
+def test_no_boundary_move_improves_the_best_plan_on_sailors_five_zones(reference_dir, tmp_path):
+    """``auto`` tunes its best plans' layer boundaries (``refine``): on Sailor's five-zone pool
+    (OPT-350M, measured profiles), where the best split before the tuning gives its embedding
+    stage a layer too many, no move of one boundary by one or two layers (every stage keeping
+    its replicas) makes the best plan faster."""
+    s = reference_dir / "sailor"
+    import_sailor(training_config=s / "configs" / "training_config_opt_350.json",
+                  cluster_config=s / "configs" / "basic_cluster_config.json",
+                  profiles=s / "profiles" / "OPT-350", network=s / "network", out_dir=tmp_path,
+                  trace=s / "traces" / "gpu_trace_multizone.csv", step=2)
+    pb = load_problem(tmp_path / "scenario.yaml")
+    best = search(pb, strategy="auto", front=False).ranked[0]
+    moved = refine.moves(best.spec)
+    out = run_specs(pb, tables_for(pb, mbs_options(pb)), moved)
+    fits = ~out["oom"]
+    assert fits.any()
+    assert (out["iteration_time_s"][fits] >= best.iteration_time_s * (1 - 1e-12)).all()
+
+
+def test_a_boundary_moved_away_is_moved_back():
+    """A plan one layer off the best split is tuned to a plan at least as fast as the best."""
+    pb = small_problem(*SMALL_PROBLEMS[4])
+    res = search(pb, strategy="auto")
+    best = res.ranked[0]
+    ev = Evaluator(pb, mbs_options(pb), pb.constraints, SearchStats("auto"))
+    worse = [c for c in ev.cost(refine.moves(best.spec))
+             if c is not None and c.iteration_time_s > best.iteration_time_s * (1 + 1e-6)]
+    assert worse, "some move of the best plan's boundaries makes it slower"
+    tuned = refine.refine(ev, worse[0], "max-throughput")
+    assert tuned.iteration_time_s <= best.iteration_time_s * (1 + 1e-12)
+    assert [(a, b) for a, b, _ in tuned.spec[4]] != [(a, b) for a, b, _ in worse[0].spec[4]]
 
 
 @pytest.mark.parametrize("case", range(len(SMALL_PROBLEMS)))

@@ -171,3 +171,38 @@ def makespan(f_all: np.ndarray, b_all: np.ndarray, m: np.ndarray, gpipe: np.ndar
              n_stages: np.ndarray) -> np.ndarray:
     """Makespan per pipeline (B, R); see ``schedule_times``."""
     return schedule_times(f_all, b_all, m, gpipe, n_stages)[0]
+
+
+@compiled
+def stage_span(m, w, f, b, later, one_f1b):
+    """The least seconds from a stage's first forward to the end of its last backward in a
+    pipeline of m microbatches, as ``schedule_times`` runs it (the planners' bounds): f and b
+    are the stage's forward and backward per microbatch (sends included), ``later`` the least
+    forward and backward of one microbatch through the stages after it. Under any schedule
+    the stage runs all 2m operations, and its last backward follows the last forward's trip
+    down the later stages and back. Under 1F1B (``one_f1b``) it runs w = min(stages after
+    it, m) forwards before its first backward, which waits for microbatch 0's trip; then
+    m - 1 - w forwards and backwards in turn up to its last forward; its last backward waits
+    for microbatch m - 1's trip while its w backwards before it run. That path through every
+    wait is exact for equal stages and more microbatches than stages (the bubble of
+    (stages - 1) x (f + b)), which ``(m - 1) max_s t_s + sum_s t_s`` would not bound: with
+    unequal stages the recurrence can end below it."""
+    span = max(m * (f + b), m * f + later + b)
+    if one_f1b:
+        first_b = max(min(w + 1, m) * f, f + later)  # microbatch 0's backward starts
+        if m - 1 <= w:
+            span = max(span, first_b + m * b)
+        else:
+            span = max(span, first_b + (m - 1 - w) * (f + b) + max(w * b, later) + b)
+    return span
+
+
+@compiled
+def stage_spans(m, w, f, b, later, one_f1b):
+    """``stage_span`` of every stage (rows: ``w``, ``f``, ``b``, ``later``) at every count of
+    microbatches in ``m`` (columns of ``w``): (stages, counts)."""
+    out = np.empty(w.shape)
+    for s in range(w.shape[0]):
+        for i in range(w.shape[1]):
+            out[s, i] = stage_span(m[i], w[s, i], f[s], b[s], later[s], one_f1b)
+    return out

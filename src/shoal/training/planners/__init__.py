@@ -22,6 +22,7 @@ from shoal.training.planners.common import (
     finish,
     pareto,
 )
+from shoal.training.planners.refine import refine_best
 from shoal.training.planners.space import Space, mbs_options
 
 
@@ -58,10 +59,12 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     the pool, costed first so that the search starts with an incumbent. ``auto`` also costs
     the plan shapes of ``zorse`` (when the pool mixes GPU types) and, under min-cost, of
     ``espresso``, and, when the pool spans regions, Atlas's layouts (pipelines across
-    datacenters, data parallelism inside each), unless ``max_pairs`` bounds it. Without
-    ``front``, ``auto`` builds no plan only for the throughput-cost front (one that cannot
-    beat the best plan so far): the best plan is the same, the front and the plans ranked
-    below the best are those met on the way. Raises InfeasibleError naming the binding
+    datacenters, data parallelism inside each), unless ``max_pairs`` bounds it, and last
+    tunes the layer boundaries of its best plans (``refine``). Without ``front``, ``auto``
+    builds no plan only for the throughput-cost front (one that cannot beat the best plan so
+    far): the best plan before the tuning is the same (the tuning starts from the best few
+    plans found, which may then differ), the front and the plans ranked below the best are
+    those met on the way. Raises InfeasibleError naming the binding
     constraint when nothing fits, and a relaxation that works (``_nearest``: when plans fit
     but the constraints cut them, searches without the binding one, within the budget)."""
     if strategy not in STRATEGIES:
@@ -101,6 +104,8 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
         zorse.search(ev, space, objective, mbs, max_stages)
     if full and objective == "min-cost" and not ev.out_of_time():
         espresso.search(ev, space, objective, mbs, max_stages)  # its bounds use the incumbent
+    if strategy == "auto" and not ev.out_of_time():
+        refine_best(ev, objective)  # the best plans' layer boundaries tuned on their replicas
     if not ev.feasible and ev.fits and not ev.out_of_time():
         _nearest(ev, problem, strategy, constraints, max_stages, budget_s, reuse)
     return finish(ev, objective, top_k)

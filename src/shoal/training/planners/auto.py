@@ -15,7 +15,9 @@ The space, beyond the ``sailor`` strategy's:
   its smallest fitting TP), so every plan that strategy costs is costed here;
 - a pair whose allocation puts stages in more than one region also gets the allocation of each
   region's own GPUs (the program counts no sends), and an allocation in a region of several
-  zones is also placed from each of them (``_packings``).
+  zones is also placed from each of them (``_packings``);
+- after the search, the best plans' layer boundaries are tuned on their own replicas
+  (``refine``, run by ``planners.search``).
 
 The search: (when minimising cost, Sailor's single-stage walk first, for an incumbent) every
 (shape, degree) pair gets a lower bound on iteration time and on $/iteration
@@ -45,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shoal.estimate.kernel import ring_from_terms, ring_terms
+from shoal.estimate.pipeline import stage_span, stage_spans
 from shoal.jit import compiled
 from shoal.profiles.network import bandwidth
 from shoal.training.planners import sailor
@@ -138,12 +141,12 @@ def _min_max_cuts(cum, L, arg):
 
 
 @compiled
-def _refined_level(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync_scale):
+def _refined_level(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync_scale, one_f1b):
     """``Bounds.refined``'s levels per option (``_refine_parts``' arrays, one row per set of
     option times: ``fpre``, ``t``, ``f``, ``post`` (rows, options) and ``bsum`` (rows,
     stages); ``move``, ``lat``: its ring terms, as ``kernel.ring_from_terms`` combines them),
     compiled: each option's own least ring over D members and update; per row and stage the
-    least of those; and L(s, o) per row."""
+    least of those; and L(s, o) per row (``one_f1b``: the plans run 1F1B, ``stage_span``)."""
     own = upd.copy()
     if D > 1:
         d = float(D)
@@ -165,8 +168,9 @@ def _refined_level(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync_
             earlier[s] = most + bsum[r, s]
             most = max(most, least[s] - bsum[r, s])
         for i in range(len(own)):
-            level[r, i] = (fpre[r, i] + max(n * t[r, i], n * f[r, i] + (t[r, i] - f[r, i])
-                                            + post[r, i]) + max(own[i], earlier[stage[i]]))
+            span = stage_span(n, min(P - 1 - stage[i], n), f[r, i], t[r, i] - f[r, i],
+                              post[r, i], one_f1b)
+            level[r, i] = fpre[r, i] + span + max(own[i], earlier[stage[i]])
     return level
 
 
@@ -328,6 +332,8 @@ class Bounds:
         self.region_N = np.bincount(self.region_of, weights=self.avail)
         self.price_s = price_h / 3600.0
         self.gi = np.array([tb.gi(k.gpu) for k in space.kinds])
+        # the planners' plans run 1F1B unless the job rules it out (``Evaluator.cost``)
+        self.one_f1b = "1f1b" in pb.job.schedule
         self.lat_min = float(tb.flat_lat.min())
         # fastest send per microbatch size and sender's TP degree (its flows), and over all
         M, T = len(tb.mbs), len(tb.tps)
@@ -432,11 +438,10 @@ class Bounds:
         else:
             slow = self._tau(full_all, tps_, kinds_, stage_, P, Ds)  # with sends
         # the busiest pipeline's replica of stage s: it starts after the forwards before it,
-        # runs n microbatches (its last forward is followed by the later stages' forward and
-        # backward and its own backward), then the earlier stages' backwards and stage 0's tail
-        # follow; or its own tail follows directly
-        nh = n_hi[None, :]
-        chain = np.maximum(nh * tmin[:, None], nh * fmin[:, None] + (bmin + post)[:, None])
+        # runs n microbatches with the waits of its schedule (``stage_span``), then the
+        # earlier stages' backwards and stage 0's tail follow; or its own tail follows directly
+        chain = stage_spans(n_hi, np.minimum(P - 1 - np.arange(P)[:, None], n_hi[None, :]),
+                            fmin, bmin, post, self.one_f1b)
         T = np.maximum.reduce([
             tail_min + work,
             n_lo * slow + tail_min,
@@ -550,7 +555,7 @@ class Bounds:
         every pipeline."""
         fpre, t, f, post, upd, ring, tp, kind, stage, bsum = self._refine_parts(sh)
         P = len(sh.split)
-        rest = (P, total // D, D, self.tc.sync_scale)
+        rest = (P, total // D, D, self.tc.sync_scale, self.one_f1b)
         pool = (tp, kind, stage, P, np.array([D], dtype=np.int64), self.avail, self.region_of,
                 self.region_N, self._weights_grid)
         base = _refined_level(fpre[None, :], t[None, :], f[None, :], post[None, :], upd,

@@ -128,13 +128,19 @@ class Space:
     def min_tp(self, gpu: str, mbs: int, a: int, b: int, in_flight: int, recompute: bool,
                zero: int, dp: int) -> int | None:
         """Smallest TP for which a worker holding layers [a, b) fits (H2), or None."""
+        t = int(self.min_tp_table(gpu, mbs, in_flight, recompute, zero, dp)[a, b])
+        return None if t < 0 else self.tps[gpu][t]
+
+    def min_tp_table(self, gpu: str, mbs: int, in_flight: int, recompute: bool, zero: int,
+                     dp: int) -> np.ndarray:
+        """``min_tp`` of every layer range [a, b) as its position in ``tps[gpu]`` (-1: none
+        fits), kept."""
         # replicas shard nothing without ZeRO: the table is the same for every count
         key = (gpu, mbs, in_flight, recompute, zero, max(dp, 1) if zero else 1)
         table = self._min_tp.get(key)
         if table is None:
             table = self._min_tp[key] = self._smallest_fitting_tps(*key)
-        t = int(table[a, b])
-        return None if t < 0 else self.tps[gpu][t]
+        return table
 
     def _smallest_fitting_tps(self, gpu: str, mbs: int, in_flight: int, recompute: bool,
                               zero: int, dp: int) -> np.ndarray:

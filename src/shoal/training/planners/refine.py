@@ -1,0 +1,63 @@
+"""Layer boundaries tuned on a plan's own replicas.
+
+The planners split the layers before or around allocating GPUs (balanced, or re-split to the
+allocation's slowest GPUs by their compute alone), so a boundary one or two layers over is
+often better once the estimator counts what the split ignores: the sends a stage makes, the
+fill and drain of the pipeline, each stage's gradient ring and update (the embedding and the
+head have large gradients), and the activations in flight. ``refine`` takes a plan and moves
+one boundary at a time by ``MOVES`` layers, every stage keeping its replicas, zones and
+microbatch shares, and keeps the best move while it improves the objective (steepest descent,
+all moves of a round costed in one estimator batch). Every plan it costs goes through the
+search's ``Evaluator``, so the constraints, the ranking and the throughput-cost front see it.
+"""
+
+from __future__ import annotations
+
+from shoal.estimate.encode import PlanSpec
+from shoal.training.planners.common import Candidate, Evaluator, score
+
+MOVES = (-2, -1, 1, 2)  # layers a boundary moves by
+ROUNDS = 16  # at most this many improving moves per plan
+TOP = 4  # plans ``refine_best`` tunes
+PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # the schedules whose plans it tunes (not Zorse's)
+
+
+def moves(spec: PlanSpec) -> list[PlanSpec]:
+    """``spec`` with one stage boundary moved by each of ``MOVES`` (every stage keeps at least
+    one layer)."""
+    mbs, key, recompute, zero, stages = spec
+    edges = [a for a, _, _ in stages] + [stages[-1][1]]
+    out = []
+    for i in range(1, len(stages)):
+        for d in MOVES:
+            e = edges[i] + d
+            if edges[i - 1] < e < edges[i + 1]:
+                new = edges[:i] + [e] + edges[i + 1:]
+                out.append((mbs, key, recompute, zero, tuple(
+                    (new[s], new[s + 1], reps) for s, (_, _, reps) in enumerate(stages))))
+    return out
+
+
+def refine(ev: Evaluator, cand: Candidate, objective: str) -> Candidate:
+    """``cand`` after its best boundary moves (itself when none improves it)."""
+    best = cand
+    for _ in range(ROUNDS):
+        if ev.out_of_time():
+            break
+        step = None
+        for c in ev.cost(moves(best.spec)):
+            if c is not None and score(c, objective) < score(step or best, objective):
+                step = c
+        if step is None:
+            break
+        best = step
+    return best
+
+
+def refine_best(ev: Evaluator, objective: str, top: int = TOP) -> None:
+    """The ``top`` best plans found so far (by ``objective``), each tuned by ``refine``."""
+    ranked = sorted((c for c in ev.feasible.values()
+                     if len(c.spec[4]) > 1 and c.spec[1] in PIPELINE_SCHEDULES),
+                    key=lambda c: score(c, objective))
+    for cand in ranked[:top]:
+        refine(ev, cand, objective)
