@@ -162,7 +162,7 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
                                     pb.timing.step_overhead_s, price, bounds.option_times(sh),
                                     tails=functools.partial(bounds.tails, D=D),
                                     crossed=functools.partial(bounds.crossed_times, sh),
-                                    split=sh.split)
+                                    split=sh.split, times_of=bounds.option_times)
         worth = worths[(sh, D)]
         a = Allocation(per_stage, (0,) * len(avail), 0.0)
         built = [sp for pk in PACKINGS

@@ -576,13 +576,14 @@ class Bounds:
                            self.tc.step_overhead_s) if np.isfinite(least) else np.inf
         return least + self.tc.step_overhead_s, cost * D
 
-    def crossed_times(self, sh: Shape, per_stage, times: list | None = None
-                      ) -> list[dict[tuple[int, int], float]] | None:
-        """Per stage, (kind, TP) -> time per microbatch (``times``, or else
-        ``option_times(sh).times``) for an allocation (``Allocation.per_stage``) of ``sh``'s
-        microbatch size whose stages are in more than one region, with the sends across
-        regions between its stages b and b + 1 in different ones (as ``_crossing``); None
-        when its stages are in one region (every stage's replicas are in one region, H5)."""
+    def crossed_times(self, sh: Shape, per_stage, times: _OptionTimes | None = None
+                      ) -> tuple[list[dict[tuple[int, int], float]], ...] | None:
+        """Per stage, (kind, TP) -> time per microbatch and forward per microbatch (of
+        ``times``, or else ``option_times(sh)``) for an allocation (``Allocation.per_stage``)
+        of ``sh``'s microbatch size whose stages are in more than one region, with the sends
+        across regions between its stages b and b + 1 in different ones (as ``_crossing``);
+        None when its stages are in one region (every stage's replicas are in one region,
+        H5)."""
         if self.cross is None:
             return None
         regions = [self.region_of[st[0][0]] for st in per_stage]
@@ -590,17 +591,22 @@ class Bounds:
             return None
         tb, rf = self.space.tb, self.tc.recv_fraction
         mi = tb.mi(sh.mbs)
-        times = list(self.option_times(sh).times if times is None else times)
+        got = self.option_times(sh) if times is None else times
+        times, fwd = list(got.times), list(got.fwd)
         for b in range(len(regions) - 1):
             if regions[b] != regions[b + 1]:
                 # the receiver's on the sender's link: the fastest of stage b's TPs
                 xr = self._across(mi, [tb.ti(tp) for _, tp, _ in per_stage[b]])[1]
                 tps = sorted({tp for _, tp in times[b]})  # the sender's, per its own TP
-                xs = dict(zip(tps, ((1 + rf) * self._across(mi, [tb.ti(tp) for tp in tps])[0])
-                              .tolist(), strict=True))
-                times[b] = {(k, tp): v + xs[tp] for (k, tp), v in times[b].items()}
+                xs = dict(zip(tps, self._across(mi, [tb.ti(tp) for tp in tps])[0].tolist(),
+                              strict=True))
+                # the sender sends on its forward and receives on its backward, the receiver
+                # the other way round (``recv_fraction`` of a transfer on the receiving end)
+                times[b] = {(k, tp): v + (1 + rf) * xs[tp] for (k, tp), v in times[b].items()}
+                fwd[b] = {(k, tp): v + xs[tp] for (k, tp), v in fwd[b].items()}
                 times[b + 1] = {key: v + (1 + rf) * xr for key, v in times[b + 1].items()}
-        return times
+                fwd[b + 1] = {key: v + rf * xr for key, v in fwd[b + 1].items()}
+        return times, fwd
 
     def _across(self, mi: int, sender_ti) -> tuple[np.ndarray, float]:
         """Seconds a send across regions adds, one way, per microbatch of size index ``mi``
@@ -860,17 +866,22 @@ class Bounds:
         if got is None or got[0] is not sh:
             tb, P = self.space.tb, len(sh.split)
             mi = tb.mi(sh.mbs)
-            times, compute, sends, rate = [], [], [], 0.0
-            for s, opts in enumerate(sh.opts):
+            times, compute, fwd, sends, rate = [], [], [], [], 0.0
+            for s, ((a, b_), opts) in enumerate(zip(sh.split, sh.opts, strict=True)):
                 ti = np.array([tb.ti(o.tp) for o in opts])
                 f, b = self._sends(s, P, mi, ti)
                 t_c = np.array([o.time_s for o in opts])
                 t = t_c + f + b
+                g = self.gi[[o.kind for o in opts]]
+                f_c = (tb.cum_f[g, ti, mi, b_] - tb.cum_f[g, ti, mi, a]) * self.tc.compute_scale
                 times.append({(o.kind, o.tp): float(x) for o, x in zip(opts, t, strict=True)})
+                fwd.append({(o.kind, o.tp): float(x)
+                            for o, x in zip(opts, f_c + f, strict=True)})
                 compute.append({(o.kind, o.tp): o.time_s for o in opts})
                 sends.append(float((t - t_c).min()))
                 rate += min(self.price_s[o.kind] * o.tp for o in opts)
-            got = self._times[id(sh)] = (sh, _OptionTimes(times, min(sends), rate, compute))
+            got = self._times[id(sh)] = (sh, _OptionTimes(times, min(sends), rate, compute,
+                                                          fwd))
         return got[1]
 
     def _weights(self, sh: Shape) -> np.ndarray:
@@ -1077,7 +1088,7 @@ class _BranchAndBound:
                                   self.bounds.option_times(sh), ev.beaten,
                                   functools.partial(self.bounds.tails, D=D),
                                   functools.partial(self.bounds.crossed_times, sh), limits,
-                                  sh.split)
+                                  sh.split, self.bounds.option_times, self.bounds.one_f1b)
                     total = self.space.problem.job.global_batch // sh.mbs
 
                     def reach(s: Shape, D=D, total=total, worth=worth) -> bool:
@@ -1120,6 +1131,7 @@ class _OptionTimes:
     send_s: float
     rate_usd_s: float
     compute: list[dict[tuple[int, int], float]]  # the options' compute times (their order)
+    fwd: list[dict[tuple[int, int], float]]  # their forwards with their least sends
 
 
 @dataclass(frozen=True)
@@ -1129,14 +1141,14 @@ class Worth:
     least given seconds and USD per iteration are of no use beyond the incumbent, as
     ``Evaluator.beaten``: always when the search does not look for the front).
     Whatever its zones, a plan of allocation ``a`` takes at least, over its options' times
-    with the least sends (``shape.times``), its pipelines' time (``stage_floors_s`` of the first
+    with the least sends (``shape``), its pipelines' time (``stage_floors_s`` of the first
     stage) plus ``after_s`` (the pair's least gradient sync and update, and the step overhead),
     and for every stage that stage's end plus its own least sync and update (``tails``) and the
     step overhead; it pays at least that long for its GPUs at their cheapest zone's price
     (``plan_floor``). An allocation whose stages are in more than one region sends across
     regions between them (``crossed``). A plan of another split than the pair's (a re-split,
-    ``other``) is given that split's options' compute times, and each of its stages' end plus
-    the stage's least sync and update on that split (``tails``) and the step overhead. Plans
+    ``other``) is given that split's option times (``times_of``), and each of its stages' end
+    plus the stage's least sync and update on that split (``tails``) and the step overhead. Plans
     whose floors break a constraint (``limits``) are worth nothing: they would not be
     adopted."""
 
@@ -1158,6 +1170,9 @@ class Worth:
     # beyond either are not adopted, so they are worth nothing
     limits: tuple[float, float] = (np.inf, np.inf)
     split: tuple[tuple[int, int], ...] = ()  # the pair's layer ranges (for ``tails``)
+    # a re-split's option times (``Bounds.option_times``)
+    times_of: Callable[[Shape], _OptionTimes] | None = None
+    one_f1b: bool = True  # the plans run 1F1B (``stage_span``)
 
     def __call__(self, a: Allocation, D: int, total: int, other: Shape | None = None) -> bool:
         return not self._bound() or self.below(*self.plan_floor(a, D, total, other))
@@ -1175,15 +1190,14 @@ class Worth:
                    other: Shape | None = None) -> tuple[float, float]:
         """(seconds, USD) per iteration that any plan of ``a`` takes at least (on the layer
         ranges of ``other``, when given)."""
+        own = self.shape if other is None else self.times_of(other)
+        crossed = None if self.crossed is None else self.crossed(a.per_stage, own)
+        times, fwd = crossed or (own.times, own.fwd)
+        ends = stage_floors_s(a, times, fwd, D, total, own.compute, self.one_f1b)
         if other is None:
-            times = None if self.crossed is None else self.crossed(a.per_stage)
-            ends = stage_floors_s(a, times or self.shape.times, D, total, self.shape.compute)
             t = float(ends[0]) + self.after_s
             split = self.split
         else:
-            times = [{(o.kind, o.tp): o.time_s for o in oo} for oo in other.opts]
-            crossed = None if self.crossed is None else self.crossed(a.per_stage, times)
-            ends = stage_floors_s(a, crossed or times, D, total, times)
             t = float(ends[0]) + self.overhead_s
             split = other.split
         if self.tails is not None:
@@ -1222,31 +1236,50 @@ class Worth:
         return t > self.limits[0] * (1 + 1e-9) or usd > self.limits[1] * (1 + 1e-9)
 
 
-def stage_floors_s(a: Allocation, times: list[dict[tuple[int, int], float]], D: int,
-                   total: int, order: list[dict[tuple[int, int], float]] | None = None
+def stage_floors_s(a: Allocation, times: list[dict[tuple[int, int], float]],
+                   fwd: list[dict[tuple[int, int], float]], D: int, total: int,
+                   order: list[dict[tuple[int, int], float]], one_f1b: bool = True
                    ) -> np.ndarray:
     """Per stage s, the least time after the iteration's start at which every replica of s has
     run its last backward, in any plan of allocation ``a``, given per stage a lower bound on
-    each (kind, TP) replica's time per microbatch (``times``). Pipeline j holds the j-th
-    slowest replica of every stage by compute time (``order``, when it is not ``times``;
-    ``build_spec``) and runs m = ``shares(total, D)[j]`` microbatches: its stage b >= s runs
-    all m after stages s..b-1 have run the first microbatch forward, and then stages b-1..s
-    run the last one backward, so stage s ends at least sum_{s<=i<b} t_i + m t_b after it
-    starts. For s = 0 that is the pipeline's end."""
-    vals, counts = [], []
-    for s, (st, time_of) in enumerate(zip(a.per_stage, times, strict=True)):
-        rank = time_of if order is None else order[s]
+    each (kind, TP) replica's time per microbatch (``times``) and forward (``fwd``).
+    Pipeline j holds the j-th slowest replica of every stage by compute time (``order``;
+    ``build_spec``) and runs m = ``shares(total, D)[j]`` microbatches: its stage b starts
+    after the forwards of the stages before it, spans ``stage_span`` (the later stages' times
+    its trips), and stages b-1..s then run the last microbatch backward. For s = 0 that is the
+    pipeline's end."""
+    t_vals, f_vals, counts = [], [], []
+    for st, time_of, fwd_of, rank in zip(a.per_stage, times, fwd, order, strict=True):
         # stable, as build_spec
         for k, tp, n in (st if len(st) == 1 else sorted(st, key=lambda r: -rank[(r[0], r[1])])):
-            vals.append(time_of[(k, tp)])
+            t_vals.append(time_of[(k, tp)])
+            f_vals.append(fwd_of[(k, tp)])
             counts.append(n)
-    t = np.repeat(vals, counts).reshape(len(times), -1)  # (stages, pipelines)
-    m = np.asarray(shares(total, D))
-    before = np.cumsum(t, axis=0) - t  # the stages before b, per pipeline
-    reach = before + m[None, :] * t  # stage b's last backward from the start of stage 0
-    # from stage s: the latest over b >= s, less the stages before s
-    later = np.maximum.accumulate(reach[::-1], axis=0)[::-1]
-    return (later - before).max(axis=1)
+    P = len(times)
+    t = np.repeat(t_vals, counts).reshape(P, -1)  # (stages, pipelines)
+    f = np.repeat(f_vals, counts).reshape(P, -1)
+    return _pipeline_ends(f, t - f, np.asarray(shares(total, D), dtype=np.float64), one_f1b)
+
+
+@compiled
+def _pipeline_ends(f, b, m, one_f1b):
+    """``stage_floors_s``' ends over the pipelines (columns of ``f``, ``b``: forward and
+    backward per microbatch per stage; ``m``: their microbatches), compiled."""
+    P, D = f.shape
+    out = np.zeros(P)
+    for j in range(D):
+        later = 0.0
+        end = 0.0
+        before = np.zeros(P + 1)
+        for s in range(P):
+            before[s + 1] = before[s] + f[s, j]
+        for s in range(P - 1, -1, -1):
+            w = min(P - 1 - s, m[j])
+            own = before[s] + stage_span(m[j], w, f[s, j], b[s, j], later, one_f1b)
+            end = own if s == P - 1 else max(own, end + b[s, j])
+            out[s] = max(out[s], end)
+            later += f[s, j] + b[s, j]
+    return out
 
 
 def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of, levels: int,
