@@ -302,8 +302,8 @@ def test_strategies_keep_to_the_jobs_zero_stages_and_schedules(zeros, schedules)
 def test_no_boundary_move_improves_the_best_plan_on_sailors_five_zones(reference_dir, tmp_path):
     """``auto`` tunes its best plans' layer boundaries (``refine``): on Sailor's five-zone pool
     (OPT-350M, measured profiles), where the best split before the tuning gives its embedding
-    stage a layer too many, no move of one boundary by one or two layers (every stage keeping
-    its replicas) makes the best plan faster."""
+    stage a layer too many, no move of ``refine.moves`` (a boundary by one or two layers, a
+    stage shifted by one, every stage keeping its replicas) makes the best plan faster."""
     s = reference_dir / "sailor"
     import_sailor(training_config=s / "configs" / "training_config_opt_350.json",
                   cluster_config=s / "configs" / "basic_cluster_config.json",

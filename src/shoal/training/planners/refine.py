@@ -5,9 +5,9 @@ allocation's slowest GPUs by their compute alone), so a boundary one or two laye
 often better once the estimator counts what the split ignores: the sends a stage makes, the
 fill and drain of the pipeline, each stage's gradient ring and update (the embedding and the
 head have large gradients), and the activations in flight. ``refine`` takes a plan and moves
-one boundary at a time by ``MOVES`` layers, every stage keeping its replicas, zones and
-microbatch shares, and keeps the best move while it improves the objective (steepest descent,
-all moves of a round costed in one estimator batch). Every plan it costs goes through the
+one boundary at a time by ``MOVES`` layers, or shifts one stage by a layer, every stage
+keeping its replicas, zones and microbatch shares, and keeps the best move while it improves
+the objective (steepest descent, all moves of a round costed in one estimator batch). Every plan it costs goes through the
 search's ``Evaluator``, so the constraints, the ranking and the throughput-cost front see it.
 """
 
@@ -18,24 +18,27 @@ from shoal.training.planners.common import Candidate, Evaluator, score
 
 MOVES = (-2, -1, 1, 2)  # layers a boundary moves by
 ROUNDS = 16  # at most this many improving moves per plan
-TOP = 4  # plans ``refine_best`` tunes
+TOP = 8  # plans ``refine_best`` tunes
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # the schedules whose plans it tunes (not Zorse's)
 
 
 def moves(spec: PlanSpec) -> list[PlanSpec]:
-    """``spec`` with one stage boundary moved by each of ``MOVES`` (every stage keeps at least
-    one layer)."""
+    """``spec`` with one stage boundary moved by each of ``MOVES``, and with one inner stage
+    shifted by a layer either way (both its boundaries moved together); every stage keeps at
+    least one layer."""
     mbs, key, recompute, zero, stages = spec
     edges = [a for a, _, _ in stages] + [stages[-1][1]]
-    out = []
-    for i in range(1, len(stages)):
+    P = len(stages)
+    news = []
+    for i in range(1, P):
         for d in MOVES:
-            e = edges[i] + d
-            if edges[i - 1] < e < edges[i + 1]:
-                new = edges[:i] + [e] + edges[i + 1:]
-                out.append((mbs, key, recompute, zero, tuple(
-                    (new[s], new[s + 1], reps) for s, (_, _, reps) in enumerate(stages))))
-    return out
+            news.append(edges[:i] + [edges[i] + d] + edges[i + 1:])
+    for i in range(1, P - 1):
+        for d in (-1, 1):
+            news.append(edges[:i] + [edges[i] + d, edges[i + 1] + d] + edges[i + 2:])
+    return [(mbs, key, recompute, zero, tuple((e[s], e[s + 1], reps)
+                                              for s, (_, _, reps) in enumerate(stages)))
+            for e in news if all(x < y for x, y in zip(e, e[1:]))]
 
 
 def refine(ev: Evaluator, cand: Candidate, objective: str) -> Candidate:
