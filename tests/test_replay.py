@@ -228,6 +228,30 @@ def test_rollout_pays_each_cut_as_a_forced_move(problem, replanner):
         pytest.approx(want)
 
 
+def test_a_move_by_choice_needs_a_gain_beyond_the_futures_noise(problem, replanner):
+    """Moving to the big pool's plan wins by much in the futures where zone b stays and loses
+    by almost as much where it goes at once: the mean ranks the move first, but the gain is
+    within two standard errors of the difference over the futures, so ``shoal`` stays; with
+    zone b staying in every future the same move is clearly better."""
+    big = plan_trace(problem, trace([(0.0, pool())], 1.0), replanner)[0][0]
+    small = plan_trace(problem, trace([(0.0, pool(4, 4, 0, 0))], 1.0), replanner)[0][0]
+    calm = Futures([State(0.0, pool())], 3600.0)
+
+    def futures(paths):
+        f = Futures.__new__(Futures)
+        f.keys, f.gap_s, f.horizon_s, f.paths = calm.keys, 900.0, 8 * 900.0, paths
+        return f
+
+    gone = [(1.0, np.array([4.0, 4.0, 0.0, 0.0]))]  # zone b's GPUs go a second in
+    move = switch_cost(problem, small, big, forced=False, notice_s=0.0,
+                       since_checkpoint_s=0.0).total_s
+    mixed = Rollout(problem, "max-throughput", futures([gone, []] * 3), [big, small], 0.0)
+    assert mixed.value(big, move)[0] > mixed.value(small, 0.0)[0]
+    assert not mixed.clearly_better((big, move), (small, 0.0))
+    stays = Rollout(problem, "max-throughput", futures([[]] * 6), [big, small], 0.0)
+    assert stays.clearly_better((big, move), (small, 0.0))
+
+
 def test_flickering_gpus_are_not_chased(problem, replanner):
     """Extra GPUs that come for a minute and go again, over and over: ``always`` moves every
     time, ``shoal`` learns that they do not stay and keeps its plan."""

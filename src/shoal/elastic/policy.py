@@ -8,7 +8,8 @@
   move to one of the state's ranked plans (when forced, also to any plan ranked in an earlier
   state that fits; the replay passes them), each move's switch included, and every later cut
   paid as a forced move to the known plan that fits and is worth most over a mean gap. It
-  takes the choice worth most.
+  takes the choice worth most, but moves by choice only when the move beats staying by more
+  than ``SIGNIFICANCE`` standard errors of their difference over the futures.
 * ``oracle``: knows the whole trace; a dynamic program over (state, plan) chooses the plans
   (comparison only).
 Every policy moves when GPUs the running plan holds are gone.
@@ -27,6 +28,9 @@ from shoal.training.planners.common import score
 POLICIES = ("shoal", "always", "never", "oracle")
 HORIZON_GAPS = 8  # how far ahead ``shoal`` looks, in mean gaps between changes
 FUTURES = 64  # continuations of the trace ``shoal`` samples at each decision
+# a move by choice must beat staying by this many standard errors over the futures: a switch
+# is paid for sure, its gain only on average (benchmarks/replay.py: 2 against 0, 1, 1.5 and 3)
+SIGNIFICANCE = 2.0
 
 
 def check_policy(name: str) -> str:
@@ -96,6 +100,7 @@ class Rollout:
             len(self.known), len(futures.keys))
         self.notice_s = notice_s
         self._moves: dict[tuple[int, int], float] = {}
+        self._paths: dict[tuple[int, float], np.ndarray] = {}
 
     def _forced(self, old: Running | None, new: Running) -> float:
         key = (id(old), id(new))
@@ -122,9 +127,37 @@ class Rollout:
     def value(self, run: Running, switch_s: float) -> tuple[float, float]:
         """(what the objective ranks by, tokens): tokens, or tokens per dollar (infinite when
         nothing is paid, so that tokens break the tie) for the cost objectives; averaged."""
-        tokens = usd = 0.0
+        per_path = self.paths(run, switch_s)
+        tokens, usd = per_path.sum(axis=0)
+        per_usd = tokens / usd if usd > 0 else np.inf
+        tokens /= len(self.f.paths)
+        return (tokens if self.objective == "max-throughput" else per_usd), tokens
+
+    def clearly_better(self, move: tuple[Running, float], stay: tuple[Running, float]) -> bool:
+        """Whether ``move`` (a plan and its switch) beats ``stay`` by more than ``SIGNIFICANCE``
+        standard errors of their difference over the same futures (tokens, or tokens per
+        dollar for the cost objectives, future by future)."""
+        a, b = self.paths(*move), self.paths(*stay)
+        if self.objective == "max-throughput":
+            d = a[:, 0] - b[:, 0]
+        else:
+            d = a[:, 0] / np.maximum(a[:, 1], 1e-12) - b[:, 0] / np.maximum(b[:, 1], 1e-12)
+        if len(d) < 2:
+            return bool(d.mean() > 0)
+        return bool(d.mean() > SIGNIFICANCE * d.std(ddof=1) / np.sqrt(len(d)))
+
+    def paths(self, run: Running, switch_s: float) -> np.ndarray:
+        """(futures, 2): the tokens and USD of each future (kept per plan and switch)."""
+        key = (id(run), switch_s)
+        if key not in self._paths:
+            self._paths[key] = self._play(run, switch_s)
+        return self._paths[key]
+
+    def _play(self, run: Running, switch_s: float) -> np.ndarray:
+        out = np.zeros((len(self.f.paths), 2))
         need = self.f.vector(run)
-        for path in self.f.paths:
+        for i, path in enumerate(self.f.paths):
+            tokens = usd = 0.0
             t, plan, held, busy = 0.0, run, need, switch_s
             for until, avail in [*path, (self.f.horizon_s, None)]:
                 if plan is not None:
@@ -143,9 +176,8 @@ class Rollout:
                         busy = self._forced(plan, nxt)
                         held = self.f.vector(nxt)
                     plan = nxt
-        per_usd = tokens / usd if usd > 0 else np.inf
-        tokens /= len(self.f.paths)
-        return (tokens if self.objective == "max-throughput" else per_usd), tokens
+            out[i] = tokens, usd
+        return out
 
 
 def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
@@ -181,7 +213,11 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
                                 pending_s=pending_s - owed_s, lost_iterations=owed).total_s)
                 for q in options]
     values = [roll.value(q, c) for q, c in choices]
-    return choices[max(range(len(values)), key=values.__getitem__)][0]
+    best = max(range(len(values)), key=values.__getitem__)
+    if best > 0 and not (cur is None or forced) and not roll.clearly_better(choices[best],
+                                                                           choices[0]):
+        best = 0  # staying: the move's gain is within the futures' noise
+    return choices[best][0]
 
 
 def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]

@@ -7,8 +7,9 @@ fill and drain of the pipeline, each stage's gradient ring and update (the embed
 head have large gradients), and the activations in flight. ``refine`` takes a plan and moves
 one boundary at a time by ``MOVES`` layers, or shifts one stage by a layer, every stage
 keeping its replicas, zones and microbatch shares, and keeps the best move while it improves
-the objective (steepest descent, all moves of a round costed in one estimator batch). Every plan it costs goes through the
-search's ``Evaluator``, so the constraints, the ranking and the throughput-cost front see it.
+the objective (steepest descent, all moves of a round costed in one estimator batch). Every
+plan it costs goes through the search's ``Evaluator``, so the constraints apply and the
+statistics count it; of the plans a descent makes, only where it ends stays in the ranking.
 """
 
 from __future__ import annotations
@@ -42,18 +43,32 @@ def moves(spec: PlanSpec) -> list[PlanSpec]:
 
 
 def refine(ev: Evaluator, cand: Candidate, objective: str) -> Candidate:
-    """``cand`` after its best boundary moves (itself when none improves it)."""
+    """``cand`` after its best boundary moves (itself when none improves it). The plans the
+    moves made on the way are costed (they count in the search's statistics) but leave the
+    ranking again: they are near copies of the tuned plan, which would crowd out the other
+    plans a ranking offers (the alternatives a replay moves to, say)."""
+    before = set(ev.feasible)
     best = cand
+    made = []
     for _ in range(ROUNDS):
         if ev.out_of_time():
             break
         step = None
         for c in ev.cost(moves(best.spec)):
-            if c is not None and score(c, objective) < score(step or best, objective):
+            if c is None:
+                continue
+            if c.spec not in before:
+                made.append(c.spec)
+            if score(c, objective) < score(step or best, objective):
                 step = c
         if step is None:
             break
         best = step
+    for sp in made:
+        if sp != best.spec:
+            ev.feasible.pop(sp, None)
+    if ev.incumbent is not None and ev.incumbent.spec not in ev.feasible:
+        ev.incumbent = best
     return best
 
 
