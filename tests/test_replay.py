@@ -156,6 +156,25 @@ def test_shared_reuse_gives_the_cold_search_result(problem, walk, objective):
         assert warm.iteration_time_s == cold.iteration_time_s
 
 
+def test_a_search_the_budget_cuts_is_marked(problem):
+    """A state whose search the time budget ends early says so (``ReplanCall.timed_out``, the
+    replay's ``search_timed_out``); asked again, it is answered from memory and still says so."""
+    full = Replanner(problem).plan(pool())
+    assert not full.stats.timed_out
+    rp = Replanner(problem, budget_s=1e-9)
+    with pytest.raises(InfeasibleError) as err:  # cut before any plan
+        rp.plan(pool())
+    assert err.value.binding == "time budget" and rp.calls[-1].timed_out
+    # with a plan to start from (a hint, costed first), the cut search returns it
+    rp = Replanner(problem, budget_s=1e-9)
+    res = rp.plan(pool(), hints=[full.ranked[0].spec])
+    assert res.ranked[0].spec == full.ranked[0].spec
+    assert res.stats.timed_out and res.stats.truncated
+    assert rp.calls[-1].timed_out and not rp.calls[-1].remembered
+    rp.plan(pool())
+    assert rp.calls[-1].remembered and rp.calls[-1].timed_out
+
+
 def test_replanner_costs_the_hints_that_fit_first(problem):
     """A hint that fits the pool is a seed of the search (its plan or a better one comes
     back); one that needs GPUs the pool lacks is left out."""
@@ -405,6 +424,9 @@ def test_cli_replay_json_and_figure(scenario_file, tmp_path):
     assert t["duration_s"] == pytest.approx(5400.0)
     assert fig.stat().st_size > 10_000
     assert all(0 <= s["plan"] < len(doc["plans"]) for s in doc["steps"])
+    # the default budget cuts none of these small searches, and each state says so
+    assert [s["search_timed_out"] for s in doc["steps"]] == [False] * 3
+    assert doc["replan"]["timed_out"] == 0
 
 
 def test_cli_replay_compares_policies(scenario_file):
@@ -430,6 +452,17 @@ def test_cli_replay_bad_inputs(scenario_file, tmp_path):
     assert r.exit_code == 2 and not (tmp_path / "missing").exists()
     r = runner.invoke(app, ["replay", str(scenario_file), "--synthetic", "spot", "--hours", "inf"])
     assert r.exit_code == 2 and "--hours" in r.output and "finite" in r.output
+    # an option of the other kind of trace is refused, not ignored
+    good = tmp_path / "good.csv"
+    good.write_text(f"time_s,gpu,zone,count\n10,{A100},{A},4\n")
+    for args, option in ((["--trace", str(good), "--seed", "3"], "--seed"),
+                         (["--trace", str(good), "--hours", "2"], "--hours"),
+                         (["--synthetic", "spot", "--trace-zone", A], "--trace-zone"),
+                         (["--synthetic", "spot", "--trace-gpu", A100], "--trace-gpu")):
+        r = runner.invoke(app, ["replay", str(scenario_file), *args, "--json"])
+        assert r.exit_code == 2, r.output
+        err = json.loads(r.stdout)["error"]
+        assert err["field"] == option and "applies only with" in err["message"]
 
 
 def test_free_gpus_have_no_tokens_per_usd():

@@ -190,7 +190,12 @@ def test_controller_json_gpu_not_in_pool(tmp_path, problem):
     ('"Time": 250', '"Time": 100', "line 6, key Time", "increase"),
     ('"GPUs": 2', '"GPUs": -2', "line 4, key GPUs", "negative"),
     ('"GPUs": 2', '"GPUs": 2.5', "line 4, key GPUs", "whole number"),
-    ('"GPUs": 2', '"GPUs": "two"', "line 4, key GPUs", "whole number"),
+    ('"GPUs": 2', '"GPUs": "two"', "line 4, key GPUs", "JSON number"),
+    ('"GPUs": 2', '"GPUs": "2"', "line 4, key GPUs", "JSON number"),
+    ('"Time": 130', '"Time": "130"', "line 4, key Time", "JSON number"),
+    ('"GPUs": 2', '"GPUs": true', "line 4, key GPUs", "JSON number"),
+    ('"GPUs": 2}', '"GPUs": 2, "Zone": "a"}', "line 4, key Zone", "unknown key"),
+    ('"GPUs": 3}', '"GPUs": 3, "GPU": 1}', "line 6, key GPU", "did you mean 'GPUs'"),
     ('"GPUs": 3}', '"GPU": 3}', "line 6", "Time and GPUs"),
     ('"GPUs": 3}', '"GPUs": 3', "line 7", "malformed JSON"),
 ])
@@ -286,6 +291,13 @@ def test_native_yaml_and_json_documents(tmp_path, problem):
     assert load_trace(_write(tmp_path, "f.json", json.dumps(no_end)), problem).end_s == 1050.0
 
 
+def test_a_document_without_events_keeps_the_scenarios_pool(tmp_path, problem):
+    tr = load_trace(_write(tmp_path, "e.json", json.dumps(
+        {"schema": "shoal/trace@1", "end_s": 5400, "events": []})), problem)
+    assert tr.states == (State(0.0, {(A100, A): 8, (V100, A): 8, (A100, B): 8}),)
+    assert tr.end_s == 5400.0
+
+
 @pytest.mark.parametrize("change, field, words", [
     (lambda d: d["events"][1].update(count=-1), "events[1].count", "negative"),
     (lambda d: d["events"][2].update(time_s=50), "events[2].time_s", "must not decrease"),
@@ -293,7 +305,7 @@ def test_native_yaml_and_json_documents(tmp_path, problem):
     (lambda d: d["events"][0].update(cuont=1), "events[0].cuont", "did you mean 'count'"),
     (lambda d: d["events"][0].pop("gpu"), "events[0].gpu", "missing"),
     (lambda d: d.update(end_s=700), "end_s", "after its last event"),
-    (lambda d: d.update(events=[]), "events", "at least one event"),
+    (lambda d: d.update(events={}), "events", "a list of events"),
     (lambda d: d.update(schema="shoal/plan@1"), "schema", "not a shoal trace"),
 ])
 def test_native_document_errors_name_the_field(tmp_path, problem, change, field, words):

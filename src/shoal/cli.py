@@ -431,8 +431,10 @@ def replay(
         "--trace", help="availability trace: Sailor CSV or controller JSON, or shoal events")] = None,
     synthetic: Annotated[str | None, typer.Option(
         "--synthetic", help="instead of --trace: generate one (spot, scarcity, outage)")] = None,
-    seed: Annotated[int, typer.Option("--seed", min=0, help="seed of --synthetic")] = 0,
-    hours: Annotated[float, typer.Option("--hours", min=0.01, help="length of --synthetic")] = 8.0,
+    seed: Annotated[int | None, typer.Option(
+        "--seed", min=0, help="seed of --synthetic (default 0)")] = None,
+    hours: Annotated[float | None, typer.Option(
+        "--hours", min=0.01, help="length of --synthetic (default 8)")] = None,
     trace_gpu: Annotated[str | None, typer.Option(
         "--trace-gpu", help="GPU type of a controller JSON trace (default A100-40GB)")] = None,
     trace_zone: Annotated[str | None, typer.Option(
@@ -456,6 +458,15 @@ def replay(
     check_outputs([(output, "--output"), (figure, "--figure")], [scenario, trace])
     if (trace is None) == (synthetic is None):
         raise SpecError("give exactly one of --trace FILE and --synthetic KIND", field="--trace")
+    # options of the other way of giving a trace would be ignored: refused instead
+    given = "--trace" if trace is not None else "--synthetic"
+    for name, value, needs in (("--seed", seed, "--synthetic"), ("--hours", hours, "--synthetic"),
+                               ("--trace-gpu", trace_gpu, "--trace"),
+                               ("--trace-zone", trace_zone, "--trace")):
+        if value is not None and needs != given:
+            raise SpecError(f"applies only with {needs}", field=name, value=value)
+    seed = 0 if seed is None else seed
+    hours = 8.0 if hours is None else hours
     if not math.isfinite(hours):
         raise SpecError("must be a finite number of hours", field="--hours", value=hours,
                         allowed="a number >= 0.01")
@@ -487,8 +498,9 @@ def replay(
         typer.echo(json.dumps(doc))
         return
     out = _out()
+    cut = [c.timed_out for c in replanner.calls]
     if len(runs) == 1:
-        out.print(_replay_steps(runs[0]))
+        out.print(_replay_steps(runs[0], cut))
     totals = _table(f"Totals over {tr.end_s / 3600:.2f} h of {tr.source}",
                     ["policy", "tokens", "USD", "tokens/USD", "moves", "switching"], left=("policy",))
     for r in runs:
@@ -500,6 +512,9 @@ def replay(
     if calls:
         out.print(f"{len(tr.states)} availability states, {len(calls)} distinct: planned in "
                   f"{sum(calls):.2f} s (slowest {max(calls):.2f} s)")
+    if any(cut):
+        out.print(f"{sum(cut)} states' searches were cut short by --budget {budget:g} s "
+                  "(marked *): a larger budget may find faster plans for them")
     for path, what in ((output, "result"), (figure, "figure")):
         if path is not None:
             out.print(f"{what} written to {path}")
@@ -511,16 +526,17 @@ def _avail_text(avail: dict, zones: list[str]) -> str:
     return ", ".join(f"{g} " + "/".join(str(avail.get((g, z), 0)) for z in zones) for g in gpus)
 
 
-def _replay_steps(rep) -> Table:
+def _replay_steps(rep, cut: list[bool]) -> Table:
     zones = sorted({z for s in rep.steps for _, z in s.avail})
     t = _table(f"Plan per availability change (policy {rep.policy}; GPUs available per zone: "
                f"{'/'.join(zones)})",
                ["time", "available", "decision", "it/s", "$/h GPUs\n+ egress", "move cost",
                 "switching", "plan"],
                left=("available", "decision", "plan"))
-    for s in rep.steps:
+    for s, timed_out in zip(rep.steps, cut, strict=True):
         p = s.plan
-        t.add_row(f"{s.time_s / 3600:.2f} h", _avail_text(s.avail, zones), s.decision,
+        t.add_row(f"{s.time_s / 3600:.2f} h" + (" *" if timed_out else ""),
+                  _avail_text(s.avail, zones), s.decision,
                   f"{1 / p.iteration_time_s:.4g}" if p else "-",
                   f"{p.usd_per_s * 3600:,.1f} + {_egress_per_h(p):,.1f}" if p else "-",
                   _s(s.switch.total_s) if s.switch else "",
@@ -547,21 +563,25 @@ def _replay_json(problem, tr, runs, replanner) -> dict:
                               "usd_per_h": p.usd_per_s * 3600,
                               "egress_usd_per_h": _egress_per_h(p), "gpus": p.cand.num_gpus})
 
+    cut = [c.timed_out for c in replanner.calls]  # one call per state, in order
+
     def one(r) -> dict:
         return {"policy": r.policy, "objective": r.objective, "totals": r.totals(), "steps": [
-            {"time_s": s.time_s, "duration_s": s.duration_s,
+            {"time_s": s.time_s, "duration_s": s.duration_s, "search_timed_out": cut[i],
              "available": {f"{g}@{z}": n for (g, z), n in sorted(s.avail.items())},
              "decision": s.decision, "plan": index[s.plan.cand.spec] if s.plan else None,
              "iters_per_s": 1 / s.plan.iteration_time_s if s.plan else 0.0,
              "usd_per_h": s.plan.usd_per_s * 3600 if s.plan else 0.0,
              "egress_usd_per_h": _egress_per_h(s.plan) if s.plan else 0.0,
              "switch": s.switch.to_json() if s.switch else None, "switch_s": s.switch_s,
-             "train_s": s.train_s, "tokens": s.tokens, "usd": s.usd} for s in r.steps]}
+             "train_s": s.train_s, "tokens": s.tokens, "usd": s.usd}
+            for i, s in enumerate(r.steps)]}
 
     calls = [c.time_s for c in replanner.calls if not c.remembered]
     doc = {"trace": tr.source, "states": len(tr.states), "end_s": tr.end_s, "plans": plans,
            "replan": {"states": len(replanner.calls), "searched": len(calls),
-                      "total_s": sum(calls), "max_s": max(calls, default=0.0)}}
+                      "total_s": sum(calls), "max_s": max(calls, default=0.0),
+                      "timed_out": sum(cut)}}
     if len(runs) == 1:
         return {**one(runs[0]), **doc}
     return {**doc, "replays": [one(r) for r in runs]}

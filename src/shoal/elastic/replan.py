@@ -44,6 +44,7 @@ class ReplanCall:
     remembered: bool  # the same counts were planned before
     seeds: int  # earlier plans that fit and were costed first
     from_larger: bool = False  # a larger pool's best plan fits: a bounded search
+    timed_out: bool = False  # the time budget cut the search short
 
 
 @dataclass
@@ -75,7 +76,8 @@ class Replanner:
         avail = {k: int(avail.get(k, 0)) for k in self.problem.avail}
         key = tuple(sorted((k, n) for k, n in avail.items() if n > 0))
         if key in self._results:
-            self.calls.append(ReplanCall(time.perf_counter() - start, True, 0))
+            self.calls.append(ReplanCall(time.perf_counter() - start, True, 0,
+                                         timed_out=_timed_out(self._results[key])))
             return self._answer(self._results[key])
         inherited = self._from_larger(avail)
         first = [sp for sp in hints if fits(usage(sp), avail)]
@@ -97,7 +99,7 @@ class Replanner:
                 self._ranked.pop(c.spec, None)
                 self._ranked[c.spec] = usage(c.spec)  # most recent last
         self.calls.append(ReplanCall(time.perf_counter() - start, False, len(seeds),
-                                     bool(inherited)))
+                                     bool(inherited), _timed_out(res)))
         return self._answer(res)
 
     def _from_larger(self, avail: Avail) -> list[PlanSpec]:
@@ -118,3 +120,10 @@ class Replanner:
         if isinstance(res, InfeasibleError):
             raise res
         return res
+
+
+def _timed_out(res: SearchResult | InfeasibleError) -> bool:
+    """Whether the search's time budget cut it short (an error says so by its binding)."""
+    if isinstance(res, InfeasibleError):
+        return res.binding == "time budget"
+    return res.stats.timed_out

@@ -41,6 +41,7 @@ _FORMATS = ("a Sailor availability CSV (header ',Timestamp,<GPU>_<zone>,...'), a
             "JSON list ([{\"Time\": s, \"GPUs\": n}, ...]), shoal events as CSV (header "
             "'time_s,gpu,zone,count[,notice_s]') or as YAML/JSON with schema: " + NATIVE_SCHEMA)
 _COUNTS = "a whole number of GPUs, 0 or more"
+_CONTROLLER_KEYS = ("Time", "GPUs")  # a controller trace entry's keys
 _EVENT_KEYS = ("time_s", "gpu", "zone", "count", "notice_s")
 
 # Defaults of the synthetic generators; each can be overridden by name through ``synthetic``.
@@ -232,6 +233,15 @@ def _controller_json(text: str, file: str, problem: Problem, gpu: str | None,
         if not isinstance(item, dict) or "Time" not in item or "GPUs" not in item:
             raise SpecError("expected an entry with Time and GPUs", file=file, field=where,
                             value=item, allowed='{"Time": seconds, "GPUs": count}')
+        for key in item:
+            if key not in _CONTROLLER_KEYS:
+                raise SpecError("unknown key", file=file, field=f"{where}, key {key}",
+                                allowed=", ".join(_CONTROLLER_KEYS),
+                                suggestion=close_match(str(key), _CONTROLLER_KEYS))
+        for key in _CONTROLLER_KEYS:
+            if not isinstance(item[key], int | float) or isinstance(item[key], bool):
+                raise SpecError("expected a JSON number", file=file, field=f"{where}, key {key}",
+                                value=item[key], allowed="seconds" if key == "Time" else _COUNTS)
         t = _seconds(item["Time"], file, f"{where}, key Time")
         if times and t <= times[-1]:
             raise SpecError("times must increase from entry to entry", file=file,
@@ -336,9 +346,10 @@ def _native_document(doc: dict, file: str, problem: Problem) -> Trace:
         raise SpecError("not a shoal trace", file=file, field="schema", value=doc.get("schema"),
                         allowed=NATIVE_SCHEMA)
     raw = doc.get("events")
-    if not isinstance(raw, list) or not raw:
-        raise SpecError("expected a list of at least one event", file=file, field="events",
-                        value=raw, allowed="[{time_s, gpu, zone, count, notice_s (optional)}]")
+    if not isinstance(raw, list):
+        raise SpecError("expected a list of events (empty: the scenario's pool throughout)",
+                        file=file, field="events", value=raw,
+                        allowed="[{time_s, gpu, zone, count, notice_s (optional)}]")
     events = [_document_event(problem, file, f"events[{i}]", ev) for i, ev in enumerate(raw)]
     end = doc.get("end_s")
     end_s = None if end is None else _seconds(end, file, "end_s")

@@ -140,7 +140,7 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
             continue  # Espresso's walk is bounded by cost alone: other goals run to the budget
         left = None if budget_s is None else budget_s - (time.perf_counter() - st.started)
         if left is not None and left < 0.1:
-            st.truncated = True
+            st.truncated = st.timed_out = True
             break
         try:
             other = search(problem, strategy=strategy, objective=goal, constraints=constraints,
@@ -154,6 +154,7 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
         st.infeasible += o.infeasible
         st.no_fit += o.no_fit
         st.truncated = st.truncated or o.truncated
+        st.timed_out = st.timed_out or o.timed_out
         found += other.pareto
     st.search_time_s = time.perf_counter() - st.started
     return SearchResult(ranked=result.ranked, pareto=pareto(found), stats=st,

@@ -1104,7 +1104,7 @@ class _BranchAndBound:
                                         functools.partial(self.bounds.slowest, D=D), own)
                     j += 1
             except OutOfTime:
-                cut = ev.stats.truncated = True
+                cut = ev.stats.truncated = ev.stats.timed_out = True
                 ev.stats.pruned += len(idx) - j
             i = j
             ev.cost([s for s in dict.fromkeys(specs) if s not in ev.feasible])

@@ -78,13 +78,14 @@ class SearchStats:
     infeasible: int = 0  # costed, fit in memory, but break a constraint
     no_fit: int = 0  # plan shapes where some stage fits on no GPU of the pool at any TP
     truncated: bool = False  # a time or pair budget ended the search before it was complete
+    timed_out: bool = False  # the time budget did
     search_time_s: float = 0.0
     started: float = field(default_factory=time.perf_counter)
 
     def to_json(self) -> dict:
         return {"strategy": self.strategy, "candidates_costed": self.candidates_costed,
                 "oom": self.oom, "pruned": self.pruned, "infeasible": self.infeasible,
-                "no_fit": self.no_fit, "truncated": self.truncated,
+                "no_fit": self.no_fit, "truncated": self.truncated, "timed_out": self.timed_out,
                 "search_time_s": self.search_time_s}
 
 
@@ -142,7 +143,7 @@ class Evaluator:
     def out_of_time(self) -> bool:
         """True (and marks the search truncated) once the time budget is spent."""
         if self.deadline is not None and time.perf_counter() > self.deadline:
-            self.stats.truncated = True
+            self.stats.truncated = self.stats.timed_out = True
             return True
         return False
 

@@ -100,7 +100,7 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                                  else (tradeoffs(opts, D, avail, price, region_of, total=total,
                                                  deadline=deadline) or [None])[-1])
                     except OutOfTime:
-                        ev.stats.truncated = True
+                        ev.stats.truncated = ev.stats.timed_out = True
                         ev.cost(specs)
                         return
                     spec = (build_spec(space, alloc, opts, split, mbs, D, recompute=recompute)
