@@ -153,20 +153,27 @@ def draw_replay(doc: dict, path: str | Path) -> Path:
         axes[0].step(t0, ys + ys[-1:], where="post", label=k)
     axes[0].set_ylabel("GPUs available")
     axes[0].legend(fontsize=7, ncol=2)
-    for run in runs:
+    rates = [np.array([s["tokens"] / s["duration_s"] if s["duration_s"] > 0 else 0.0
+                       for s in run["steps"]]) for run in runs]
+    # each policy's moves in a lane of its own under the zero line, so they do not overlap
+    lane = 0.08 * max((float(r.max()) for r in rates if len(r)), default=1.0) or 0.08
+    for i, (run, rate) in enumerate(zip(runs, rates, strict=True)):
         st = run["steps"]
         t = np.array([s["time_s"] for s in st])
-        rate = np.array([s["tokens"] / s["duration_s"] if s["duration_s"] > 0 else 0.0 for s in st])
         line = axes[1].step(np.append(t, end) * h, np.append(rate, rate[-1:]), where="post",
                             label=run["policy"])[0]
         cum = np.concatenate([[0.0], np.cumsum([s["tokens"] for s in st])])
         axes[2].plot(np.append(t, end) * h, cum, color=line.get_color(), label=run["policy"])
         moves = [s["time_s"] * h for s in st if s["decision"] in ("switch", "forced", "start")]
-        axes[1].plot(moves, [0] * len(moves), "|", markersize=12, color=line.get_color())
+        axes[1].plot(moves, [-(i + 0.5) * lane] * len(moves), "|", markersize=6,
+                     color=line.get_color())
+    axes[1].axhline(0.0, color="black", linewidth=0.5)
+    axes[1].set_ylim(bottom=-(len(runs) + 0.2) * lane)
+    axes[1].set_yticks([y for y in axes[1].get_yticks() if 0 <= y <= axes[1].get_ylim()[1]])
     axes[1].set_ylabel("tokens/s (state mean)")
     axes[1].legend(fontsize=8)
     axes[2].set_ylabel("cumulative tokens")
-    axes[2].set_xlabel("hours (ticks on the middle axis: plan moves)")
+    axes[2].set_xlabel("hours (ticks under the middle axis's zero: each policy's plan moves)")
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].set_title(f"replay of {doc['trace']}")
