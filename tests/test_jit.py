@@ -43,6 +43,35 @@ def test_the_allocation_program(seed):
     assert_same(compiled, python)
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_the_search_over_bounds(seed):
+    """``_search_taus`` (compiled, and its Python source) finds the least bound the program
+    meets, as testing every bound in turn does, from a caller's bound (gallop) or not."""
+    rng = np.random.default_rng(seed)
+    K, P, D = int(rng.integers(1, 3)), int(rng.integers(1, 6)), int(rng.integers(1, 6))
+    stages = random_stages(rng, K, P)
+    t = allocate._tables(stages, D, [0, int(rng.integers(0, 2))][:K])
+    A, B = int(rng.integers(D, 6 * D)), int(rng.integers(D, 6 * D)) if K > 1 else 0
+    taus = np.array(sorted({o.time_s for st in stages for o in st}))
+    relax = 1.2
+    tables = (t.of_stage, t.opt_start, t.kinds, t.tps, t.times, t.cstart, t.cend, t.ia, t.ib,
+              t.na, t.ca, t.cb, t.K)
+
+    def met(x: int) -> bool:
+        return allocate._dp_stages(*tables, taus[x], taus[x] * relax, D - 1, D, A, B,
+                                   np.empty(A + 1, np.int64), np.zeros((P, A + 1), np.int64)) == P
+
+    least = next((x for x in range(len(taus)) if met(x)), -1)
+    for lo in range(len(taus)):
+        for near in (False, True):
+            args = (*tables, taus, lo, len(taus) - 1, near, True, relax, D - 1, D, A, B)
+            got = [f(*args) for f in (allocate._search_taus, allocate._search_taus.py_func)]
+            assert got[0] == got[1]
+            # from lo up: the least met bound at or above lo (none: -1)
+            want = -1 if least < 0 else max(least, lo)
+            assert got[0] == want, (lo, near, got, want)
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_the_pipeline_recurrence(schedule):
     rng = np.random.default_rng(1)

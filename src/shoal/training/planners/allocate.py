@@ -877,15 +877,35 @@ class _Program:
                 self._solved[(tau, True)] = got
         return self._solved[(tau, cheapest)]
 
-    def _front(self, tau: float, A: int, B: int) -> tuple[np.ndarray, np.ndarray] | None:
-        relax, extra = slots(self.D, self.total)
+    def tables(self) -> _Tables:
+        """The program's ``_Tables`` (kept with the fronts when there are fronts)."""
         if self._tables is None:
             fronts = self.fronts
             self._tables = (_tables(self.stage_opts, self.D, self.region_of) if fronts is None
                             else fronts.tables((*self.key, self.D), lambda: _tables(
                                 self.stage_opts, self.D, self.region_of)))
+        return self._tables
+
+    def _front(self, tau: float, A: int, B: int) -> tuple[np.ndarray, np.ndarray] | None:
+        relax, extra = slots(self.D, self.total)
         back = self._back[tau] = []
-        return _dp_front(self._tables, A, B, tau, relax, extra, self.deadline, back)
+        return _dp_front(self.tables(), A, B, tau, relax, extra, self.deadline, back)
+
+    def search(self, taus: list[float], lo: int, hi: int, near: bool, check_hi: bool) -> int:
+        """``_fastest``'s search over ``taus[lo..hi]`` for the least bound some allocation
+        meets (-1: not even ``taus[hi]``, when ``check_hi``; else ``taus[hi]`` is known to be
+        met), each test the dynamic program at the pool's caps, all in one compiled call (one
+        or two kinds): from a caller's bound (``near``), ``lo`` first, then bounds 1, 3, 7, ...
+        above it, then a bisection."""
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise OutOfTime
+        t = self.tables()
+        relax, extra = slots(self.D, self.total)
+        A, B = _caps(self.avail)
+        return int(_search_taus(t.of_stage, t.opt_start, t.kinds, t.tps, t.times, t.cstart,
+                                t.cend, t.ia, t.ib, t.na, t.ca, t.cb, t.K,
+                                np.asarray(taus, dtype=np.float64), lo, hi, near, check_hi,
+                                relax, t.D - extra, t.D, A, B))
 
     def usage(self, tau: float) -> tuple[int, ...] | None:
         """The usage of ``solve(tau)`` (under three kinds or more, of any allocation under
@@ -956,6 +976,7 @@ def _fastest(prog: _Program, at_least: float) -> Allocation | None:
                 khi = min(khi, i)
             else:
                 klo = max(klo, i + 1)
+    near, check_hi = False, False
     if khi <= hi and klo <= khi:
         lo, hi = klo, khi  # the bound at hi is met
     elif khi > hi:
@@ -963,21 +984,25 @@ def _fastest(prog: _Program, at_least: float) -> Allocation | None:
             return None  # not even the largest bound is met
         lo = klo
         near = at_least > 0.0  # a caller's bound: the answer is mostly at it or a few above
-        if near and lo < hi and prog.feasible(taus[lo]):
-            return prog.solve(taus[lo])
-        if not prog.feasible(taus[hi]):
-            return None  # not even the largest bound is met
-        # from a caller's bound, gallop up from the first bound, then bisect
-        step = 1
-        while near and lo < hi:
-            probe = min(lo + step, hi)
-            if probe == hi or prog.feasible(taus[probe]):
-                hi = probe
-                break
-            lo, step = probe, 2 * step
-        lo += 1 if near and lo < hi else 0
-    elif not prog.feasible(taus[hi]):  # kept fronts that disagree: they are not used
-        return None
+        check_hi = True
+    else:
+        check_hi = True  # kept fronts that disagree: they are not used
+    if prog.fronts is not None:
+        found = prog.search(taus, lo, hi, near, check_hi)
+        return None if found < 0 else prog.solve(taus[found])
+    if near and lo < hi and prog.feasible(taus[lo]):
+        return prog.solve(taus[lo])
+    if check_hi and not prog.feasible(taus[hi]):
+        return None  # not even the largest bound is met
+    # from a caller's bound, gallop up from the first bound, then bisect
+    step = 1
+    while near and lo < hi:
+        probe = min(lo + step, hi)
+        if probe == hi or prog.feasible(taus[probe]):
+            hi = probe
+            break
+        lo, step = probe, 2 * step
+    lo += 1 if near and lo < hi else 0
     while lo < hi:
         mid = (lo + hi) // 2
         if prog.feasible(taus[mid]):
@@ -985,6 +1010,43 @@ def _fastest(prog: _Program, at_least: float) -> Allocation | None:
         else:
             lo = mid + 1
     return prog.solve(taus[hi])
+
+
+@compiled
+def _search_taus(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb, K,
+                 taus, lo, hi, near, check_hi, relax, slow_cap, D, A, B):
+    """``_Program.search``, compiled: the tests of ``_fastest`` (``_dp_stages`` at caps A, B:
+    a bound is met when every stage keeps a non-empty front)."""
+    S = len(of_stage)
+    fewest = np.empty(A + 1, dtype=np.int64)
+    pick = np.empty((S, A + 1), dtype=np.int64)
+    if near and lo < hi:
+        if _dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb,
+                      K, taus[lo], taus[lo] * relax, slow_cap, D, A, B, fewest, pick) == S:
+            return lo
+    if check_hi:
+        if _dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb,
+                      K, taus[hi], taus[hi] * relax, slow_cap, D, A, B, fewest, pick) < S:
+            return -1
+    step = 1
+    while near and lo < hi:
+        probe = min(lo + step, hi)
+        if probe == hi or _dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia,
+                                     ib, na, ca, cb, K, taus[probe], taus[probe] * relax,
+                                     slow_cap, D, A, B, fewest, pick) == S:
+            hi = probe
+            break
+        lo, step = probe, 2 * step
+    if near and lo < hi:
+        lo += 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb,
+                      K, taus[mid], taus[mid] * relax, slow_cap, D, A, B, fewest, pick) == S:
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
 
 
 def _bounds(prog: _Program) -> tuple[list[float], dict[float, int], float]:
