@@ -1020,14 +1020,14 @@ def _search_taus(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, n
     S = len(of_stage)
     fewest = np.empty(A + 1, dtype=np.int64)
     pick = np.empty((S, A + 1), dtype=np.int64)
-    if near and lo < hi:
-        if _dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb,
-                      K, taus[lo], taus[lo] * relax, slow_cap, D, A, B, fewest, pick) == S:
-            return lo
-    if check_hi:
-        if _dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb,
-                      K, taus[hi], taus[hi] * relax, slow_cap, D, A, B, fewest, pick) < S:
-            return -1
+    if near and lo < hi and _dp_stages(
+            of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb, K,
+            taus[lo], taus[lo] * relax, slow_cap, D, A, B, fewest, pick) == S:
+        return lo
+    if check_hi and _dp_stages(
+            of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb, K,
+            taus[hi], taus[hi] * relax, slow_cap, D, A, B, fewest, pick) < S:
+        return -1
     step = 1
     while near and lo < hi:
         probe = min(lo + step, hi)
