@@ -70,3 +70,21 @@ def test_batch_equals_single_estimates(problem):
         assert out["cost_compute_usd"][i] + out["cost_egress_usd"][i] == pytest.approx(
             e.cost_per_iteration_usd, rel=1e-12)
         assert bool(out["oom"][i]) == e.oom
+
+
+def test_encoding_puts_each_replica_in_its_slot(problem):
+    """``encode`` (each distinct replica looked up once): every replica's GPU, TP, zone and
+    microbatches sit at its (plan, stage, replica) slot, the padding stays empty."""
+    plans = random_plans(problem, 40, seed=2)
+    tb = tables_for(problem, [2])
+    bt = encode(tb, plans)
+    filled = 0
+    for b, p in enumerate(plans):
+        for s, st in enumerate(p.stages):
+            assert (bt.ls[b, s], bt.le[b, s]) == tuple(st.layers) and bt.smask[b, s]
+            for r, rep in enumerate(st.replicas):
+                assert (tb.gpus[bt.g[b, s, r]], tb.tps[bt.t[b, s, r]], tb.zones[bt.z[b, s, r]],
+                        bt.m[b, s, r]) == (rep.gpu, rep.tp, rep.zone, rep.microbatches)
+                assert bt.rmask[b, s, r]
+                filled += 1
+    assert bt.rmask.sum() == filled and not bt.smask[~bt.rmask.any(axis=2)].any()

@@ -318,6 +318,20 @@ def test_no_boundary_move_improves_the_best_plan_on_sailors_five_zones(reference
     assert (out["iteration_time_s"][fits] >= best.iteration_time_s * (1 - 1e-12)).all()
 
 
+def test_a_tuned_plan_is_not_tuned_again_by_the_next_search():
+    """Searches sharing a ``Reuse`` (a re-plan's) remember which plans the boundary tuning has
+    settled: the second search of the pool returns the same best plan without their moves."""
+    pb = small_problem(*SMALL_PROBLEMS[4])
+    reuse = Reuse()
+    first = search(pb, strategy="auto", reuse=reuse)
+    assert reuse.tuned
+    second = search(pb, strategy="auto", reuse=reuse)
+    assert second.ranked[0].spec == first.ranked[0].spec
+    assert second.stats.candidates_costed < first.stats.candidates_costed
+    alone = search(pb, strategy="auto")
+    assert alone.stats.candidates_costed == first.stats.candidates_costed
+
+
 def test_a_boundary_moved_away_is_moved_back():
     """A plan one layer off the best split is tuned to a plan at least as fast as the best."""
     pb = small_problem(*SMALL_PROBLEMS[4])

@@ -69,11 +69,13 @@ def encode_specs(tb: CostTables, specs: list[PlanSpec]) -> Batch:
         ls[wb, ws], le[wb, ws], smask[wb, ws] = wa, we, True
         rb, rs = np.repeat(wb, wn), np.repeat(ws, wn)
         rr = np.arange(len(reps_all)) - np.repeat(np.cumsum(wn) - wn, wn)
-        n = len(reps_all)
-        g[rb, rs, rr] = np.fromiter((gi[r[0]] for r in reps_all), np.int64, n)
-        t[rb, rs, rr] = np.fromiter((ti[r[1]] for r in reps_all), np.int64, n)
-        z[rb, rs, rr] = np.fromiter((zi[r[2]] for r in reps_all), np.int64, n)
-        m[rb, rs, rr] = np.fromiter((r[3] for r in reps_all), np.int64, n)
+        # plans repeat the same replicas: each distinct one is looked up once
+        seen: dict[tuple, int] = {}
+        which = np.fromiter((seen.setdefault(r, len(seen)) for r in reps_all), np.int64,
+                            len(reps_all))
+        rows = np.array([(gi[r[0]], ti[r[1]], zi[r[2]], r[3]) for r in seen],
+                        dtype=np.int64).reshape(len(seen), 4)[which]
+        g[rb, rs, rr], t[rb, rs, rr], z[rb, rs, rr], m[rb, rs, rr] = rows.T
         rmask[rb, rs, rr] = True
     return Batch(
         mbs_idx=np.array([mi[sp[0]] for sp in specs]), ls=ls, le=le, smask=smask, g=g, t=t,

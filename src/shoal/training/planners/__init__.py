@@ -37,6 +37,9 @@ class Reuse:
     estimates: dict = field(default_factory=dict)  # plan -> its estimate (Evaluator.memo)
     splits: dict = field(default_factory=dict)  # Zorse's partitions of a node list
     memos: dict = field(default_factory=dict)  # allocations, placements, re-splits (Space)
+    # plans whose layer boundaries are tuned (``refine``), per objective and constraints: a
+    # plan the pool still holds is not tuned again
+    tuned: set = field(default_factory=set)
 
 
 STRATEGIES = {"auto": auto.search, "sailor": sailor.search, "espresso": espresso.search,
@@ -81,9 +84,11 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     reuse = reuse if reuse is not None else Reuse()
     if reuse.tables is None or reuse.tables.mbs != mbs:
         reuse.tables, reuse.min_tp, reuse.estimates, reuse.memos = None, {}, {}, {}
+        reuse.tuned = set()
     ev = Evaluator(problem, mbs, constraints, stats, objective, tables=reuse.tables,
                    memo=reuse.estimates)
     reuse.tables = ev.tb
+    ev.tuned = reuse.tuned
     space = Space(problem, ev.tb, reuse.min_tp, splits=reuse.splits, memos=reuse.memos)
     if budget_s is not None:
         ev.deadline = stats.started + budget_s

@@ -47,9 +47,13 @@ def refine(ev: Evaluator, cand: Candidate, objective: str) -> Candidate:
     moves made on the way are costed (they count in the search's statistics) but leave the
     ranking again: they are near copies of the tuned plan, which would crowd out the other
     plans a ranking offers (the alternatives a replay moves to, say)."""
+    key = (objective, ev.constraints.model_dump_json())
+    if (cand.spec, key) in ev.tuned:
+        return cand  # a plan these moves no longer improve
     before = set(ev.feasible)
     best = cand
     made = []
+    done = False  # no move improves ``best``
     for _ in range(ROUNDS):
         if ev.out_of_time():
             break
@@ -62,6 +66,7 @@ def refine(ev: Evaluator, cand: Candidate, objective: str) -> Candidate:
             if score(c, objective) < score(step or best, objective):
                 step = c
         if step is None:
+            done = True
             break
         best = step
     for sp in made:
@@ -69,6 +74,8 @@ def refine(ev: Evaluator, cand: Candidate, objective: str) -> Candidate:
             ev.feasible.pop(sp, None)
     if ev.incumbent is not None and ev.incumbent.spec not in ev.feasible:
         ev.incumbent = best
+    if done:
+        ev.tuned.add((best.spec, key))
     return best
 
 
