@@ -37,8 +37,8 @@ class Reuse:
     estimates: dict = field(default_factory=dict)  # plan -> its estimate (Evaluator.memo)
     splits: dict = field(default_factory=dict)  # Zorse's partitions of a node list
     memos: dict = field(default_factory=dict)  # allocations, placements, re-splits (Space)
-    # plans whose layer boundaries are tuned (``refine``), per objective and constraints: a
-    # plan the pool still holds is not tuned again
+    # plans whose layer boundaries ``refine`` has settled, per objective and constraints (the
+    # moves keep a plan's GPUs, and estimates do not depend on the pool): not tuned again
     tuned: set = field(default_factory=set)
 
 
