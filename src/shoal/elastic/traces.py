@@ -233,11 +233,7 @@ def _controller_json(text: str, file: str, problem: Problem, gpu: str | None,
         if not isinstance(item, dict) or "Time" not in item or "GPUs" not in item:
             raise SpecError("expected an entry with Time and GPUs", file=file, field=where,
                             value=item, allowed='{"Time": seconds, "GPUs": count}')
-        for key in item:
-            if key not in _CONTROLLER_KEYS:
-                raise SpecError("unknown key", file=file, field=f"{where}, key {key}",
-                                allowed=", ".join(_CONTROLLER_KEYS),
-                                suggestion=close_match(str(key), _CONTROLLER_KEYS))
+        _known_keys(item, _CONTROLLER_KEYS, file, lambda key, w=where: f"{w}, key {key}")
         for key in _CONTROLLER_KEYS:
             if not isinstance(item[key], int | float) or isinstance(item[key], bool):
                 raise SpecError("expected a JSON number", file=file, field=f"{where}, key {key}",
@@ -338,10 +334,7 @@ def _native_csv(rows: list[tuple[int, list[str]]], file: str, problem: Problem) 
 def _native_document(doc: dict, file: str, problem: Problem) -> Trace:
     """shoal events as a YAML or JSON document (``schema: shoal/trace@1``)."""
     keys = ("schema", "end_s", "events")
-    for key in doc:
-        if key not in keys:
-            raise SpecError("unknown key", file=file, field=str(key), allowed=", ".join(keys),
-                            suggestion=close_match(str(key), keys))
+    _known_keys(doc, keys, file, str)
     if doc.get("schema") != NATIVE_SCHEMA:
         raise SpecError("not a shoal trace", file=file, field="schema", value=doc.get("schema"),
                         allowed=NATIVE_SCHEMA)
@@ -356,15 +349,20 @@ def _native_document(doc: dict, file: str, problem: Problem) -> Trace:
     return Trace(_merged(_states(problem, events, file)), _events_end(events, end_s, file), file)
 
 
+def _known_keys(mapping: dict, keys: tuple[str, ...], file: str, field) -> None:
+    """A SpecError for the first key of ``mapping`` not among ``keys`` (``field(key)``: where it
+    is), with its close match."""
+    for key in mapping:
+        if key not in keys:
+            raise SpecError("unknown key", file=file, field=field(key), allowed=", ".join(keys),
+                            suggestion=close_match(str(key), keys))
+
+
 def _document_event(problem: Problem, file: str, at: str, ev: object) -> _Event:
     if not isinstance(ev, dict):
         raise SpecError("expected a mapping", file=file, field=at, value=ev,
                         allowed="{time_s, gpu, zone, count, notice_s (optional)}")
-    for key in ev:
-        if key not in _EVENT_KEYS:
-            raise SpecError("unknown key", file=file, field=f"{at}.{key}",
-                            allowed=", ".join(_EVENT_KEYS),
-                            suggestion=close_match(str(key), _EVENT_KEYS))
+    _known_keys(ev, _EVENT_KEYS, file, lambda key: f"{at}.{key}")
     for key in NATIVE_HEADER:
         if key not in ev:
             raise SpecError("missing", file=file, field=f"{at}.{key}")
