@@ -394,6 +394,17 @@ def test_an_output_that_is_a_folder_is_bad_input_and_nothing_is_left(tmp_path):
         assert option in res.stderr and "folder" in res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]
     assert not any(folder.iterdir())
+    # a folder that does not exist yet, given as one (a trailing separator): no file named
+    # like it is written
+    for args, option in ((["plan", SCENARIO, "--budget", "5", "-o", f"{tmp_path}/new/"],
+                          "--output"),
+                         (["replay", SCENARIO, "--synthetic", "spot", "-o", f"{tmp_path}/new/"],
+                          "--output")):
+        res = run(*args)
+        assert res.exit_code == 2, res.output
+        assert option in res.stderr and "a folder, not a file" in res.stderr, res.stderr
+        assert "new/" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]
     cfg = tmp_path / "training_config.json"
     cfg.write_text(json.dumps({"hidden_size": 64, "num_layers": 2, "heads": 4, "vocab_size": 256,
                                "global_batch_size": 8}))

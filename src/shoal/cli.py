@@ -33,6 +33,7 @@ from shoal.cli_common import (  # noqa: F401  (re-exported for tests and scripts
     _spec_error,
     _table,
     handles_errors,
+    output_option,
 )
 from shoal.errors import RunFailed, SpecError
 from shoal.units import fmt_per_usd, fmt_seconds
@@ -70,7 +71,7 @@ def estimate(
     plan: Annotated[Path, typer.Option("--plan", "-p", metavar="PLAN",
                                        help="training plan file (JSON or YAML)")],
     as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON only")] = False,
-    timeline: Annotated[Path | None, typer.Option("--timeline", help="write a timeline PNG here")] = None,
+    timeline: Annotated[Path | None, output_option("--timeline", help="write a timeline PNG here")] = None,
 ) -> None:
     """Time, memory and money of one plan: per stage, per worker and in total."""
     from shoal.estimate import estimate as run_estimate
@@ -134,8 +135,8 @@ def plan(
     top: Annotated[int, typer.Option("--top", min=1, help="plans to list")] = 5,
     budget: Annotated[float, typer.Option("--budget", min=0.1, help="search time limit, seconds")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the best plan here")] = None,
-    figure: Annotated[Path | None, typer.Option("--figure", help="write the Pareto front PNG here")] = None,
+    output: Annotated[Path | None, output_option("-o", "--output", help="write the best plan here")] = None,
+    figure: Annotated[Path | None, output_option("--figure", help="write the Pareto front PNG here")] = None,
 ) -> None:
     """Which GPUs to rent and how to parallelise: ranked plans and the throughput-cost front."""
     from shoal.estimate import estimate as run_estimate
@@ -443,8 +444,8 @@ def replay(
     strategy: Annotated[Strategy, typer.Option(help="planner for each state")] = Strategy.auto,
     budget: Annotated[float, typer.Option("--budget", min=0.1, help="search time limit per state, s")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here")] = None,
-    figure: Annotated[Path | None, typer.Option(
+    output: Annotated[Path | None, output_option("-o", "--output", help="write the JSON here")] = None,
+    figure: Annotated[Path | None, output_option(
         "--figure", help="write availability, throughput and tokens over time (PNG) here")] = None,
 ) -> None:
     """Follow availability over time: the plan at every change, when to move, tokens and dollars."""
@@ -895,7 +896,7 @@ def train(
 @handles_errors
 def profile(
     model: Annotated[str, typer.Option("--model", help="catalog model (e.g. tiny)")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="profile file to write")],
+    output: Annotated[Path, output_option("-o", "--output", help="profile file to write")],
     device: Annotated[str, typer.Option(help="cpu (cuda: not on this build)")] = "cpu",
     tp: Annotated[str, typer.Option(help="TP degrees, comma-separated")] = "1",
     mbs: Annotated[str, typer.Option(help="microbatch sizes, comma-separated")] = "1,2",
@@ -1027,7 +1028,7 @@ def report(
     inputs: Annotated[list[Path], typer.Argument(
         metavar="INPUT...", help="JSON outputs of plan, estimate, replay, bubbles, serve plan, "
                                  "serve simulate (each run with --json)")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="the HTML file to write")] = Path(
+    output: Annotated[Path, output_option("-o", "--output", help="the HTML file to write")] = Path(
         "report.html"),
     title: Annotated[str | None, typer.Option("--title", help="the page title")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,

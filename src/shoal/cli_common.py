@@ -9,6 +9,7 @@ import json
 import math
 import os
 import typing
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -23,6 +24,25 @@ from shoal.errors import InfeasibleError, RunFailed, ShoalError, SpecError
 EXIT_RUN_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
+
+
+class _FolderPath(type(Path())):  # type: ignore[misc]
+    """A path given with a trailing separator (``out/``): a folder, though ``Path`` drops the
+    separator (``files.check_output`` refuses it for a file)."""
+
+    given_as_folder = True
+
+
+def output_path(value: str) -> Path:
+    """An output option's path as given: one ending in a separator stays a folder path."""
+    if value.endswith(("/", os.sep)) and value.rstrip("/" + os.sep):
+        return _FolderPath(value)
+    return Path(value)
+
+
+def output_option(*names: str, help: str) -> typing.Any:
+    """A typer option naming a file to write (``output_path``)."""
+    return typer.Option(*names, parser=output_path, metavar="PATH", help=help)
 
 
 QUIET = {"on": False}  # --quiet of the running command: no tables, no progress

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from shoal.cli_common import _out, _table
+from shoal.cli_common import _out, _table, output_option
 from shoal.errors import SpecError
 from shoal.units import fmt_seconds, parse_seconds
 
@@ -56,7 +56,7 @@ def bubbles_cmd(
     guard: Annotated[str, typer.Option("--guard", help="slack before training resumes")] = "5ms",
     max_wait: Annotated[str, typer.Option(
         "--max-wait", help="longest a request may wait for a bubble")] = "50ms",
-    figure: Annotated[Path | None, typer.Option(
+    figure: Annotated[Path | None, output_option(
         "--figure", help="write the filled timeline (PNG) here")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
 ) -> None:

@@ -131,11 +131,11 @@ def plan_cmd(
     warm_start: Annotated[bool, typer.Option(
         "--warm-start/--cold", help="milp: start from the best baseline placement")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
-    output: Annotated[Path | None, typer.Option("-o", "--output",
-                                                help="write the placement (JSON) here")] = None,
-    helix_out: Annotated[Path | None, typer.Option(
+    output: Annotated[Path | None, _cli.output_option(
+        "-o", "--output", help="write the placement (JSON) here")] = None,
+    helix_out: Annotated[Path | None, _cli.output_option(
         "--helix-out", help="also write the placement in Helix's solution format")] = None,
-    figure: Annotated[Path | None, typer.Option("--figure", help="write the placement (PNG)")] = None,
+    figure: Annotated[Path | None, _cli.output_option("--figure", help="write the placement (PNG)")] = None,
 ) -> None:
     """Place the model's layers on the nodes for the largest max flow (tokens/s)."""
     from shoal.files import check_outputs
@@ -167,7 +167,7 @@ def flow_cmd(
     serving: Annotated[Path, typer.Argument(metavar="SERVING", help="serving file (YAML or JSON)")],
     placement: Annotated[Path, typer.Option("--placement", help="placement JSON (or Helix .ini)")],
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
-    figure: Annotated[Path | None, typer.Option("--figure", help="write the placement (PNG)")] = None,
+    figure: Annotated[Path | None, _cli.output_option("--figure", help="write the placement (PNG)")] = None,
 ) -> None:
     """The max flow (tokens/s) of a given placement and the flow on every link."""
     from shoal.files import check_outputs
@@ -263,7 +263,7 @@ def simulate_cmd(
         "--duration", min=1, help="seconds measured (offline default 600; online: until done)")] = None,
     seed: Annotated[int, typer.Option(min=0, help="seed of lengths, arrivals and random routing")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here")] = None,
+    output: Annotated[Path | None, _cli.output_option("-o", "--output", help="write the JSON here")] = None,
 ) -> None:
     """Simulate requests on a placement: throughput, prompt and decode latency, utilisation."""
     from shoal.files import check_outputs, write_json
@@ -376,7 +376,7 @@ def run_cmd(
              "(instead of the generated requests)")] = None,
     seed: Annotated[int, typer.Option(min=0, help="seed of weights, prompts and arrivals")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here")] = None,
+    output: Annotated[Path | None, _cli.output_option("-o", "--output", help="write the JSON here")] = None,
 ) -> None:
     """Run a placement for real on this machine: one worker process per node holding its layers,
     the coordinator routing each request along its chain; the simulator's metrics, measured."""

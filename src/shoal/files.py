@@ -116,8 +116,9 @@ def check_output(path: str | Path, option: str) -> Path:
     """An output file path whose folder exists and which is not a folder, or a SpecError
     naming the option."""
     p = Path(path)
-    if p.is_dir():
-        raise SpecError("a folder, not a file", field=option, value=str(p),
+    if p.is_dir() or getattr(path, "given_as_folder", False):
+        raise SpecError("a folder, not a file", field=option,
+                        value=str(p) + ("" if p.is_dir() else os.sep),
                         allowed="a file path (a new file, or one to replace)")
     if not p.parent.is_dir():
         raise SpecError("the folder to write into does not exist", field=option,
