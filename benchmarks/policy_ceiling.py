@@ -9,7 +9,10 @@ choice (which plan to run) makes a Markov decision process. The `informed` polic
 value iteration: the value of running plan q in pool state s is q's tokens over the mean time to
 the next change plus, discounted (time constant `--tau`), the best of staying or moving to any plan
 that fits the next state, each move's switch (scenario defaults, half a checkpoint interval of
-work redone when forced) paid at the new plan's speed. It chooses among every plan ranked in any
+work redone when forced) paid at the new plan's speed. Each plan trains its share of the time
+between checkpoints (``switch.training_share``), at the interval the scenario sets for the
+law's mean time between GPU losses (the mean time to the next step over the mean chance
+that it is a loss, the chance averaged over the pool states). It chooses among every plan ranked in any
 state of the trace, as `oracle` does. Jobs and scenarios as `benchmarks/replay.py`.
 
     python benchmarks/policy_ceiling.py [--capacity 8] [--hours 8] [--seeds 0,1,2] [--tau 7200]
@@ -33,7 +36,12 @@ from _reference import reference_or_skip  # noqa: E402
 from replay import MODELS, scenario  # noqa: E402
 from shoal.elastic.replan import Replanner  # noqa: E402
 from shoal.elastic.replay import plan_trace, simulate  # noqa: E402
-from shoal.elastic.switch import Running, switch_cost  # noqa: E402
+from shoal.elastic.switch import (  # noqa: E402
+    Running,
+    checkpoint_every_s,
+    switch_cost,
+    training_share,
+)
 from shoal.elastic.traces import (  # noqa: E402
     _SYNTHETIC_PARAMS,
     _node,
@@ -78,17 +86,21 @@ class Informed:
         self.runs = runs
         self.specs = {r.cand.spec: q for q, r in enumerate(runs, 1)}
         K = len(runs) + 1  # 0: idle
-        self.thr = np.array([0.0] + [r.tokens_per_s for r in runs])
+        # the law's mean time between losses, and each plan's checkpoints at its interval
+        down = np.mean([np.mean([scarcity_down_p(s[j], caps[j]) for j in range(n_pairs)])
+                        for s in states])
+        every = [checkpoint_every_s(problem, r, hold_s / down) for r in runs]
+        self.thr = np.array([0.0] + [r.tokens_per_s * training_share(r, e)
+                                     for r, e in zip(runs, every, strict=True)])
         fit = np.ones((len(states), K), dtype=bool)
         for i, s in enumerate(states):
             avail = dict(zip(self.keys, s, strict=True))
             fit[i, 1:] = [r.fits(avail) for r in runs]
-        half = problem.switching.checkpoint_interval / 2
-        every = [None, *runs]
+        half = [0.0, *(e / 2 for e in every)]
         cost = {forced: np.array([[0.0] + [
             switch_cost(problem, a, b, forced=forced, notice_s=0.0,
-                        since_checkpoint_s=half).total_s for b in runs] for a in every])
-            for forced in (False, True)}
+                        since_checkpoint_s=h).total_s for b in runs]
+            for a, h in zip([None, *runs], half, strict=True)]) for forced in (False, True)}
         gamma = math.exp(-hold_s / tau_s)
         V = np.zeros((len(states), K))
         diag = np.eye(K, dtype=bool)

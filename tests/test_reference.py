@@ -40,7 +40,7 @@ def test_reference_covers_nested_models():
     assert text.count("## `model`") == 2  # the two mapping forms of `model`
     assert ("| `schedule` | list of \"1f1b\" \\| \"gpipe\" \\| \"zorse\" | `[\"1f1b\", \"gpipe\"]` |"
             in text)
-    assert "| `checkpoint_interval` | time > 0 (e.g. \"50ms\") | `600.0` |" in text
+    assert "| `checkpoint_interval` | \"auto\" \\| time > 0 (e.g. \"50ms\") | `\"auto\"` |" in text
     assert "| `global_batch` | int > 0 | required |" in text
     assert "## `stages[].replicas[]`" in markdown_reference("plan")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -24,7 +25,13 @@ from shoal.elastic.policy import (
 )
 from shoal.elastic.replan import Replanner
 from shoal.elastic.replay import plan_trace, simulate
-from shoal.elastic.switch import running, switch_cost
+from shoal.elastic.switch import (
+    checkpoint_every_s,
+    loss_gaps_s,
+    running,
+    switch_cost,
+    training_share,
+)
 from shoal.elastic.traces import State, Trace
 from shoal.errors import InfeasibleError, SpecError
 from shoal.problem import build_problem
@@ -56,6 +63,12 @@ def problem():
 def replanner(problem):
     """Shared across tests: each pool is searched once."""
     return Replanner(problem)
+
+
+def every_10min(problem):
+    """``problem`` with a checkpoint every 10 minutes of training (not Young's interval)."""
+    return replace(problem, switching=problem.switching.model_copy(
+        update={"checkpoint_interval": 600.0}))
 
 
 def pool(a100a=4, v100a=4, a100b=4, v100b=4) -> dict:
@@ -106,6 +119,47 @@ def test_switch_cost_parts(problem, replanner):
     quick = switch_cost(problem, big, small, forced=False, notice_s=0, since_checkpoint_s=0,
                         pending_s=1.0)
     assert quick.wait_s == 0.0 and quick.total_s == pytest.approx(shrink.total_s - shrink.save_s)
+
+
+def test_checkpoint_interval_young_or_fixed(problem, replanner):
+    """``auto``: Young's interval sqrt(2 x save x mean time between GPU losses), the losses
+    counted over the trace so far with the prior gap as one; a number: that interval. Each
+    checkpoint stalls training for the save: the share that trains is every / (every + save)."""
+    big = running(problem, replanner.plan(pool()).ranked[0])
+    assert big.save_s > 0
+    assert checkpoint_every_s(problem, big, 5000.0) == pytest.approx(
+        math.sqrt(2 * big.save_s * 5000.0))
+    assert checkpoint_every_s(every_10min(problem), big, 5000.0) == 600.0
+    assert training_share(big, 600.0) == pytest.approx(600.0 / (600.0 + big.save_s))
+    assert training_share(replace(big, save_s=0.0), 0.0) == 1.0
+    # losses at 100 s (zone b's A100s) and 700 s (zone a's V100s); GPUs coming back are none
+    times = [0.0, 100.0, 400.0, 700.0]
+    avails = [pool(), pool(4, 4, 0, 4), pool(), pool(4, 0, 4, 4)]
+    assert loss_gaps_s(times, avails, 3600.0) == pytest.approx(
+        [3600.0, 3700.0 / 2, 4000.0 / 2, 4300.0 / 3])
+
+
+def test_young_interval_loses_less_work_to_a_forced_move(problem, replanner):
+    """Zone b's GPUs go without notice after 50 minutes: at a checkpoint every 10 minutes the
+    move redoes what was trained since the last one; at Young's interval (under a minute here)
+    far less, for a few checkpoints' stalls, and more tokens."""
+    tr = trace([(0.0, pool()), (3000.0, pool(4, 4, 0, 0))], 2 * 3600.0)
+    opts = plan_trace(problem, tr, replanner)
+    runs = {every: simulate(replace(problem, switching=problem.switching.model_copy(
+        update={"checkpoint_interval": every})), tr, opts, "never") for every in ("auto", 600.0)}
+    young, fixed = runs["auto"], runs[600.0]
+    assert [s.decision for s in young.steps] == ["start", "forced"]
+    first = fixed.steps[0]
+    assert first.checkpoint_every_s == 600.0
+    lost = first.train_s % 600.0 / first.plan.iteration_time_s
+    assert fixed.steps[1].switch.redo_s == pytest.approx(
+        lost * fixed.steps[1].plan.iteration_time_s)
+    every = young.steps[0].checkpoint_every_s
+    assert every == pytest.approx(math.sqrt(2 * first.plan.save_s * 3600.0)) and every < 60.0
+    assert young.steps[1].switch.redo_s < every / first.plan.iteration_time_s * \
+        young.steps[1].plan.iteration_time_s
+    assert young.checkpoint_s > fixed.checkpoint_s > 0
+    assert young.tokens > fixed.tokens
 
 
 def test_checkpoint_grows_with_the_optimizer_state(problem, replanner):
@@ -229,29 +283,40 @@ def test_futures_replay_the_changes_seen():
 
 def test_rollout_pays_each_cut_as_a_forced_move(problem, replanner):
     """A plan's worth over the futures: with no change to come, its speed over the horizon less
-    its switch; when a change takes its GPUs, the forced move to a known plan that fits is paid
-    and that plan trains on."""
+    its switch, its checkpoints' stalls left out; when a change takes its GPUs, the forced move
+    to a known plan that fits is paid (redoing half its checkpoint interval) and that plan
+    trains on."""
     big = plan_trace(problem, trace([(0.0, pool())], 1.0), replanner)[0][0]
     small = plan_trace(problem, trace([(0.0, pool(4, 4, 0, 0))], 1.0), replanner)[0][0]
     assert not big.fits(pool(4, 4, 0, 0))
+    gap = 5000.0  # the mean time between GPU losses seen
+
+    def share(run):
+        return training_share(run, checkpoint_every_s(problem, run, gap))
+
+    assert 0.0 < share(big) < 1.0 and 0.0 < share(small) < 1.0
     calm = Futures([State(0.0, pool())], 3600.0)
-    r = Rollout(problem, "max-throughput", calm, [big, small], 0.0)
-    assert r.value(big, 100.0)[0] == pytest.approx(big.tokens_per_s * (calm.horizon_s - 100.0))
+    r = Rollout(problem, "max-throughput", calm, [big, small], 0.0, gap)
+    assert r.value(big, 100.0)[0] == pytest.approx(
+        big.tokens_per_s * share(big) * (calm.horizon_s - 100.0))
     one = Futures.__new__(Futures)  # one future: at 900 s zone b's GPUs go, for good
     one.keys, one.gap_s, one.horizon_s = calm.keys, 900.0, 8 * 900.0
     one.paths = [[(900.0, np.array([4.0, 4.0, 0.0, 0.0]))]]
     move = switch_cost(problem, big, small, forced=True, notice_s=0.0,
-                       since_checkpoint_s=problem.switching.checkpoint_interval / 2).total_s
-    want = big.tokens_per_s * 900.0 + small.tokens_per_s * (one.horizon_s - 900.0 - move)
-    assert Rollout(problem, "max-throughput", one, [big, small], 0.0).value(big, 0.0)[0] == \
-        pytest.approx(want)
+                       since_checkpoint_s=checkpoint_every_s(problem, big, gap) / 2).total_s
+    want = (big.tokens_per_s * share(big) * 900.0
+            + small.tokens_per_s * share(small) * (one.horizon_s - 900.0 - move))
+    assert Rollout(problem, "max-throughput", one, [big, small], 0.0, gap).value(big, 0.0)[0] \
+        == pytest.approx(want)
 
 
 def test_a_move_by_choice_needs_a_gain_beyond_the_futures_noise(problem, replanner):
     """Moving to the big pool's plan wins by much in the futures where zone b stays and loses
     by almost as much where it goes at once: the mean ranks the move first, but the gain is
     within two standard errors of the difference over the futures, so ``shoal`` stays; with
-    zone b staying in every future the same move is clearly better."""
+    zone b staying in every future the same move is clearly better. (Checkpoints every 10
+    minutes: the forced move back redoes five of them.)"""
+    problem = every_10min(problem)
     big = plan_trace(problem, trace([(0.0, pool())], 1.0), replanner)[0][0]
     small = plan_trace(problem, trace([(0.0, pool(4, 4, 0, 0))], 1.0), replanner)[0][0]
     calm = Futures([State(0.0, pool())], 3600.0)
@@ -271,9 +336,14 @@ def test_a_move_by_choice_needs_a_gain_beyond_the_futures_noise(problem, replann
     assert stays.clearly_better((big, move), (small, 0.0))
 
 
-def test_flickering_gpus_are_not_chased(problem, replanner):
-    """Extra GPUs that come for a minute and go again, over and over: ``always`` moves every
-    time, ``shoal`` learns that they do not stay and keeps its plan."""
+@pytest.mark.parametrize(("every", "learnt"), [("auto", 9), (600.0, 5)])
+def test_flickering_gpus_are_not_chased(problem, replanner, every, learnt):
+    """Extra GPUs that come for five minutes and go again, over and over: ``always`` moves
+    every time, ``shoal`` learns that they do not stay and keeps its plan. It learns sooner
+    when a forced move back costs more: with checkpoints every 10 minutes it redoes 2.5 of
+    them on average, at Young's interval (``auto``, here about 20 s) little."""
+    problem = replace(problem, switching=problem.switching.model_copy(
+        update={"checkpoint_interval": every}))
     small, big = pool(0, 4, 4, 0), pool()
     states = [(0.0, small)]
     for i in range(1, 13):
@@ -284,8 +354,9 @@ def test_flickering_gpus_are_not_chased(problem, replanner):
     runs = {p: simulate(problem, tr, opts, p) for p in POLICIES}
     assert runs["always"].switches == 13
     assert runs["shoal"].tokens > runs["always"].tokens
-    # once it has seen the extra GPUs go twice, it stays put
-    assert {s.decision for s in runs["shoal"].steps[5:]} == {"keep"}
+    # once it has seen the extra GPUs go (learnt - 1) / 2 times, it stays put
+    assert runs["shoal"].steps[learnt - 1].decision == "forced"
+    assert {s.decision for s in runs["shoal"].steps[learnt:]} == {"keep"}
     assert runs["oracle"].tokens >= runs["shoal"].tokens
 
 
@@ -338,7 +409,8 @@ def test_work_lost_when_everything_goes_is_redone(problem, replanner):
     assert [s.decision for s in rep.steps] == ["start", "stop", "start"]
     restart = rep.steps[2].switch
     assert restart.redo_s > 0
-    lost_iters = (500.0 - rep.steps[0].switch_s) / rep.steps[0].plan.iteration_time_s
+    first = rep.steps[0]  # its training since its last checkpoint is lost
+    lost_iters = first.train_s % first.checkpoint_every_s / first.plan.iteration_time_s
     assert restart.redo_s == pytest.approx(lost_iters * rep.steps[2].plan.iteration_time_s)
 
 
@@ -387,10 +459,13 @@ def test_replay_accounting(problem, replanner, pools, gaps, notices, policy):
         # the plan in use never needs more GPUs of a type in a zone than the trace offers
         for key, n in s.plan.usage.items():
             assert n <= s.avail.get(key, 0)
-        assert s.train_s + s.switch_s == pytest.approx(s.duration_s)
-        assert s.train_s >= 0 and s.switch_s >= 0
+        assert s.train_s + s.switch_s + s.checkpoint_s == pytest.approx(s.duration_s)
+        assert s.train_s >= 0 and s.switch_s >= 0 and s.checkpoint_s >= 0
+        # each checkpoint stalls training for the plan's save, one per interval of training
+        assert s.checkpoint_s == pytest.approx(s.train_s * s.plan.save_s / s.checkpoint_every_s)
         tokens += s.plan.tokens_per_s * s.train_s
-    # the token count is the integral of throughput over the time not spent switching
+    # the token count is the integral of throughput over the time not spent switching or
+    # writing checkpoints
     assert rep.tokens == pytest.approx(tokens, rel=1e-12)
     assert sum(s.duration_s for s in rep.steps) == pytest.approx(tr.end_s)
 

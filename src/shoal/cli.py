@@ -503,11 +503,13 @@ def replay(
     if len(runs) == 1:
         out.print(_replay_steps(runs[0], cut))
     totals = _table(f"Totals over {tr.end_s / 3600:.2f} h of {tr.source}",
-                    ["policy", "tokens", "USD", "tokens/USD", "moves", "switching"], left=("policy",))
+                    ["policy", "tokens", "USD", "tokens/USD", "moves", "switching", "checkpoints"],
+                    left=("policy",))
     for r in runs:
         t = r.totals()
         totals.add_row(r.policy, f"{t['tokens']:.4g}", f"{t['cost_usd']:,.2f}",
-                       fmt_per_usd(t["tokens_per_usd"]), str(t["switches"]), _s(t["switch_time_s"]))
+                       fmt_per_usd(t["tokens_per_usd"]), str(t["switches"]), _s(t["switch_time_s"]),
+                       _s(t["checkpoint_time_s"]))
     out.print(totals)
     calls = [c.time_s for c in replanner.calls if not c.remembered]
     if calls:
@@ -575,6 +577,7 @@ def _replay_json(problem, tr, runs, replanner) -> dict:
              "usd_per_h": s.plan.usd_per_s * 3600 if s.plan else 0.0,
              "egress_usd_per_h": _egress_per_h(s.plan) if s.plan else 0.0,
              "switch": s.switch.to_json() if s.switch else None, "switch_s": s.switch_s,
+             "checkpoint_s": s.checkpoint_s, "checkpoint_every_s": s.checkpoint_every_s,
              "train_s": s.train_s, "tokens": s.tokens, "usd": s.usd}
             for i, s in enumerate(r.steps)]}
 

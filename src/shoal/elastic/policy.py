@@ -19,7 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from shoal.elastic.switch import Running, switch_cost
+from shoal.elastic.switch import (
+    Running,
+    checkpoint_every_s,
+    loss_gaps_s,
+    switch_cost,
+    training_share,
+)
 from shoal.elastic.traces import State, Trace
 from shoal.errors import SpecError
 from shoal.problem import Problem
@@ -89,12 +95,17 @@ class Rollout:
     holds, then the job makes the forced move to the plan known that fits and is worth most
     over a mean gap, its move included (idle while none fits), and so on to the horizon. A
     forced move saves when the notices seen so far (their median) cover the save, else redoes
-    half a checkpoint interval. Tokens, or tokens per dollar for the cost objectives, averaged
-    over the futures (the same futures for every plan weighed)."""
+    half the old plan's checkpoint interval; every plan trains its share of the time outside
+    switching (``switch.training_share``), its checkpoints at the interval for the mean time
+    between GPU losses seen (``loss_gap_s``). Tokens, or tokens per dollar for the cost
+    objectives, averaged over the futures (the same futures for every plan weighed)."""
 
     def __init__(self, problem: Problem, objective: str, futures: Futures,
-                 known: list[Running], notice_s: float):
+                 known: list[Running], notice_s: float, loss_gap_s: float | None = None):
         self.problem, self.objective, self.f = problem, objective, futures
+        # the mean time between GPU losses seen (none given: the prior gap, no loss yet)
+        self.loss_gap_s = problem.switching.prior_gap if loss_gap_s is None else loss_gap_s
+        self._every: dict[int, tuple[float, float]] = {}
         self.known = sorted(known, key=lambda r: score(r.cand, objective))  # ties: the better
         self.usage = np.array([futures.vector(r) for r in self.known]).reshape(
             len(self.known), len(futures.keys))
@@ -102,13 +113,22 @@ class Rollout:
         self._moves: dict[tuple[int, int], float] = {}
         self._paths: dict[tuple[int, float], np.ndarray] = {}
 
+    def _checkpoints(self, run: Running) -> tuple[float, float]:
+        """(training seconds between ``run``'s checkpoints, the share of its time outside
+        switching that trains)."""
+        got = self._every.get(id(run))
+        if got is None:
+            every = checkpoint_every_s(self.problem, run, self.loss_gap_s)
+            got = self._every[id(run)] = (every, training_share(run, every))
+        return got
+
     def _forced(self, old: Running | None, new: Running) -> float:
         key = (id(old), id(new))
         if key not in self._moves:
-            sw = self.problem.switching
+            since = 0.0 if old is None else self._checkpoints(old)[0] / 2
             self._moves[key] = switch_cost(
                 self.problem, old, new, forced=True, notice_s=self.notice_s,
-                since_checkpoint_s=sw.checkpoint_interval / 2).total_s
+                since_checkpoint_s=since).total_s
         return self._moves[key]
 
     def _fallback(self, old: Running | None, avail: np.ndarray) -> Running | None:
@@ -117,7 +137,8 @@ class Rollout:
         best, worth = None, -np.inf
         for j in np.flatnonzero((self.usage <= avail).all(axis=1)):
             q = self.known[j]
-            w = q.tokens_per_s * max(0.0, self.f.gap_s - self._forced(old, q))
+            w = (q.tokens_per_s * self._checkpoints(q)[1]
+                 * max(0.0, self.f.gap_s - self._forced(old, q)))
             if self.objective != "max-throughput":
                 w /= max(q.usd_per_s * self.f.gap_s, 1e-12)
             if w > worth:
@@ -162,7 +183,7 @@ class Rollout:
             for until, avail in [*path, (self.f.horizon_s, None)]:
                 if plan is not None:
                     span = until - t
-                    train = max(0.0, span - busy)
+                    train = max(0.0, span - busy) * self._checkpoints(plan)[1]
                     busy = max(0.0, busy - span)
                     tokens += plan.tokens_per_s * train
                     usd += (plan.usd_per_s * span
@@ -204,8 +225,10 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
     notices = [st.notice_s for prev, st in zip(seen, seen[1:], strict=False)
                if any(st.avail.get(k, 0) < n for k, n in prev.avail.items())]
     pool = {r.cand.spec: r for r in [*(known or []), *options]}
-    roll = Rollout(problem, objective, Futures(seen, problem.switching.prior_gap),
-                   list(pool.values()), float(np.median(notices)) if notices else 0.0)
+    prior = problem.switching.prior_gap
+    roll = Rollout(problem, objective, Futures(seen, prior), list(pool.values()),
+                   float(np.median(notices)) if notices else 0.0,
+                   loss_gaps_s([st.time_s for st in seen], [st.avail for st in seen], prior)[-1])
     choices = [] if (cur is None or forced) else [(cur, pending_s)]
     owed = owed_s / cur.iteration_time_s if owed_s > 0 else 0.0
     choices += [(q, switch_cost(problem, cur, q, forced=forced, notice_s=notice_s,
@@ -254,6 +277,9 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
     startup = np.where((nodes[None, :, :] > nodes[:, None, :]).any(axis=2), sw.node_startup, 0.0)
     fixed = sw.restart + startup + load[None, :] + sw.warmup_iterations * Tq[None, :]
     durations = trace.durations()
+    gaps = loss_gaps_s([st.time_s for st in trace.states], [st.avail for st in trace.states],
+                       sw.prior_gap)
+    share = np.ones(K)
     tokens = np.full(K, -np.inf)
     tokens[0] = 0.0
     busy, since = np.zeros(K), np.zeros(K)
@@ -285,9 +311,14 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
         c = np.where(stay, busy[:, None], move)  # switching ahead of each way
         c[:, 0] = 0.0
         switching = np.minimum(c, d)
-        train = d - switching
+        # each plan's checkpoints at this state's interval: their stalls do not train
+        every = np.array([0.0] + [checkpoint_every_s(problem, r, gaps[i]) for r in runs])
+        share = np.array([1.0] + [training_share(r, e) for r, e in zip(runs, every[1:],
+                                                                         strict=True)])
+        train = (d - switching) * share[None, :]
         total = tokens[:, None] + thr[None, :] * train
-        value = total - thr[None, :] * (c - switching)  # less the switching still to come
+        # less the switching still to come
+        value = total - (thr * share)[None, :] * (c - switching)
         value[:, ~fit] = -np.inf
         value[~np.isfinite(tokens), :] = -np.inf
         best = np.argmax(value, axis=0)
@@ -299,10 +330,10 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
         redone = redo_q[best, cols]
         # redone work is not in the checkpoint the switch saved or loaded
         since = np.where(kept, since[best], redone) + train[best, cols]
-        since = since % sw.checkpoint_interval
+        since = np.where(every > 0, np.mod(since, np.where(every > 0, every, 1.0)), 0.0)
         redo = np.where(kept, redo[best], redone)
         lost0 = float(stop_lost[best[0]])
-    q = int(np.argmax(np.where(np.isfinite(tokens), tokens - thr * busy, -np.inf)))
+    q = int(np.argmax(np.where(np.isfinite(tokens), tokens - thr * share * busy, -np.inf)))
     picks = [0] * n
     for i in range(n - 1, -1, -1):
         picks[i] = q

@@ -2,9 +2,11 @@
 the tokens, dollars and time spent switching.
 
 Accounting (the same for every policy): while a plan holds its GPUs it pays their rent, also
-while it is switching; it trains, at its estimated throughput, only outside switching. A switch
-longer than its state continues into the next one unless that one moves again. Checkpoints are
-written every ``switching.checkpoint_interval`` of training time.
+while it is switching; it trains, at its estimated throughput, only outside switching and
+checkpoints. A switch longer than its state continues into the next one unless that one moves
+again. Checkpoints are written every ``switching.checkpoint_interval`` of training time (under
+``auto``, Young's interval for the plan's save and the GPU losses seen so far:
+``switch.checkpoint_every_s``), each stalling training for the plan's save.
 """
 
 from __future__ import annotations
@@ -14,7 +16,15 @@ from dataclasses import dataclass, field
 
 from shoal.elastic.policy import check_policy, choose, oracle_choices
 from shoal.elastic.replan import Replanner
-from shoal.elastic.switch import Running, SwitchCost, running, switch_cost
+from shoal.elastic.switch import (
+    Running,
+    SwitchCost,
+    checkpoint_every_s,
+    loss_gaps_s,
+    running,
+    switch_cost,
+    training_share,
+)
 from shoal.elastic.traces import Trace
 from shoal.errors import InfeasibleError
 from shoal.problem import Problem
@@ -32,6 +42,8 @@ class Step:
     train_s: float
     tokens: float
     usd: float
+    checkpoint_s: float = 0.0  # time of this state spent writing periodic checkpoints
+    checkpoint_every_s: float | None = None  # the plan's training time between checkpoints
 
 
 @dataclass
@@ -54,6 +66,10 @@ class Replay:
         return sum(s.switch_s for s in self.steps)
 
     @property
+    def checkpoint_s(self) -> float:
+        return sum(s.checkpoint_s for s in self.steps)
+
+    @property
     def switches(self) -> int:
         return sum(s.decision in ("switch", "forced", "start") for s in self.steps)
 
@@ -61,6 +77,7 @@ class Replay:
         return {"tokens": self.tokens, "cost_usd": self.usd,
                 "tokens_per_usd": self.tokens / self.usd if self.usd > 0 else None,  # free: none
                 "switch_time_s": self.switch_s, "switches": self.switches,
+                "checkpoint_time_s": self.checkpoint_s,
                 "duration_s": sum(s.duration_s for s in self.steps)}
 
 
@@ -111,6 +128,8 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
     used: dict = {}
     known: dict = {}  # every plan ranked in the states so far (the `shoal` policy's choices)
     durations = trace.durations()
+    gaps = loss_gaps_s([st.time_s for st in trace.states], [st.avail for st in trace.states],
+                       sw.prior_gap)
     for i, st in enumerate(trace.states):
         d = durations[i]
         forced = cur is not None and not cur.fits(st.avail)
@@ -160,12 +179,14 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
         used.setdefault(cur.cand.spec, cur)
         switching = min(busy, d)
         busy -= switching
-        train = d - switching
-        since_ckpt = (since_ckpt + train) % sw.checkpoint_interval
+        every = checkpoint_every_s(problem, cur, gaps[i])
+        train = (d - switching) * training_share(cur, every)
+        since_ckpt = (since_ckpt + train) % every if every > 0 else 0.0
         iters = train / cur.iteration_time_s
         steps.append(Step(st.time_s, d, st.avail, decision, cur, cost, switching, train,
                           iters * cur.tokens_per_iter,
-                          cur.usd_per_s * d + cur.egress_usd_per_iter * iters))
+                          cur.usd_per_s * d + cur.egress_usd_per_iter * iters,
+                          d - switching - train, every))
     return Replay(policy=policy, objective=objective, steps=steps, plans=list(used.values()))
 
 

@@ -115,3 +115,35 @@ def switch_cost(problem: Problem, old: Running | None, new: Running, *, forced: 
     if pending_s > cost.total_s:
         cost = replace(cost, wait_s=pending_s - cost.total_s)
     return cost
+
+
+def loss_gaps_s(times: list[float], avails: list[dict], prior_s: float) -> list[float]:
+    """Per state of a trace, the mean time between GPU losses seen up to it: the time since
+    the first state plus ``prior_s`` (one gap before any loss), over the changes that took
+    GPUs of some (GPU type, zone) plus one. Losses of GPUs the plan running does not hold
+    count too: they are the pool's failure rate, the same whatever the policy has chosen
+    (counting only a plan's own, measured on Sailor's and the synthetic traces, checkpointed
+    too rarely: benchmarks/replay.py)."""
+    out, losses = [], 0
+    for i, (t, avail) in enumerate(zip(times, avails, strict=True)):
+        if i and any(avail.get(k, 0) < n for k, n in avails[i - 1].items()):
+            losses += 1
+        out.append((t - times[0] + prior_s) / (losses + 1))
+    return out
+
+
+def checkpoint_every_s(problem: Problem, run: Running, loss_gap_s: float) -> float:
+    """Training seconds between ``run``'s checkpoints: the scenario's interval, or under
+    ``auto`` Young's sqrt(2 x save x mean time between losses) (0 when a save is free)."""
+    every = problem.switching.checkpoint_interval
+    if every == "auto":
+        return math.sqrt(2.0 * run.save_s * loss_gap_s)
+    return float(every)
+
+
+def training_share(run: Running, every_s: float) -> float:
+    """The share of ``run``'s time outside switching that trains: each checkpoint, one every
+    ``every_s`` of training, stalls it for the plan's save."""
+    if run.save_s <= 0:
+        return 1.0
+    return every_s / (every_s + run.save_s)

@@ -81,9 +81,12 @@ def spec_error_from_validation(exc: ValidationError, file: str | None,
     errors = exc.errors()
     # a file of another kind (its schema) first, then a key the format does not have (a
     # misspelt name also leaves its field missing, which says less)
+    # and of a value that may also be a keyword (``"auto"`` or a time), what is wrong with it
+    # as the value
     err = min(errors, key=lambda e: (tuple(e["loc"]) != ("schema",),
-                                     e["type"] != "extra_forbidden"))
-    loc = [str(x) for x in err["loc"] if not str(x).startswith(("function-", "tagged-union"))]
+                                     e["type"] != "extra_forbidden", e["type"] == "literal_error"))
+    loc = [str(x) for x in err["loc"]
+           if not str(x).startswith(("function-", "tagged-union", "literal[", "constrained-"))]
     # pydantic reports union branches in the path (e.g. 'str', 'ModelSpec'): drop type names, but
     # only those: user keys such as GPU names ('A100-40GB') also start with a capital letter.
     loc = [x for x in loc if x not in _model_class_names() and x not in ("str", "int", "float", "bool")]
