@@ -313,7 +313,7 @@ def test_rollout_pays_each_cut_as_a_forced_move(problem, replanner):
 def test_a_move_by_choice_needs_a_gain_beyond_the_futures_noise(problem, replanner):
     """Moving to the big pool's plan wins by much in the futures where zone b stays and loses
     by almost as much where it goes at once: the mean ranks the move first, but the gain is
-    within two standard errors of the difference over the futures, so ``shoal`` stays; with
+    within three standard errors of the difference over the futures, so ``shoal`` stays; with
     zone b staying in every future the same move is clearly better. (Checkpoints every 10
     minutes: the forced move back redoes five of them.)"""
     problem = every_10min(problem)
@@ -336,7 +336,7 @@ def test_a_move_by_choice_needs_a_gain_beyond_the_futures_noise(problem, replann
     assert stays.clearly_better((big, move), (small, 0.0))
 
 
-@pytest.mark.parametrize(("every", "learnt"), [("auto", 9), (600.0, 5)])
+@pytest.mark.parametrize(("every", "learnt"), [("auto", 9), (600.0, 3)])
 def test_flickering_gpus_are_not_chased(problem, replanner, every, learnt):
     """Extra GPUs that come for five minutes and go again, over and over: ``always`` moves
     every time, ``shoal`` learns that they do not stay and keeps its plan. It learns sooner
