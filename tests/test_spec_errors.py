@@ -130,6 +130,20 @@ def test_deadline_within_a_positive_finite_time(scenario_dict, within):
     assert ei.value.field == "constraints.deadline.within"
 
 
+@pytest.mark.parametrize(("every", "words"), [("often", "cannot read 'often' as a time"),
+                                              (0, "greater than 0"), ("-5s", "greater than")])
+def test_checkpoint_interval_is_auto_or_a_positive_time(scenario_dict, every, words):
+    """``switching.checkpoint_interval`` is ``auto`` or a time: a bad value is named as a bad
+    time, not as a keyword other than ``auto``."""
+    scenario_dict["switching"] = {"checkpoint_interval": every}
+    with pytest.raises(SpecError) as ei:
+        parse_scenario(scenario_dict, file=F)
+    assert ei.value.field == "switching.checkpoint_interval" and words in str(ei.value)
+    for good, want in (("auto", "auto"), ("90s", 90.0), (30, 30.0)):
+        scenario_dict["switching"] = {"checkpoint_interval": good}
+        assert parse_scenario(scenario_dict, file=F).switching.checkpoint_interval == want
+
+
 def test_negative_gpu_count_in_pool(scenario_dict):
     zone_gpus(scenario_dict)["A100-40GB"] = -4
     with pytest.raises(SpecError) as ei:

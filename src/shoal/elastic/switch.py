@@ -122,8 +122,8 @@ def loss_gaps_s(times: list[float], avails: list[dict], prior_s: float) -> list[
     the first state plus ``prior_s`` (one gap before any loss), over the changes that took
     GPUs of some (GPU type, zone) plus one. Losses of GPUs the plan running does not hold
     count too: they are the pool's failure rate, the same whatever the policy has chosen
-    (counting only a plan's own, measured on Sailor's and the synthetic traces, checkpointed
-    too rarely: benchmarks/replay.py)."""
+    (counting only the losses that would have hit each plan did worse on
+    ``benchmarks/replay.py``'s traces: BENCHMARKS.md)."""
     out, losses = [], 0
     for i, (t, avail) in enumerate(zip(times, avails, strict=True)):
         if i and any(avail.get(k, 0) < n for k, n in avails[i - 1].items()):

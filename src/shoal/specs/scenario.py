@@ -80,9 +80,8 @@ def spec_error_from_validation(exc: ValidationError, file: str | None,
     the model validated, whose top-level names a misspelt key is matched against)."""
     errors = exc.errors()
     # a file of another kind (its schema) first, then a key the format does not have (a
-    # misspelt name also leaves its field missing, which says less)
-    # and of a value that may also be a keyword (``"auto"`` or a time), what is wrong with it
-    # as the value
+    # misspelt name also leaves its field missing, which says less); of a value that may also
+    # be a keyword ("auto" or a time), what is wrong with it as a value
     err = min(errors, key=lambda e: (tuple(e["loc"]) != ("schema",),
                                      e["type"] != "extra_forbidden", e["type"] == "literal_error"))
     loc = [str(x) for x in err["loc"]
