@@ -194,3 +194,21 @@ def test_the_memory_figure_keeps_the_fullest_workers():
     assert kept == sorted(kept, key=workers.index)  # in the plan's order
     assert all(w["peak_memory_bytes"] >= 52 for w in kept)  # the 12 dropped: six at 50, six at 51
     assert fullest(workers[:10], 48) == workers[:10]
+
+
+def test_replay_section_shows_checkpoint_time_and_reads_older_replays(inputs, report, tmp_path):
+    """The replay section's totals list the time spent writing checkpoints; a replay written
+    before checkpoints stalled training (no such total) still renders, with a dash there."""
+    html = report.read_text()
+    sec = re.search(r'<section id="s\d+" data-kind="replay">(.*?)</section>', html, re.S)
+    assert sec and "checkpoints" in sec.group(1)
+    doc = json.loads(Path(inputs["replay"]).read_text())
+    for r in doc["replays"]:
+        del r["totals"]["checkpoint_time_s"]
+    old = tmp_path / "old-replay.json"
+    old.write_text(json.dumps(doc))
+    out = tmp_path / "r.html"
+    r = CliRunner().invoke(app, ["report", str(old), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    sec = re.search(r'data-kind="replay">(.*?)</section>', out.read_text(), re.S)
+    assert sec and "<td>-</td>" in sec.group(1).replace(" ", "")

@@ -132,10 +132,13 @@ def _section_plan(doc: dict) -> str:
 
 def _section_replay(doc: dict) -> str:
     runs = doc.get("replays") or [doc]
-    grid = _grid(["policy", "tokens", "USD", "tokens/USD", "moves", "switching"],
+    # checkpoint time: absent from a replay written before checkpoints stalled training
+    grid = _grid(["policy", "tokens", "USD", "tokens/USD", "moves", "switching", "checkpoints"],
                  [[r["policy"], f"{r['totals']['tokens']:.4g}", f"{r['totals']['cost_usd']:,.2f}",
                    fmt_per_usd(r["totals"]["tokens_per_usd"]), str(r["totals"]["switches"]),
-                   _s(r["totals"]["switch_time_s"])] for r in runs])
+                   _s(r["totals"]["switch_time_s"]),
+                   _s(r["totals"]["checkpoint_time_s"]) if "checkpoint_time_s" in r["totals"]
+                   else "-"] for r in runs])
     rows = [("trace", str(doc["trace"])), ("availability states", str(doc["states"])),
             ("length", _s(doc["end_s"]))]
     return "".join([_table(rows), grid, _figure(
