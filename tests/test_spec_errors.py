@@ -134,11 +134,12 @@ def test_deadline_within_a_positive_finite_time(scenario_dict, within):
                                               (0, "greater than 0"), ("-5s", "greater than")])
 def test_checkpoint_interval_is_auto_or_a_positive_time(scenario_dict, every, words):
     """``switching.checkpoint_interval`` is ``auto`` or a time: a bad value is named as a bad
-    time, not as a keyword other than ``auto``."""
+    time, and the keyword it may be instead follows."""
     scenario_dict["switching"] = {"checkpoint_interval": every}
     with pytest.raises(SpecError) as ei:
         parse_scenario(scenario_dict, file=F)
     assert ei.value.field == "switching.checkpoint_interval" and words in str(ei.value)
+    assert ", or 'auto'" in str(ei.value) and "more problem" not in str(ei.value)
     for good, want in (("auto", "auto"), ("90s", 90.0), (30, 30.0)):
         scenario_dict["switching"] = {"checkpoint_interval": good}
         assert parse_scenario(scenario_dict, file=F).switching.checkpoint_interval == want

@@ -74,6 +74,16 @@ def _model_class_names() -> set[str]:
     return names
 
 
+def _field_path(loc) -> list[str]:
+    """A pydantic error location as the file's dotted path: pydantic reports validators and
+    union branches in it (e.g. 'function-after[...]', 'str', 'ModelSpec'): drop type names, but
+    only those: user keys such as GPU names ('A100-40GB') also start with a capital letter."""
+    path = [str(x) for x in loc
+            if not str(x).startswith(("function-", "tagged-union", "literal[", "constrained-"))]
+    return [x for x in path if x not in _model_class_names()
+            and x not in ("str", "int", "float", "bool")]
+
+
 def spec_error_from_validation(exc: ValidationError, file: str | None,
                                cls: type[BaseModel] | None = None) -> SpecError:
     """Turn pydantic's most telling error into a SpecError with a dotted field path (``cls``:
@@ -84,12 +94,14 @@ def spec_error_from_validation(exc: ValidationError, file: str | None,
     # be a keyword ("auto" or a time), what is wrong with it as a value
     err = min(errors, key=lambda e: (tuple(e["loc"]) != ("schema",),
                                      e["type"] != "extra_forbidden", e["type"] == "literal_error"))
-    loc = [str(x) for x in err["loc"]
-           if not str(x).startswith(("function-", "tagged-union", "literal[", "constrained-"))]
-    # pydantic reports union branches in the path (e.g. 'str', 'ModelSpec'): drop type names, but
-    # only those: user keys such as GPU names ('A100-40GB') also start with a capital letter.
-    loc = [x for x in loc if x not in _model_class_names() and x not in ("str", "int", "float", "bool")]
+    loc = _field_path(err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
+    # the keywords the field also takes ("auto"), said with the value's own error
+    keywords = [e for e in errors if e is not err and e["type"] == "literal_error"
+                and _field_path(e["loc"]) == loc]
+    if keywords:
+        msg += ", or " + " or ".join(str(e.get("ctx", {}).get("expected", "?")) for e in keywords)
+        errors = [e for e in errors if e not in keywords]
     got = err.get("input")
     if tuple(err["loc"]) == ("schema",) and isinstance(got, str) and got.startswith("shoal/"):
         msg = f"a {got} document, where a {err.get('ctx', {}).get('expected', '?')} one goes"
