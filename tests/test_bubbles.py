@@ -217,6 +217,10 @@ def test_cli_bubbles_json_contract(tmp_path, capsys):
     (["--rate", "5", "--depth", "0"], "--depth"),
     (["--rate", "1e9", "--duration", "1s"], "up to 200,000 requests"),
     (["--rate", "5", "--cell", "3"], "the plan has 2 pipelines"),
+    # options of another way of running are refused, not ignored
+    (["--requests", str(EXAMPLE), "--duration", "10s"], "--duration: applies only with --rate"),
+    (["--requests", str(EXAMPLE), "--seed", "4"], "--seed: applies only with --rate"),
+    (["--rate", "5", "--schedule", "varuna", "--cell", "2"], "applies only with --schedule atlas"),
 ])
 def test_cli_bubbles_bad_input(args, msg):
     from typer.testing import CliRunner

@@ -203,6 +203,20 @@ def test_budget_below_cheapest_is_infeasible():
     assert "max_cost_per_iteration_usd >=" in e.value.relaxation
 
 
+def test_a_search_cut_short_says_so_in_its_relaxation():
+    """When the search stops early (here after one plan-shape pair) and no plan it found meets
+    the constraints, the error says the cut came first and that a larger budget may do; a
+    search that ran to the end does not."""
+    pb = problem()
+    cons = Constraints(max_cost_per_iteration_usd=1e-9)
+    with pytest.raises(InfeasibleError) as e:
+        search(pb, constraints=cons, max_pairs=1)
+    assert "cut short" in str(e.value) and "--budget" in e.value.relaxation
+    with pytest.raises(InfeasibleError) as e:
+        search(pb, constraints=cons)
+    assert "cut short" not in str(e.value) and "--budget" not in e.value.relaxation
+
+
 def test_gpu_cap_above_the_pool_is_not_named_binding():
     """A missed deadline with a GPU cap larger than the pool names the deadline, and the
     relaxation is a --within (and an iteration count) that would work."""
@@ -278,6 +292,29 @@ def test_completed_front_has_no_plan_another_objective_beats():
     assert full.pareto[-1].cost_usd == pytest.approx(best["min-cost"].cost_usd)
     assert full.pareto[0].iteration_time_s == pytest.approx(best["max-throughput"].iteration_time_s)
     assert full.ranked == fast.ranked
+
+
+@pytest.mark.parametrize("cap", [{"max_cost_per_iteration_usd": 0.1}, {"max_gpus": 10}])
+def test_under_a_cap_no_plan_on_the_front_beats_the_first_ranked(cap):
+    """Under a cost or GPU cap the fastest allocation of a plan shape may break the cap where
+    a slower, cheaper one keeps to it: the max-throughput search tries those too, so no plan
+    the other objectives' searches put on the front (under the same cap) is faster than its
+    best; and the completed result ranks any that were above its own."""
+    from pathlib import Path
+
+    pb = load_problem(Path(__file__).parents[1] / "examples" / "opt350m-two-zones.yaml")
+    cons = Constraints(**cap)
+    reuse = Reuse()
+    fast = search(pb, objective="max-throughput", constraints=cons, reuse=reuse)
+    full = complete_front(pb, fast, constraints=cons, reuse=reuse)
+    best = fast.ranked[0]
+    for c in full.pareto:
+        assert c.iteration_time_s >= best.iteration_time_s * (1 - 1e-12)
+        if "max_gpus" in cap:
+            assert c.num_gpus <= cap["max_gpus"]
+        else:
+            assert c.cost_usd <= cap["max_cost_per_iteration_usd"]
+    assert full.ranked[0].iteration_time_s == best.iteration_time_s
 
 
 @pytest.mark.parametrize(("zeros", "schedules"), [([2], ["1f1b"]), ([0], ["gpipe"]),

@@ -321,6 +321,14 @@ def test_cli_errors_exit_codes(tmp_path):
     f.write_text(yaml.safe_dump(spec([{"machine": "big", "count": 2}])))
     res = runner.invoke(app, ["serve", "plan", str(f), "--placer", "separate"])
     assert res.exit_code == 0, res.output
+    # options of another placer or objective are refused, not ignored
+    for args, option in ((["--lengths", str(f)], "--lengths"),
+                         (["--placer", "swarm", "--cold"], "--cold"),
+                         (["--placer", "petals", "--prune", "3"], "--prune"),
+                         (["--placer", "swarm", "--seed", "5"], "--seed")):
+        res = runner.invoke(app, ["serve", "plan", str(f), *args, "--json"])
+        assert res.exit_code == 2, (args, res.output)
+        assert json.loads(res.stdout)["error"]["field"] == option, args
 
 
 # ------------------------------------------------------------------------------ the simulator
@@ -584,7 +592,18 @@ def test_cli_simulate(tmp_path):
     assert doc["prompt_latency_s"].keys() == {"mean", "p50", "p95", "requests"}
     res = runner.invoke(app, ["serve", "simulate", "examples/llama2-70b-mixed.serving.yaml",
                               "--mode", "online", "--concurrency", "5", "--json"])
-    assert res.exit_code != 0 and "--concurrency is for offline runs" in res.output
+    assert res.exit_code == 2 and "--concurrency" in res.output and "offline runs" in res.output
+    # options of the other mode are refused, not ignored
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,input_tokens,output_tokens\n0.0,100,10\n")
+    for args, option in ((["--load", "0.5"], "--load"), (["--requests", "5"], "--requests"),
+                         (["--arrivals", str(trace)], "--arrivals"),
+                         (["--mode", "offline", "--trace", str(trace)], "--mode"),
+                         (["--trace", str(trace), "--load", "0.5"], "--trace")):
+        res = runner.invoke(app, ["serve", "simulate", "examples/llama2-70b-mixed.serving.yaml",
+                                  *args, "--json"])
+        assert res.exit_code == 2, (args, res.output)
+        assert json.loads(res.stdout)["error"]["field"] == option, args
 
 
 def test_fewer_stages_at_a_lower_flow_and_the_decode_objective():
@@ -805,3 +824,36 @@ def test_import_helix_warns_of_a_placement_that_leaves_layers_on_no_node(tmp_pat
     (tmp_path / "p.ini").write_text("[Settings]\noffset=2\n\n[Solution]\ncompute_node_2=[0, 1]\n")
     assert json.loads(runner.invoke(app, args).stdout)["warnings"] == [
         "the placement leaves layers [2, 4) on no node: it serves nothing"]
+
+
+def test_the_coordinators_region_is_one_of_the_nodes():
+    """``coordinator.region`` picks the within or between link to every node of a mesh: a
+    region no node is in is refused with its close match; unsaid, it is the nodes' one region
+    (before, a region of its own, which left the coordinator unlinked without `between`), or,
+    over several, a region of its own that every node reaches by `between`."""
+    from shoal.errors import SpecError
+
+    one = [{"machine": "big", "count": 2, "region": "r"}]
+    assert cluster(one).src.min() > 0  # the nodes' region: linked by `within`
+    with pytest.raises(SpecError, match="no node is in this region") as e:
+        cluster(one, coordinator={"region": "rr"})
+    assert e.value.field == "coordinator.region" and e.value.suggestion == "r"
+    two = [*one, {"machine": "big", "name": "far", "count": 2, "region": "s"}]
+    links = {"within": {"bandwidth": 1e9}, "between": {"bandwidth": 1e8}}
+    apart = cluster(two, links=links)
+    assert apart.src[0] == apart.src[2] > 0  # `between` to every node
+    c = cluster(two, links=links, coordinator={"region": "s"})
+    assert c.src[2] > c.src[0] > 0  # within to its own region's nodes, between to the others
+
+
+def test_no_flow_from_ranges_that_do_not_follow_one_another_says_so():
+    """Every layer is on some node and every node is linked, but no range starts where another
+    ends ([0, 3) then [2, 6)): the reason names the ranges, not the links."""
+    from shoal.serving.placers import no_flow_reason
+
+    c = cluster([{"machine": "big", "count": 2}])
+    pl = Placement(((0, 3), (2, 6)))
+    assert max_flow(c, pl).value == 0
+    why, fix = no_flow_reason(c, pl)
+    assert "follow one another" in why and "layer 3 at most" in why
+    assert "serve plan --placer auto" in fix and "link" not in fix

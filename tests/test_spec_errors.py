@@ -3,6 +3,8 @@ allowed (or a close match), so a person can act on it without a traceback (DESIG
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from pydantic import ValidationError
 
@@ -295,7 +297,7 @@ def test_scenario_not_a_mapping(tmp_path):
     path.write_text("- a\n- b\n")
     with pytest.raises(SpecError) as ei:
         load_problem(path)
-    assert ei.value.file == str(path) and ei.value.value == "list"
+    assert ei.value.file == str(path) and ei.value.value == "a list"
 
 
 def test_field_error_from_file_names_the_file(tmp_path):
@@ -417,6 +419,24 @@ def test_a_misspelt_key_is_named_with_the_name_it_stands_for(scenario_dict):
     assert ei.value.field == "netwrok" and "did you mean 'network'" in str(ei.value)
 
 
+@pytest.mark.parametrize("table, key, meant", [
+    (("job",), "optimiser", "optimizer"),  # no field missing: matched against the table's own
+    (("job",), "seq_length", "seq_len"),
+    (("network",), "egress_usd_per_gib", "egress_usd_per_gb"),
+    (("pool", "regions", "us-central1", "zones", ZONE_A), "gpu", "gpus"),  # through mappings
+])
+def test_a_misspelt_optional_key_deep_in_the_file_gets_its_close_match(scenario_dict, table, key,
+                                                                       meant):
+    node = scenario_dict
+    for k in table:
+        node = node.setdefault(k, {})
+    node[key] = node.pop(meant, 1)
+    with pytest.raises(SpecError) as ei:
+        parse_scenario(scenario_dict, file=F)
+    assert ei.value.field == ".".join((*table, key))
+    assert ei.value.suggestion == meant
+
+
 @pytest.mark.parametrize("schema, words", [
     ("shoal/scenario@2", "a shoal/scenario@2 document, where a 'shoal/scenario@1' one goes"),
     ("shoal/training-plan@1", "a shoal/training-plan@1 document"),
@@ -426,3 +446,46 @@ def test_a_document_of_another_kind_or_version_is_named(scenario_dict, schema, w
     with pytest.raises(SpecError) as ei:
         parse_scenario(scenario_dict, file=F)
     assert ei.value.field == "schema" and words in str(ei.value)
+
+
+def _csv_readers():
+    from conftest import BASE_SCENARIO
+    from shoal.elastic.traces import load_trace as availability
+    from shoal.io.helix import _ini
+    from shoal.io.sailor import read_trace_row
+    from shoal.serving.capacity import read_profile
+    from shoal.serving.workload import load_arrivals, load_lengths, load_trace
+    from shoal.training.bubbles import load_requests
+
+    problem = build(copy.deepcopy(BASE_SCENARIO))
+    return {"bubbles --requests": load_requests, "serve --lengths": load_lengths,
+            "serve --arrivals": load_arrivals, "serve --trace": load_trace,
+            "serve profile": read_profile, "helix INI": _ini,
+            "import sailor --trace": lambda p: read_trace_row(p, 0),
+            "replay --trace": lambda p: availability(p, problem)}
+
+
+@pytest.mark.parametrize("reader", list(_csv_readers()))
+def test_every_text_input_refuses_a_folder_and_bytes_not_utf8_by_name(tmp_path, reader):
+    """A CSV or INI input that is a folder, or not UTF-8 (a UTF-16 export from a spreadsheet,
+    say), is a SpecError naming the file, as the scenario reader gives: no traceback."""
+    read = _csv_readers()[reader]
+    wide = tmp_path / "wide.csv"
+    wide.write_text("arrival_s,prompt_tokens\n0.1,512\n", encoding="utf-16")
+    with pytest.raises(SpecError, match="not a text file") as e:
+        read(wide)
+    assert e.value.file == str(wide)
+    with pytest.raises(SpecError, match="a folder, not a") as e:
+        read(tmp_path)
+    assert e.value.file == str(tmp_path)
+
+
+@pytest.mark.parametrize("text, words", [("", "empty file"), ("# only a comment\n", "empty file"),
+                                         ("- a\n- b\n", "(got 'a list')"),
+                                         ("just words\n", "(got 'a string')")])
+def test_a_scenario_that_is_no_mapping_says_what_it_is(tmp_path, text, words):
+    f = tmp_path / "s.yaml"
+    f.write_text(text)
+    with pytest.raises(SpecError) as e:
+        load_problem(f)
+    assert words in str(e.value) and "NoneType" not in str(e.value)

@@ -104,6 +104,8 @@ def test_to_json(tmp_path, problem):
 @pytest.mark.parametrize("text, where, words", [
     (SAILOR.replace("1300.0", "1050.0"), "line 4", "increase"),
     (SAILOR.replace("1300.0", "1100.0"), "line 4", "increase"),
+    # epoch seconds that differ below the microsecond the states keep
+    (SAILOR.replace("1100.0", "1000.0000004"), "line 3", "to the microsecond"),
     (SAILOR.replace("1,1100.0,4,8", "1,1100.0,-4,8"), "line 3, column A100-40_us-central1-a",
      "negative"),
     (SAILOR.replace("1,1100.0,4,8", "1,1100.0,4,7.5"), "line 3, column V100-16_us-central1-a",
@@ -196,7 +198,8 @@ def test_controller_json_gpu_not_in_pool(tmp_path, problem):
     ('"GPUs": 2', '"GPUs": true', "line 4, key GPUs", "JSON number"),
     ('"GPUs": 2}', '"GPUs": 2, "Zone": "a"}', "line 4, key Zone", "unknown key"),
     ('"GPUs": 3}', '"GPUs": 3, "GPU": 1}', "line 6, key GPU", "did you mean 'GPUs'"),
-    ('"GPUs": 3}', '"GPU": 3}', "line 6", "Time and GPUs"),
+    ('"GPUs": 3}', '"GPU": 3}', "line 6, key GPU", "did you mean 'GPUs'"),
+    ('"Time": 250, "GPUs": 3}', '"Time": 250}', "line 6", "Time and GPUs"),
     ('"GPUs": 3}', '"GPUs": 3', "line 7", "malformed JSON"),
 ])
 def test_controller_json_errors_name_the_line(tmp_path, problem, old, new, where, words):

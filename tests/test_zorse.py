@@ -179,3 +179,20 @@ def test_a_quota_caps_the_nodes_zorse_plans_on():
     for c in res.ranked:
         validate_plan(pb, c.plan)  # within the pool and its quotas
         assert sum(n for (g, _), n in c.plan.gpu_counts().items() if g == "T4") <= 6
+
+
+def test_a_pool_of_more_nodes_than_zorse_takes_is_refused_by_name(monkeypatch):
+    """SPLIT's cuts grow as the cube of the node count: past ``MAX_NODES`` nodes the `zorse`
+    strategy says so (InfeasibleError naming the pool and `--strategy auto`), and `auto` goes
+    on without Zorse's plans instead of running out of memory."""
+    import shoal.training.planners.zorse as zorse
+    from shoal.errors import InfeasibleError
+
+    pb = build_problem(parse_scenario(copy.deepcopy(BASE), file="z.yaml"), file="z.yaml")
+    monkeypatch.setattr(zorse, "MAX_NODES", 4)  # the pool has 5 nodes
+    with pytest.raises(InfeasibleError, match="5 nodes.*at most 4") as e:
+        search(pb, strategy="zorse")
+    assert e.value.binding == "pool" and "--strategy auto" in e.value.relaxation
+    called = []
+    monkeypatch.setattr(zorse, "split", lambda *a, **k: called.append(1))
+    assert search(pb, strategy="auto").ranked and not called

@@ -33,6 +33,7 @@ from shoal.cli_common import (  # noqa: F401  (re-exported for tests and scripts
     _spec_error,
     _table,
     handles_errors,
+    only_with,
     output_option,
 )
 from shoal.errors import RunFailed, SpecError
@@ -71,7 +72,7 @@ def estimate(
     plan: Annotated[Path, typer.Option("--plan", "-p", metavar="PLAN",
                                        help="training plan file (JSON or YAML)")],
     as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON only")] = False,
-    timeline: Annotated[Path | None, output_option("--timeline", help="write a timeline PNG here")] = None,
+    timeline: Annotated[Path | None, output_option("--timeline", help="write a timeline figure here")] = None,
 ) -> None:
     """Time, memory and money of one plan: per stage, per worker and in total."""
     from shoal.estimate import estimate as run_estimate
@@ -136,7 +137,7 @@ def plan(
     budget: Annotated[float, typer.Option("--budget", min=0.1, help="search time limit, seconds")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
     output: Annotated[Path | None, output_option("-o", "--output", help="write the best plan here")] = None,
-    figure: Annotated[Path | None, output_option("--figure", help="write the Pareto front PNG here")] = None,
+    figure: Annotated[Path | None, output_option("--figure", help="write the Pareto front here")] = None,
 ) -> None:
     """Which GPUs to rent and how to parallelise: ranked plans and the throughput-cost front."""
     from shoal.estimate import estimate as run_estimate
@@ -446,7 +447,7 @@ def replay(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
     output: Annotated[Path | None, output_option("-o", "--output", help="write the JSON here")] = None,
     figure: Annotated[Path | None, output_option(
-        "--figure", help="write availability, throughput and tokens over time (PNG) here")] = None,
+        "--figure", help="write availability, throughput and tokens over time here")] = None,
 ) -> None:
     """Follow availability over time: the plan at every change, when to move, tokens and dollars."""
     from shoal.elastic.replan import Replanner
@@ -460,12 +461,9 @@ def replay(
     if (trace is None) == (synthetic is None):
         raise SpecError("give exactly one of --trace FILE and --synthetic KIND", field="--trace")
     # options of the other way of giving a trace would be ignored: refused instead
-    given = "--trace" if trace is not None else "--synthetic"
-    for name, value, needs in (("--seed", seed, "--synthetic"), ("--hours", hours, "--synthetic"),
-                               ("--trace-gpu", trace_gpu, "--trace"),
-                               ("--trace-zone", trace_zone, "--trace")):
-        if value is not None and needs != given:
-            raise SpecError(f"applies only with {needs}", field=name, value=value)
+    only_with("--synthetic", trace is None, ("--seed", seed), ("--hours", hours))
+    only_with("--trace", trace is not None, ("--trace-gpu", trace_gpu),
+              ("--trace-zone", trace_zone))
     seed = 0 if seed is None else seed
     hours = 8.0 if hours is None else hours
     if not math.isfinite(hours):
@@ -511,6 +509,10 @@ def replay(
                        fmt_per_usd(t["tokens_per_usd"]), str(t["switches"]), _s(t["switch_time_s"]),
                        _s(t["checkpoint_time_s"]))
     out.print(totals)
+    lost = [f"{r.policy} {r.lost_tokens:.4g}" for r in runs if r.lost_tokens > 0]
+    if lost:
+        out.print("Not in the tokens: work trained, then lost and not redone by the trace's end: "
+                  + ", ".join(lost))
     calls = [c.time_s for c in replanner.calls if not c.remembered]
     if calls:
         out.print(f"{len(tr.states)} availability states, {len(calls)} distinct: planned in "

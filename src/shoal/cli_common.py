@@ -41,11 +41,25 @@ def output_path(value: str) -> Path:
 
 
 def output_option(*names: str, help: str) -> typing.Any:
-    """A typer option naming a file to write (``output_path``)."""
+    """A typer option naming a file to write (``output_path``); a figure's says its formats."""
+    from shoal.files import FIGURE_FORMATS, FIGURE_OPTIONS
+
+    if any(n in FIGURE_OPTIONS for n in names):
+        help += " (" + ", ".join(f".{f}" for f in FIGURE_FORMATS) + "; no suffix: PNG)"
     return typer.Option(*names, parser=output_path, metavar="PATH", help=help)
 
 
 QUIET = {"on": False}  # --quiet of the running command: no tables, no progress
+
+
+def only_with(needs: str, applies: bool, *given: tuple[str, object]) -> None:
+    """Options (name, value; None: not given) that apply only with ``needs`` are refused, not
+    ignored, when ``applies`` is false: a SpecError naming the first one given."""
+    if applies:
+        return
+    for name, value in given:
+        if value is not None:
+            raise SpecError(f"applies only with {needs}", field=name, value=value)
 
 
 def _out() -> Console:

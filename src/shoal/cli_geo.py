@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from shoal.cli_common import _out, _table, output_option
+from shoal.cli_common import _out, _table, only_with, output_option
 from shoal.errors import SpecError
 from shoal.units import fmt_seconds, parse_seconds
 
@@ -44,8 +44,10 @@ def bubbles_cmd(
         "--requests", metavar="CSV", help="prefill requests: arrival_s,prompt_tokens")] = None,
     rate: Annotated[float | None, typer.Option(
         "--rate", help="without --requests: Poisson requests per second")] = None,
-    duration: Annotated[str, typer.Option("--duration", help="with --rate: how long")] = "60s",
-    seed: Annotated[int, typer.Option("--seed", min=0, help="seed of --rate")] = 0,
+    duration: Annotated[str | None, typer.Option(
+        "--duration", help="with --rate: how long [default: 60s]")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", min=0,
+                                             help="with --rate: its seed [default: 0]")] = None,
     schedule: Annotated[GeoSchedule, typer.Option(
         "--schedule", help="training schedule over the WAN")] = GeoSchedule.atlas,
     cell: Annotated[int | None, typer.Option(
@@ -57,7 +59,7 @@ def bubbles_cmd(
     max_wait: Annotated[str, typer.Option(
         "--max-wait", help="longest a request may wait for a bubble")] = "50ms",
     figure: Annotated[Path | None, output_option(
-        "--figure", help="write the filled timeline (PNG) here")] = None,
+        "--figure", help="write the filled timeline here")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
 ) -> None:
     """Inference prefill in the bubbles of a training pipeline across datacenters: GPU
@@ -77,6 +79,10 @@ def bubbles_cmd(
     g, w = _seconds(guard, "--guard"), _seconds(max_wait, "--max-wait")
     if requests is not None and rate is not None:
         raise SpecError("give --requests or --rate, not both", field="--rate", value=rate)
+    only_with("--rate", rate is not None, ("--duration", duration), ("--seed", seed))
+    only_with("--schedule atlas", schedule is GeoSchedule.atlas, ("--cell", cell))
+    duration = "60s" if duration is None else duration
+    seed = 0 if seed is None else seed
     if requests is not None:
         reqs = bt.load_requests(requests)
         source = str(requests)

@@ -125,9 +125,10 @@ def plan_cmd(
     lengths: Annotated[Path | None, typer.Option(
         "--lengths", help="decode objective: request lengths to simulate (CSV)")] = None,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="seconds")] = 60.0,
-    seed: Annotated[int, typer.Option(min=0, help="seed (petals' node order)")] = 0,
-    prune: Annotated[int, typer.Option(
-        min=0, help="milp: keep each node's fastest N links (0: all)")] = 12,
+    seed: Annotated[int | None, typer.Option(
+        min=0, help="petals' node order (auto and milp start from it too) [default: 0]")] = None,
+    prune: Annotated[int | None, typer.Option(
+        min=0, help="milp: keep each node's fastest N links (0: all) [default: 12]")] = None,
     warm_start: Annotated[bool, typer.Option(
         "--warm-start/--cold", help="milp: start from the best baseline placement")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
@@ -135,7 +136,7 @@ def plan_cmd(
         "-o", "--output", help="write the placement (JSON) here")] = None,
     helix_out: Annotated[Path | None, _cli.output_option(
         "--helix-out", help="also write the placement in Helix's solution format")] = None,
-    figure: Annotated[Path | None, _cli.output_option("--figure", help="write the placement (PNG)")] = None,
+    figure: Annotated[Path | None, _cli.output_option("--figure", help="draw the placement")] = None,
 ) -> None:
     """Place the model's layers on the nodes for the largest max flow (tokens/s)."""
     from shoal.files import check_outputs
@@ -143,6 +144,13 @@ def plan_cmd(
 
     check_outputs([(output, "--output"), (helix_out, "--helix-out"), (figure, "--figure")],
                   [serving, lengths])
+    _cli.only_with("--objective decode", objective is Objective.decode, ("--lengths", lengths))
+    _cli.only_with("--placer milp", placer is Placer.milp, ("--prune", prune),
+                   ("--cold", None if warm_start else "--cold"))
+    _cli.only_with("--placer auto, milp or petals", placer not in (Placer.swarm, Placer.separate),
+                   ("--seed", seed))
+    seed = 0 if seed is None else seed
+    prune = 12 if prune is None else prune
     cluster = _load(serving)
     obj = objective.value
     L = None
@@ -167,7 +175,7 @@ def flow_cmd(
     serving: Annotated[Path, typer.Argument(metavar="SERVING", help="serving file (YAML or JSON)")],
     placement: Annotated[Path, typer.Option("--placement", help="placement JSON (or Helix .ini)")],
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
-    figure: Annotated[Path | None, _cli.output_option("--figure", help="write the placement (PNG)")] = None,
+    figure: Annotated[Path | None, _cli.output_option("--figure", help="draw the placement")] = None,
 ) -> None:
     """The max flow (tokens/s) of a given placement and the flow on every link."""
     from shoal.files import check_outputs
@@ -237,9 +245,9 @@ def simulate_cmd(
     serving: Annotated[Path, typer.Argument(metavar="SERVING", help="serving file (YAML or JSON)")],
     placement: Annotated[Path | None, typer.Option(
         "--placement", help="placement JSON or Helix .ini (default: place with auto)")] = None,
-    mode: Annotated[Mode, typer.Option(
-        help="offline: keep the cluster busy (Helix's KV feeder, or --concurrency); online: "
-             "arrivals")] = Mode.offline,
+    mode: Annotated[Mode | None, typer.Option(
+        help="offline (default): keep the cluster busy (Helix's KV feeder, or --concurrency); "
+             "online (with --trace, always): arrivals", show_default=False)] = None,
     concurrency: Annotated[int | None, typer.Option(
         "--concurrency", min=1, help="offline: this many requests in flight (as Helix runs its "
                                      "baseline routers) instead of the KV feeder")] = None,
@@ -254,8 +262,9 @@ def simulate_cmd(
     batching: Annotated[str, typer.Option(
         "--batching", help="vllm: as vLLM 0.4 (Helix's engine); live: as serve run's workers "
                            "(one request's step at a time, in arrival order)")] = "vllm",
-    load: Annotated[float, typer.Option(
-        "--load", min=0.01, help="online: mean arrival rate as a fraction of the max flow")] = 0.75,
+    load: Annotated[float | None, typer.Option(
+        "--load", min=0.01, help="online: mean arrival rate as a fraction of the max flow "
+                                 "[default: 0.75]")] = None,
     requests: Annotated[int | None, typer.Option(
         "--requests", min=1, help="online: simulate only the first N requests")] = None,
     warmup: Annotated[float, typer.Option("--warmup", min=0, help="seconds not measured")] = 60.0,
@@ -271,13 +280,17 @@ def simulate_cmd(
     from shoal.serving.simulator import simulate
 
     check_outputs([(output, "--output")], [serving, placement, lengths, arrivals, trace])
-    if concurrency is not None and (mode is not Mode.offline or trace is not None):
-        raise SpecError("--concurrency is for offline runs (without --trace)",
-                        field="--concurrency", value=concurrency)
+    if trace is not None and mode is Mode.offline:
+        raise SpecError("a trace's requests come at its own times: an online run",
+                        field="--mode", value="offline", allowed="online, with --trace")
+    online = mode is Mode.online or trace is not None
+    _cli.only_with("--mode online", online, ("--arrivals", arrivals), ("--load", load),
+                   ("--requests", requests))
+    _cli.only_with("offline runs (without --trace)", not online, ("--concurrency", concurrency))
     cluster = _load(serving)
     placed = _placement(cluster, placement)
     if trace is not None:
-        work = _trace(trace, lengths=lengths, arrivals=arrivals)
+        work = _trace(trace, lengths=lengths, arrivals=arrivals, load=load)
         if requests is not None:
             work = wl.Workload(work.prompt[:requests], work.output[:requests],
                                work.arrival_s[:requests], work.source)
@@ -285,11 +298,12 @@ def simulate_cmd(
     else:
         L = wl.load_lengths(lengths) if lengths is not None else wl.synthetic_lengths(20000, seed)
         src = lengths.name if lengths is not None else "synthetic lengths"
-        if mode is Mode.offline:
+        if not online:
             work = wl.offline(L, seed, src)
             dur = duration if duration is not None else 600.0
         else:
-            rate = load * placed.flow.value / float(L.sum(axis=1).mean())
+            rate = (0.75 if load is None else load) * placed.flow.value / float(
+                L.sum(axis=1).mean())
             if arrivals is not None:
                 work = wl.online(L, wl.load_arrivals(arrivals), rate, seed, arrivals.name,
                                  limit=requests)

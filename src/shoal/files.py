@@ -12,23 +12,31 @@ import yaml
 from shoal.errors import SpecError
 
 
-def read_json(path: str | Path, what: str = "file") -> dict:
-    """A JSON document, or a SpecError naming the file (and line) when it is missing or broken."""
+def read_text(path: str | Path, what: str = "file", expected: str = "UTF-8 text") -> str:
+    """A text file's contents (a leading byte-order mark dropped), or a SpecError naming the file:
+    a folder, missing, or not UTF-8 (``expected`` says what it should be)."""
     p = Path(path)
     if p.is_dir():
         raise SpecError(f"a folder, not a {what}", file=str(p))
     try:
-        data = _loads_json(p.read_text(encoding="utf-8-sig"), p)
+        return p.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise SpecError(f"{what} not found", file=str(p)) from None
     except UnicodeDecodeError:
-        raise SpecError("not a text file (expected UTF-8 JSON)", file=str(p)) from None
+        raise SpecError(f"not a text file (expected {expected})", file=str(p)) from None
+
+
+def read_json(path: str | Path, what: str = "file") -> dict:
+    """A JSON document, or a SpecError naming the file (and line) when it is missing or broken."""
+    p = Path(path)
+    text = read_text(p, what, "UTF-8 JSON")
+    try:
+        data = _loads_json(text, p)
     except json.JSONDecodeError as exc:
         raise SpecError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
                         file=str(p)) from None
     if not isinstance(data, dict):
-        raise SpecError("expected a JSON object at the top level", file=str(p),
-                        value=type(data).__name__)
+        raise SpecError("expected a JSON object at the top level", file=str(p), value=_kind(data))
     return data
 
 
@@ -88,14 +96,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def read_document(path: str | Path) -> dict:
     """Read a YAML or JSON file into a mapping, or raise SpecError naming the file and line."""
     p = Path(path)
-    if p.is_dir():
-        raise SpecError("a folder, not a file", file=str(p))
-    if not p.is_file():
-        raise SpecError("file not found", file=str(p))
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise SpecError("not a text file (expected UTF-8 YAML or JSON)", file=str(p)) from None
+    text = read_text(p, "file", "UTF-8 YAML or JSON")
     try:
         data = (_loads_json(text, p) if p.suffix.lower() == ".json"
                 else yaml.load(text, Loader=_UniqueKeyLoader))
@@ -107,9 +108,17 @@ def read_document(path: str | Path) -> dict:
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(f"malformed YAML{where}: {problem}", file=str(p)) from None
+    if data is None:
+        raise SpecError("empty file: no YAML or JSON document", file=str(p))
     if not isinstance(data, dict):
-        raise SpecError("expected a mapping at the top level", file=str(p), value=type(data).__name__)
+        raise SpecError("expected a mapping at the top level", file=str(p), value=_kind(data))
     return data
+
+
+def _kind(x: object) -> str:
+    """What a document's top level is, in a user's words."""
+    return {list: "a list", str: "a string", int: "a number", float: "a number",
+            bool: "true or false"}.get(type(x), type(x).__name__)
 
 
 def check_output(path: str | Path, option: str) -> Path:

@@ -207,10 +207,13 @@ class Rollout:
 def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
            options: list[Running], *, forced: bool, notice_s: float, since_checkpoint_s: float,
            seen: list[State], pending_s: float = 0.0, owed_s: float = 0.0,
-           known: list[Running] | None = None) -> Running | None:
+           known: list[Running] | None = None, booting: dict | None = None,
+           boot_left_s: float = 0.0, lost_iterations: float = 0.0) -> Running | None:
     """The plan to run from this change on (``cur`` to keep it); not for ``oracle``.
     ``pending_s``: switching still under way, whose last ``owed_s`` (seconds at ``cur``'s
-    speed) redo lost work, which a move carries to the new plan.
+    speed) redo lost work, which a move carries to the new plan; ``booting``: VMs that
+    switch is still starting, up in ``boot_left_s`` (``switch_cost``); ``lost_iterations``:
+    work lost when the job stopped, redone when it starts again.
 
     ``shoal`` weighs staying (unless forced) and moving to each option by a ``Rollout`` over
     sampled ``Futures`` of the trace, each move's switch included; ``known``: the plans ranked
@@ -236,7 +239,9 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
     owed = owed_s / cur.iteration_time_s if owed_s > 0 else 0.0
     choices += [(q, switch_cost(problem, cur, q, forced=forced, notice_s=notice_s,
                                 since_checkpoint_s=since_checkpoint_s,
-                                pending_s=pending_s - owed_s, lost_iterations=owed).total_s)
+                                under_way=pending_s - owed_s > 0, booting=booting,
+                                boot_left_s=boot_left_s,
+                                lost_iterations=owed + lost_iterations).total_s)
                 for q in options]
     values = [roll.value(q, c) for q, c in choices]
     best = max(range(len(values)), key=values.__getitem__)
@@ -287,6 +292,9 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
     tokens[0] = 0.0
     busy, since = np.zeros(K), np.zeros(K)
     redo = np.zeros(K)  # the redone work of each way's switch under way (its last part)
+    booting = np.zeros((K, len(keys)))  # VMs each way's switch under way is still starting ...
+    boot_left = np.zeros(K)  # ... and the seconds until they are up
+    per_iter = problem.job.global_batch * problem.job.seq_len
     lost0 = 0.0  # iterations the idle way owes (lost when it stopped), redone at its next start
     back = np.zeros((n, K), dtype=np.int64)
     same = np.eye(K, dtype=bool)
@@ -308,8 +316,14 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
         saving = np.where(trains & can_save, save, 0.0)
         saving[0] = 0.0
         redo_q = lost[:, None] * Tq[None, :]
-        # no sooner than the switch under way (its part before the redo)
-        move = np.maximum(saving[:, None] + redo_q + fixed, (busy - owed)[:, None])
+        # as switch_cost: a move waits for VMs the switch under way is still starting when it
+        # takes some of them, no longer than its own start-up
+        up = nodes - booting  # VMs each way holds that are up
+        takes = ((nodes[None, :, :] > up[:, None, :]) & (booting[:, None, :] > 0)).any(axis=2)
+        wait = np.where(takes & (boot_left[:, None] > 0),
+                        np.maximum(boot_left[:, None] - startup, 0.0), 0.0)
+        move = saving[:, None] + redo_q + fixed + wait
+        up_s = np.where((startup > 0) | (wait > 0), wait + saving[:, None] + startup, 0.0)
         stay = same & fit[:, None]
         c = np.where(stay, busy[:, None], move)  # switching ahead of each way
         c[:, 0] = 0.0
@@ -336,7 +350,14 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
         since = np.where(every > 0, np.mod(since, np.where(every > 0, every, 1.0)), 0.0)
         redo = np.where(kept, redo[best], redone)
         lost0 = float(stop_lost[best[0]])
-    q = int(np.argmax(np.where(np.isfinite(tokens), tokens - thr * share * busy, -np.inf)))
+        boot_left = np.maximum(np.where(kept, boot_left[best], up_s[best, cols]) - d, 0.0)
+        booting = np.where((boot_left > 0)[:, None],
+                           np.where(kept[:, None], booting[best],
+                                    np.maximum(nodes - up[best], 0.0)), 0.0)
+    # the replay's tokens: less the work lost and not redone by the end
+    unrecovered = np.minimum(redo, busy) / Tp
+    unrecovered[0] = lost0
+    q = int(np.argmax(np.where(np.isfinite(tokens), tokens - per_iter * unrecovered, -np.inf)))
     picks = [0] * n
     for i in range(n - 1, -1, -1):
         picks[i] = q

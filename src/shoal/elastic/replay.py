@@ -21,6 +21,7 @@ from shoal.elastic.switch import (
     SwitchCost,
     checkpoint_every_s,
     loss_gaps_s,
+    not_up,
     running,
     switch_cost,
     training_share,
@@ -52,10 +53,13 @@ class Replay:
     objective: str
     steps: list[Step]
     plans: list[Running] = field(default_factory=list)  # distinct plans used, in order
+    # tokens trained after the last checkpoint, lost and not redone by the trace's end (the
+    # job stopped without saving, or a move had not finished redoing them): not counted
+    lost_tokens: float = 0.0
 
     @property
     def tokens(self) -> float:
-        return sum(s.tokens for s in self.steps)
+        return sum(s.tokens for s in self.steps) - self.lost_tokens
 
     @property
     def usd(self) -> float:
@@ -74,7 +78,7 @@ class Replay:
         return sum(s.decision in ("switch", "forced", "start") for s in self.steps)
 
     def totals(self) -> dict:
-        return {"tokens": self.tokens, "cost_usd": self.usd,
+        return {"tokens": self.tokens, "lost_tokens": self.lost_tokens, "cost_usd": self.usd,
                 "tokens_per_usd": self.tokens / self.usd if self.usd > 0 else None,  # free: none
                 "switch_time_s": self.switch_s, "switches": self.switches,
                 "checkpoint_time_s": self.checkpoint_s,
@@ -124,6 +128,8 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
     redo_s = 0.0  # the redone work of the switch under way (its last part)
     since_ckpt = 0.0
     lost = 0.0  # iterations lost when the job stopped without saving, redone at the next start
+    booting: dict = {}  # VMs the switch under way is still starting ...
+    boot_left = 0.0  # ... and the seconds until they are up
     steps: list[Step] = []
     used: dict = {}
     known: dict = {}  # every plan ranked in the states so far (the `shoal` policy's choices)
@@ -153,7 +159,8 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
             new = chooser(policy, problem, objective, cur, here, forced=forced,
                          notice_s=st.notice_s, since_checkpoint_s=max(since_ckpt - owed, 0.0),
                          pending_s=busy, owed_s=owed, seen=list(trace.states[:i + 1]),
-                         known=list(known.values()))
+                         known=list(known.values()), booting=booting, boot_left_s=boot_left,
+                         lost_iterations=lost if cur is None else 0.0)
         cost = None
         if new is None:
             decision = "stop" if cur is not None else "idle"
@@ -161,18 +168,23 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
                 lost += owed_iters
                 if busy - owed <= 0 and st.notice_s < cur.save_s:  # a stop saves nothing
                     lost += max(since_ckpt - owed, 0.0) / cur.iteration_time_s
-            busy, redo_s, since_ckpt = 0.0, 0.0, 0.0
+            busy, redo_s, since_ckpt, booting, boot_left = 0.0, 0.0, 0.0, {}, 0.0
         elif cur is not None and new.cand.spec == cur.cand.spec:
             decision = "keep"
         else:
             decision = "start" if cur is None else ("forced" if forced else "switch")
             cost = switch_cost(problem, cur, new, forced=forced, notice_s=st.notice_s,
                                since_checkpoint_s=max(since_ckpt - owed, 0.0),
-                               pending_s=busy - owed,
+                               under_way=busy - owed > 0, booting=booting,
+                               boot_left_s=boot_left,
                                lost_iterations=(lost if cur is None else 0.0) + owed_iters)
+            booting = not_up(cur, new, booting) if cost.up_s > 0 else {}
+            boot_left = cost.up_s
             # redone work is not in the checkpoint the switch saved or loaded
             busy, redo_s, since_ckpt, lost = cost.total_s, cost.redo_s, cost.redo_s, 0.0
         cur = new
+        boot_left = max(0.0, boot_left - d)
+        booting = booting if boot_left > 0 else {}
         if cur is None:
             steps.append(Step(st.time_s, d, st.avail, decision, None, None, 0.0, 0.0, 0.0, 0.0))
             continue
@@ -187,7 +199,12 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
                           iters * cur.tokens_per_iter,
                           cur.usd_per_s * d + cur.egress_usd_per_iter * iters,
                           d - switching - train, every))
-    return Replay(policy=policy, objective=objective, steps=steps, plans=list(used.values()))
+    # work lost and not redone by the end: the job is stopped, or a move's redo is unfinished
+    unrecovered = lost if cur is None else (min(redo_s, busy) / cur.iteration_time_s
+                                            if busy > 0 else 0.0)
+    per_iter = problem.job.global_batch * problem.job.seq_len
+    return Replay(policy=policy, objective=objective, steps=steps, plans=list(used.values()),
+                  lost_tokens=unrecovered * per_iter)
 
 
 def replay(problem: Problem, trace: Trace, policy: str, *, replanner: Replanner | None = None,

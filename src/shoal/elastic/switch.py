@@ -10,7 +10,7 @@ worker's share of the checkpoint; and the warm-up iterations. Parameters: the sc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from shoal.estimate.api import _state_bytes
 from shoal.problem import Problem
@@ -74,12 +74,18 @@ class SwitchCost:
     startup_s: float = 0.0
     load_s: float = 0.0
     warmup_s: float = 0.0
-    wait_s: float = 0.0  # for an earlier switch still under way to finish
+    wait_s: float = 0.0  # for VMs an earlier switch, still under way, is starting
 
     @property
     def total_s(self) -> float:
         return (self.save_s + self.redo_s + self.restart_s + self.startup_s + self.load_s
                 + self.warmup_s + self.wait_s)
+
+    @property
+    def up_s(self) -> float:
+        """Seconds from the move's start until every VM of its new plan is up (0: they all
+        were): the parts run wait, save, start-up, restart, load, warm-up, redo."""
+        return self.wait_s + self.save_s + self.startup_s if self.startup_s or self.wait_s else 0.0
 
     def to_json(self) -> dict:
         return {"total_s": self.total_s, "save_s": self.save_s, "redo_s": self.redo_s,
@@ -87,22 +93,38 @@ class SwitchCost:
                 "load_s": self.load_s, "warmup_s": self.warmup_s, "wait_s": self.wait_s}
 
 
+def not_up(old: Running | None, new: Running,
+           booting: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """VMs (per GPU type and zone) ``new`` needs that are not up when it replaces ``old``:
+    those ``old`` does not rent, and those of ``booting`` (VMs ``old`` rents that are still
+    starting) it takes."""
+    held = old.nodes if old is not None else {}
+    out = {}
+    for k, n in new.nodes.items():
+        up = held.get(k, 0) - booting.get(k, 0)
+        if n > up:
+            out[k] = n - up
+    return out
+
+
 def switch_cost(problem: Problem, old: Running | None, new: Running, *, forced: bool,
-                notice_s: float, since_checkpoint_s: float, pending_s: float = 0.0,
+                notice_s: float, since_checkpoint_s: float, under_way: bool = False,
+                booting: dict[tuple[str, str], int] | None = None, boot_left_s: float = 0.0,
                 lost_iterations: float = 0.0) -> SwitchCost:
     """Seconds without progress when ``new`` replaces ``old`` (None: the job was idle).
 
     A move the policy chooses saves first; a move forced by GPUs leaving saves only when the
     notice covers the save, otherwise the iterations since the last checkpoint are redone at
-    the new plan's speed. A move made while an earlier one still has ``pending_s`` to go has
-    nothing new to save, and ends no sooner than that one would have (its VMs may be the ones
-    still starting). ``lost_iterations``: work lost and not redone yet, redone on the new plan:
-    the work lost when the job stopped earlier without a checkpoint, and the part of an
-    earlier move's redo (its last part) not done when this move interrupts it (the caller
-    leaves that part out of ``pending_s``)."""
+    the new plan's speed. A move made while an earlier one is still ``under_way`` (before its
+    redo) has nothing new to save; it waits for the VMs that one is still starting
+    (``booting``, up in ``boot_left_s``) only when ``new`` takes some of them, and for no
+    longer than its own start-up of new VMs. ``lost_iterations``: work lost and not redone
+    yet, redone on the new plan (the last part of the move): the work lost when the job
+    stopped earlier without a checkpoint, and the part of an earlier move's redo not done
+    when this move interrupts it."""
     sw = problem.switching
     save = redo = 0.0
-    if old is not None and pending_s <= 0:
+    if old is not None and not under_way:
         if not forced or notice_s >= old.save_s:
             save = old.save_s
         else:
@@ -110,11 +132,14 @@ def switch_cost(problem: Problem, old: Running | None, new: Running, *, forced: 
     redo += lost_iterations * new.iteration_time_s
     held = old.nodes if old is not None else {}
     startup = sw.node_startup if any(n > held.get(k, 0) for k, n in new.nodes.items()) else 0.0
-    cost = SwitchCost(save_s=save, redo_s=redo, restart_s=sw.restart, startup_s=startup,
-                      load_s=new.load_s, warmup_s=sw.warmup_iterations * new.iteration_time_s)
-    if pending_s > cost.total_s:
-        cost = replace(cost, wait_s=pending_s - cost.total_s)
-    return cost
+    wait = 0.0
+    if boot_left_s > 0 and booting and any(
+            n > held.get(k, 0) - booting.get(k, 0) and booting.get(k, 0) > 0
+            for k, n in new.nodes.items()):
+        wait = max(0.0, boot_left_s - startup)
+    return SwitchCost(save_s=save, redo_s=redo, restart_s=sw.restart, startup_s=startup,
+                      load_s=new.load_s, warmup_s=sw.warmup_iterations * new.iteration_time_s,
+                      wait_s=wait)
 
 
 def loss_gaps_s(times: list[float], avails: list[dict], prior_s: float) -> list[float]:

@@ -23,7 +23,7 @@ import numpy as np
 
 from shoal import catalog
 from shoal.errors import SpecError, close_match
-from shoal.files import read_document
+from shoal.files import read_document, read_text
 from shoal.problem import Problem
 
 Pair = tuple[str, str]  # (canonical GPU name, zone)
@@ -131,12 +131,7 @@ def load_trace(path: str | Path, problem: Problem, *, gpu: str | None = None,
 
 
 def _read_text(p: Path) -> str:
-    if not p.is_file():
-        raise SpecError("trace not found", file=str(p))
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise SpecError("not a text file", file=str(p), allowed=_FORMATS) from None
+    text = read_text(p, "trace", _FORMATS)
     if not text.strip():
         raise SpecError("empty trace: no rows", file=str(p), field="line 1", allowed=_FORMATS)
     return text
@@ -171,9 +166,11 @@ def _sailor_csv(rows: list[tuple[int, list[str]]], file: str, problem: Problem) 
                             file=file, field=f"line {line}", value=len(row))
         where = f"line {line}, column {header[t_col]}"
         t = _seconds(row[t_col], file, where)
-        if times and t <= times[-1]:
-            raise SpecError("timestamps must increase from row to row", file=file, field=where,
-                            value=row[t_col].strip(), allowed=f"a time after {times[-1]!r}")
+        # to the microsecond, as the states keep them (below)
+        if times and round(t - times[0], 6) <= round(times[-1] - times[0], 6):
+            raise SpecError("timestamps must increase from row to row (to the microsecond)",
+                            file=file, field=where, value=row[t_col].strip(),
+                            allowed=f"a time at least 1 us after {times[-1]!r}")
         avail = dict.fromkeys(problem.avail, 0)
         for i, pair in columns:
             avail[pair] = _count(row[i], file, f"line {line}, column {header[i]}")
@@ -230,10 +227,11 @@ def _controller_json(text: str, file: str, problem: Problem, gpu: str | None,
     states: list[State] = []
     for item, line in zip(data, lines):
         where = f"line {line}"
+        if isinstance(item, dict):  # a misspelt key first, with its close match
+            _known_keys(item, _CONTROLLER_KEYS, file, lambda key, w=where: f"{w}, key {key}")
         if not isinstance(item, dict) or "Time" not in item or "GPUs" not in item:
             raise SpecError("expected an entry with Time and GPUs", file=file, field=where,
                             value=item, allowed='{"Time": seconds, "GPUs": count}')
-        _known_keys(item, _CONTROLLER_KEYS, file, lambda key, w=where: f"{w}, key {key}")
         for key in _CONTROLLER_KEYS:
             if not isinstance(item[key], int | float) or isinstance(item[key], bool):
                 raise SpecError("expected a JSON number", file=file, field=f"{where}, key {key}",

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from shoal.errors import SpecError
-from shoal.files import read_json
+from shoal.files import read_json, read_text
 from shoal.serving.cluster import Cluster
 from shoal.serving.placement import Placement
 
@@ -62,10 +62,7 @@ def _capacity(file: Path, field: str, read, allowed: str):
 def _ini(path: Path) -> configparser.ConfigParser:
     cp = configparser.ConfigParser(inline_comment_prefixes=("#",))
     cp.optionxform = str  # keep the case of keys
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (FileNotFoundError, IsADirectoryError):
-        raise SpecError("file not found", file=str(path)) from None
+    text = read_text(path, "file", "a UTF-8 INI file")
     try:
         cp.read_string(text, source=str(path))
     except configparser.Error as exc:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from shoal import catalog
 from shoal.errors import SpecError
-from shoal.files import read_json
+from shoal.files import read_json, read_text
 from shoal.profiles.compute import PROFILE_SCHEMA
 
 _NETWORK_FILES = ("network_coeffs_all_homo.json", "multizone_bandwidths_het.json",
@@ -183,12 +183,7 @@ def _check_coverage(net: dict, pairs: list[tuple[str, str]], where: Path) -> Non
 
 def read_trace_row(path: Path, step: int) -> dict[tuple[str, str], int]:
     """One availability state of a Sailor CSV trace: (gpu, zone) -> count."""
-    try:
-        rows = list(csv.reader(path.open()))
-    except FileNotFoundError:
-        raise SpecError("trace not found", file=str(path)) from None
-    except UnicodeDecodeError:
-        raise SpecError("not a CSV trace", file=str(path)) from None
+    rows = list(csv.reader(read_text(path, "trace", "a UTF-8 CSV trace").splitlines()))
     if rows and ("Timestamp" not in rows[0] or not any("_" in c for c in rows[0])):
         raise SpecError("not a CSV availability trace", file=str(path),
                         allowed="a header ',Timestamp,<GPU>_<zone>,...' (JSON controller traces "

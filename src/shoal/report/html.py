@@ -220,7 +220,7 @@ def build(inputs: list[Path], out: Path, title: str | None = None) -> Path:
             raise SpecError("not a shoal result (a YAML file: a scenario or serving file, say): "
                             "run the command with --json and save its output", file=str(path),
                             allowed=", ".join(KINDS))
-        doc = read_json(path, "input")
+        doc = read_json(path, "result file")
         kind = kind_of(doc)
         if kind is None:
             if "final_loss" in doc:

@@ -22,6 +22,7 @@ import numpy as np
 
 from shoal.catalog import GPU
 from shoal.errors import SpecError
+from shoal.files import read_text
 from shoal.specs.model import ModelSpec
 
 
@@ -35,10 +36,7 @@ def layer_params(m: ModelSpec) -> float:
 
 def read_profile(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """(x, seconds per layer) from a two-column CSV of x and milliseconds, sorted by x."""
-    try:
-        rows = list(csv.reader(path.read_text(encoding="utf-8-sig").splitlines()))
-    except (FileNotFoundError, IsADirectoryError):
-        raise SpecError("profile file not found", file=str(path)) from None
+    rows = list(csv.reader(read_text(path, "profile file", "a UTF-8 CSV").splitlines()))
     pts = []
     for n, r in enumerate(rows, 1):
         if not r or not r[0].strip():

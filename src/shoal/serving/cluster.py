@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shoal.errors import SpecError
+from shoal.errors import SpecError, close_match
 from shoal.serving.spec import COORDINATOR, ServingSpec
 
 
@@ -150,6 +150,21 @@ def _machines(spec: ServingSpec, file: str | None) -> dict[str, MachineModel]:
     return out
 
 
+def _coordinator_region(spec: ServingSpec, regions: list[str], file: str | None) -> str:
+    """The coordinator's region: as given, which must be a region of the nodes; unsaid, the
+    nodes' one region, or when they are in several, a region of its own (every node then
+    reaches it by ``between``)."""
+    known = list(dict.fromkeys(regions))
+    if "region" in spec.coordinator.model_fields_set:
+        region = spec.coordinator.region
+        if region not in known:
+            raise SpecError("no node is in this region", file=file, field="coordinator.region",
+                            value=region, allowed=", ".join(known),
+                            suggestion=close_match(region, known))
+        return region
+    return known[0] if len(known) == 1 else spec.coordinator.region
+
+
 def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
     names: list[str] = []
     machines: list[str] = []
@@ -165,6 +180,7 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
             machines.append(g.machine)
             regions.append(g.region)
             hosts.append(g.host)
+    home = _coordinator_region(spec, regions, file)
     seen: set[str] = set()
     for nm in names:
         if nm in seen or nm == COORDINATOR:
@@ -201,8 +217,7 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
                     sel = mask.copy()
                     sel[i] = False
                     bw[i, sel], lat[i, sel] = cls.bandwidth, cls.latency
-            cc = lk.coordinator or (lk.within if regions[i] == spec.coordinator.region
-                                    else lk.between)
+            cc = lk.coordinator or (lk.within if regions[i] == home else lk.between)
             if cc is not None:
                 cbw[i], clat[i] = cc.bandwidth, cc.latency
     pos = {nm: i for i, nm in enumerate(names)}

@@ -169,8 +169,10 @@ class CoordinatorSpec(BaseModel):
     address: str | None = Field(
         default=None, description="HOST:PORT where `shoal serve run` listens for workers, as "
                                   "nodes with a `host` reach it (needed when a node has one)")
-    region: str = Field(default="default", description="region of the coordinator: picks the "
-                                                       "within or between link to each node")
+    region: str = Field(default="default", description="region of the coordinator, one of the "
+                                                       "nodes' (unsaid: theirs when they are in "
+                                                       "one, else a region of its own): picks "
+                                                       "the within or between link to each node")
     nic_in: BytesPerSecond | None = Field(default=None,
                                           description="inbound NIC bandwidth of the coordinator")
     nic_out: BytesPerSecond | None = Field(default=None,

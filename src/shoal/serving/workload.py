@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from shoal.errors import SpecError
+from shoal.files import read_text
 
 INTERVAL_S = 3.0
 
@@ -33,11 +34,7 @@ class Workload:
 
 
 def _rows(path: Path, cols: tuple[str, str]) -> np.ndarray:
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except (FileNotFoundError, IsADirectoryError):
-        raise SpecError("file not found", file=str(path)) from None
-    rows = list(csv.reader(text.splitlines()))
+    rows = list(csv.reader(read_text(path, "file", "a UTF-8 CSV").splitlines()))
     if not rows or [c.strip() for c in rows[0]][:2] != list(cols):
         raise SpecError("expected a CSV with the header " + ",".join(cols), file=str(path),
                         value=",".join(rows[0]) if rows else "")
@@ -72,10 +69,7 @@ def load_arrivals(path: Path) -> np.ndarray:
 def load_trace(path: Path) -> Workload:
     """Requests one per row (``arrival_s,input_tokens,output_tokens``), arrivals in seconds from
     the start and in order: the same trace for ``serve run`` and ``serve simulate``."""
-    try:
-        rows = list(csv.reader(Path(path).read_text(encoding="utf-8-sig").splitlines()))
-    except (FileNotFoundError, IsADirectoryError):
-        raise SpecError("file not found", file=str(path)) from None
+    rows = list(csv.reader(read_text(path, "file", "a UTF-8 CSV").splitlines()))
     cols = ["arrival_s", "input_tokens", "output_tokens"]
     if not rows or [c.strip() for c in rows[0]][:3] != cols:
         raise SpecError("expected a CSV with the header " + ",".join(cols), file=str(path),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import numpy as np
 from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from shoal import units
@@ -41,8 +42,26 @@ FlopsPerSecond = Annotated[
     float, BeforeValidator(_wrap(units.parse_flops)), Field(gt=0),
     _unit_schema("312TFLOPS", "FLOP/s, or a string with GFLOPS/TFLOPS/PFLOPS"),
 ]
-PositiveInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
+
+
+def _whole(v):
+    """A count as written: true/false and text are refused (pydantic would read them as 1/0 and
+    as the number they spell)."""
+    if isinstance(v, bool | str):
+        raise ValueError(f"expected a whole number, not {'true or false' if isinstance(v, bool) else 'text'}")
+    return v
+
+
+def _flag(v):
+    """A yes/no as written: true or false only (pydantic would also read 'yes', 1, 'off')."""
+    if not isinstance(v, bool | np.bool_):
+        raise ValueError("expected true or false")
+    return bool(v)
+
+
+PositiveInt = Annotated[int, BeforeValidator(_whole), Field(gt=0)]
+NonNegInt = Annotated[int, BeforeValidator(_whole), Field(ge=0)]
+Flag = Annotated[bool, BeforeValidator(_flag)]
 
 STRICT = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

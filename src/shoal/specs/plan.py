@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from shoal.specs._types import STRICT, NonNegInt, PositiveInt
+from shoal.specs._types import STRICT, Flag, NonNegInt, PositiveInt
 
 PLAN_SCHEMA = "shoal/training-plan@1"
 
@@ -114,7 +114,7 @@ class TrainingPlan(BaseModel):
         "with the chunks not in use and the layer-boundary activations offloaded to host memory")
     ministages: PositiveInt = Field(
         default=1, description="chunks per stage under the zorse schedule (1 for the others)")
-    recompute: bool = Field(default=False, description="activation recompute for this plan; must "
+    recompute: Flag = Field(default=False, description="activation recompute for this plan; must "
                                                        "be allowed by job.recompute")
     zero_stage: Literal[0, 1, 2, 3] = Field(
         default=0, description="ZeRO stage for this plan; must be allowed by job.zero_stage")

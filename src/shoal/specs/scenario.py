@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from types import UnionType
+from typing import Annotated, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -110,15 +111,54 @@ def spec_error_from_validation(exc: ValidationError, file: str | None,
         # the field of the same table the file leaves out, or any of the table's own
         missing = [str(e["loc"][-1]) for e in errors if e["type"] == "missing"
                    and tuple(e["loc"][:-1]) == tuple(err["loc"][:-1])]
-        top = ([f.alias or n for n, f in cls.model_fields.items()]
-               if cls is not None and len(err["loc"]) == 1 else [])
+        own = _fields_at(cls, err["loc"][:-1]) if cls is not None else []
         suggestion = close_match(str(err["loc"][-1]), missing) or close_match(
-            str(err["loc"][-1]), top)
+            str(err["loc"][-1]), own)
     more = len(errors) - 1
     if more:
         msg += f" (and {more} more problem{'s' if more > 1 else ''})"
     return SpecError(msg, file=file, field=".".join(loc) or None, value=err.get("input")
                      if not isinstance(err.get("input"), dict) else None, suggestion=suggestion)
+
+
+def _fields_at(cls: type[BaseModel], loc) -> list[str]:
+    """The keys (aliases first) of the table at ``loc`` inside ``cls``'s documents: the path
+    goes through model fields, list items (an index) and mapping values (a key); [] where it
+    leads to no model."""
+    ann: object = cls
+    keys = list(loc)
+    while True:
+        ann = _through_wrappers(ann)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            if not keys:
+                return [f.alias or n for n, f in ann.model_fields.items()]
+            key = keys.pop(0)
+            field = next((f for n, f in ann.model_fields.items() if key in (n, f.alias)), None)
+            if field is None:
+                return []
+            ann = field.annotation
+        elif get_origin(ann) in (list, tuple, set, dict) and keys:
+            keys.pop(0)  # an index or a mapping's key: the item's type
+            ann = get_args(ann)[-1] if get_args(ann) else None
+        else:
+            return []
+
+
+def _through_wrappers(ann: object) -> object:
+    """``ann`` with Annotated, Optional and unions of one model or container taken off."""
+    while True:
+        origin = get_origin(ann)
+        if origin is Annotated:
+            ann = get_args(ann)[0]
+        elif origin in (Union, UnionType):
+            inner = [a for a in get_args(ann) if a is not type(None)
+                     and (isinstance(a, type) and issubclass(a, BaseModel)
+                          or get_origin(a) in (list, tuple, set, dict, Annotated))]
+            if not inner:
+                return ann
+            ann = inner[0]
+        else:
+            return ann
 
 
 def validated(cls: type[BaseModel], data: dict, file: str | None = None):

@@ -310,14 +310,11 @@ def load_requests(path) -> list[tuple[float, int]]:
     """Prefill requests from a CSV with the header ``arrival_s,prompt_tokens`` (arrivals sorted,
     non-negative; prompts > 0); every problem is a SpecError naming the line."""
     import csv
-    from pathlib import Path
 
     from shoal.errors import SpecError
+    from shoal.files import read_text
 
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except (FileNotFoundError, IsADirectoryError):
-        raise SpecError("file not found", file=str(path)) from None
+    text = read_text(path, "file", "a UTF-8 CSV")
     rows = list(csv.reader(text.splitlines()))
     if not rows or [c.strip() for c in rows[0]][:2] != ["arrival_s", "prompt_tokens"]:
         raise SpecError("expected a CSV with the header arrival_s,prompt_tokens", file=str(path),

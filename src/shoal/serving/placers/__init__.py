@@ -117,7 +117,8 @@ def place(cluster: Cluster, placer: str = "auto", *, time_limit_s: float = 60.0,
         raise InfeasibleError(why.get(placer, f"the {placer} placer found no placement that "
                                               "serves the model within the time limit"),
                               binding="placement",
-                              relaxation="try --placer auto or a longer --time-limit")
+                              relaxation="try --placer auto" + (
+                                  "" if placer in why else " or a longer --time-limit"))
     fl = max_flow(cluster, pl)
     if fl.value <= 0:
         why, fix = no_flow_reason(cluster, pl)
@@ -131,7 +132,8 @@ def no_flow_reason(cluster: Cluster, pl: Placement) -> tuple[str, str]:
     gaps = pl.uncovered_text(cluster)
     if gaps:
         return (f"layers {gaps} are on no node",
-                "try --placer auto, or nodes with more memory, or allow partial inference")
+                "place the layers with `shoal serve plan --placer auto`, or nodes with more "
+                "memory, or allow partial inference")
     first = [i for i, r in enumerate(pl.ranges) if r is not None and r[0] == 0]
     last = [i for i, r in enumerate(pl.ranges) if r is not None and r[1] == cluster.layers]
     if not any(cluster.src[i] > 0 for i in first) or not any(cluster.snk[i] > 0 for i in last):
@@ -142,9 +144,22 @@ def no_flow_reason(cluster: Cluster, pl: Placement) -> tuple[str, str]:
         return ("no node has a link to another, and no node holds every layer",
                 "give the serving file's links a `within` class (and `between` for nodes in "
                 "two regions)")
+    # a token's layers pass from node to node, each range starting where the one before ends
+    reached, todo = {0}, [0]
+    while todo:
+        at = todo.pop()
+        for r in pl.ranges:
+            if r is not None and r[0] == at and r[1] not in reached:
+                reached.add(r[1])
+                todo.append(r[1])
+    if cluster.layers not in reached and not cluster.partial:
+        return (f"no nodes' layer ranges follow one another, each starting where the one before "
+                f"ends, from layer 0 to {cluster.layers} (they reach layer {max(reached)} at most)",
+                "place the layers with `shoal serve plan --placer auto` (or petals with another "
+                "--seed), or allow partial inference")
     return ("no chain of linked nodes covers every layer",
             "link the nodes holding consecutive layers (the serving file's links: `within`, "
-            "`between` or `pairs`), or try --placer auto")
+            "`between` or `pairs`), or place with `shoal serve plan --placer auto`")
 
 
 SIM_WARMUP_S, SIM_WINDOW_S = 60.0, 300.0  # decode objective: each candidate's offline run

@@ -21,6 +21,7 @@ from shoal.training.planners.common import (
     SearchStats,
     finish,
     pareto,
+    top,
 )
 from shoal.training.planners.refine import refine_best
 from shoal.training.planners.space import Space, mbs_options
@@ -95,8 +96,11 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     ev.max_pairs = max_pairs
     ev.front = front
     if not space.kinds:
-        raise InfeasibleError("the pool has no GPUs the job can use", binding="pool",
-                              relaxation="add GPUs (with bf16 support for a mixed-bf16 job)")
+        bf16 = problem.job.precision == "mixed-bf16"
+        raise InfeasibleError("the pool has no GPUs the job can use" + (
+            " (a mixed-bf16 job needs GPUs with bf16)" if bf16 and any(problem.avail.values())
+            else ""),
+            binding="pool", relaxation="add GPUs to the pool" + (" with bf16" if bf16 else ""))
     if seeds:
         ev.cost(list(dict.fromkeys(seeds)))
     full = strategy == "auto" and max_pairs is None
@@ -137,7 +141,9 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
     fastest search misses the cheap end, and plans between); the front returned is the plans
     that no plan of any of the searches beats in both throughput and cost per iteration.
     ``budget_s`` counts from ``result``'s start, as ``search``'s does; the statistics add up
-    all the searches. The ranked plans are ``result``'s."""
+    all the searches. The ranked plans are ``result``'s, with any plan of the other searches
+    (which keep to the same constraints) that ranks above them under ``result``'s objective:
+    a plan on the front never beats the first ranked."""
     st = result.stats
     found = list(result.pareto)
     for goal in OBJECTIVES:
@@ -162,7 +168,9 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
         st.timed_out = st.timed_out or o.timed_out
         found += other.pareto
     st.search_time_s = time.perf_counter() - st.started
-    return SearchResult(ranked=result.ranked, pareto=pareto(found), stats=st,
+    ranked = top(list({c.spec: c for c in [*result.ranked, *found]}.values()),
+                 result.objective, len(result.ranked))
+    return SearchResult(ranked=ranked, pareto=pareto(found), stats=st,
                         objective=result.objective)
 
 

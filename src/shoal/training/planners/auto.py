@@ -1048,7 +1048,12 @@ class _BranchAndBound:
         ev = self.ev
         idx = np.nonzero(mask)[0]
         idx = idx[np.argsort(key[idx], kind="stable")]
-        levels = 1 if objective == "max-throughput" else 4
+        # the fastest allocation of a pair, or under a cost or GPU cap (which may rule the
+        # fastest out while a cheaper one fits) and the cost objectives, the cheapest under
+        # several bottleneck bounds
+        cons = ev.constraints
+        capped = cons.max_cost_per_iteration_usd is not None or cons.max_gpus is not None
+        levels = 1 if objective == "max-throughput" and not capped else 4
         L = self.space.problem.n_layers
         i = 0
         while i < len(idx):

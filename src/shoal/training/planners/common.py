@@ -332,8 +332,25 @@ def finish(ev: Evaluator, objective: str, top_k: int) -> SearchResult:
     cands = list(ev.feasible.values())
     if not cands:
         raise infeasible(ev)
-    ranked = sorted(cands, key=lambda c: score(c, objective))[:top_k]
-    return SearchResult(ranked=ranked, pareto=pareto(cands), stats=ev.stats, objective=objective)
+    return SearchResult(ranked=top(cands, objective, top_k), pareto=pareto(cands),
+                        stats=ev.stats, objective=objective)
+
+
+def top(cands: list[Candidate], objective: str, k: int) -> list[Candidate]:
+    """The ``k`` best of ``cands`` under ``objective``; of plans alike in everything a user
+    sees (stages, GPUs per type and zone, speed and cost: replicas swapped between zones, say),
+    the first only."""
+    out, seen = [], set()
+    for c in sorted(cands, key=lambda c: score(c, objective)):
+        plan = c.plan
+        key = (plan.summary(), tuple(sorted(plan.gpu_counts().items())),
+               f"{c.iteration_time_s:.12g}", f"{c.cost_usd:.12g}")
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+            if len(out) == k:
+                break
+    return out
 
 
 def rounded(x: float, up: bool, digits: int = 4) -> str:
@@ -402,11 +419,15 @@ def infeasible(ev: Evaluator) -> InfeasibleError:
         need_s = c.deadline.iterations / thr if thr > 0 else float("inf")
         most = int(thr * c.deadline.within)
         parts.append(("deadline", f"--within {rounded(need_s / 3600, up=True)}h "
-                                  f"(the fastest plan that meets the other constraints runs "
+                                  f"(the fastest plan found that meets the other constraints runs "
                                   f"{thr:.4g} iterations/s)"
                       + (f", or at most {most} iterations" if most >= 1 else "")))
     if not parts:
         parts.append(("constraints together", "relax one of the constraints"))
     binding, relax = parts[0]
-    return InfeasibleError(f"no plan meets the constraints ({ev.fits} plans fit in memory)",
-                           binding=binding, relaxation=relax)
+    reason = f"no plan meets the constraints ({ev.fits} plans fit in memory)"
+    if st.truncated:  # the relaxation is of the plans found before the cut
+        reason += ("; the search was cut short by its time budget, so a plan that meets them "
+                   "may still exist")
+        relax += "; or raise the search's time budget (--budget)"
+    return InfeasibleError(reason, binding=binding, relaxation=relax)

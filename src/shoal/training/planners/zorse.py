@@ -43,6 +43,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from shoal.errors import InfeasibleError
 from shoal.estimate import general, ministage
 from shoal.estimate.api import run_kernel
 from shoal.estimate.encode import encode_specs, schedule_key
@@ -54,6 +55,9 @@ from shoal.training.planners.space import Space
 SAME_TYPE_BONUS = 1.01
 MINISTAGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # tried under the zorse schedule
 MESSAGE = 64e6  # bytes at which link bandwidths are compared
+# SPLIT's minimum cuts take O(n^3) time and an n x n matrix over the pool's nodes: pools of more
+# nodes get no Zorse plans (one cut over 1,024 nodes: 0.6 s on a 2-core machine, 5.8 s over 2,048)
+MAX_NODES = 1024
 
 
 def nodes(space: Space) -> list[tuple[str, str, int]]:
@@ -340,6 +344,13 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
     vertices = nodes(space)
     if not vertices:
         return
+    if len(vertices) > MAX_NODES:
+        if ev.stats.strategy == "zorse":
+            raise InfeasibleError(
+                f"the pool has {len(vertices):,} nodes; Zorse's grouping (minimum cuts over the "
+                f"nodes) takes at most {MAX_NODES:,}", binding="pool",
+                relaxation=f"--strategy auto, or a pool of at most {MAX_NODES:,} nodes")
+        return  # auto: the other strategies' plans only
     most = min(max_stages or problem.n_layers, problem.n_layers)
     key = (tuple(vertices), most)
     if key not in space.splits:
