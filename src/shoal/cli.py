@@ -924,11 +924,14 @@ def profile(
         raise SpecError("only the CPU is available to this build", field="--device",
                         value=device, allowed="cpu")
     spec = catalog.models().get(model, field="--model")
-    try:
-        tps = [int(x) for x in tp.split(",")]
-        sizes = [int(x) for x in mbs.split(",")]
-    except ValueError:
-        raise SpecError("expected integers separated by commas", field="--tp/--mbs") from None
+    lists = {}
+    for text, option in ((tp, "--tp"), (mbs, "--mbs")):
+        try:
+            lists[option] = [int(x) for x in text.split(",")]
+        except ValueError:
+            raise SpecError("expected whole numbers separated by commas", field=option,
+                            value=text, allowed="say 1,2,4") from None
+    tps, sizes = lists["--tp"], lists["--mbs"]
     for values, option in ((tps, "--tp"), (sizes, "--mbs")):
         if min(values) < 1:
             raise SpecError("must be at least 1", field=option, value=min(values))

@@ -26,13 +26,14 @@ class GeoSchedule(StrEnum):
 MAX_REQUESTS = 200_000  # prefill requests one `--rate` run generates at most
 
 
-def _seconds(text: str, option: str) -> float:
+def _seconds(text: str, option: str, positive: bool = False) -> float:
+    """A time option's seconds (``positive``: more than 0, else 0 or more)."""
     try:
         v = parse_seconds(text)
     except Exception as exc:  # units.UnitError
         raise SpecError(str(exc), field=option, value=text) from None
-    if v < 0:
-        raise SpecError("must be >= 0", field=option, value=text)
+    if v < 0 or (positive and v == 0):
+        raise SpecError("must be > 0" if positive else "must be >= 0", field=option, value=text)
     return v
 
 
@@ -90,9 +91,7 @@ def bubbles_cmd(
         if not (0 < rate < math.inf):
             raise SpecError("must be a positive number", field="--rate", value=rate,
                             allowed="requests per second > 0")
-        length = _seconds(duration, "--duration")
-        if length <= 0:
-            raise SpecError("must be > 0", field="--duration", value=duration)
+        length = _seconds(duration, "--duration", positive=True)
         if rate * length > MAX_REQUESTS:
             raise SpecError(f"{rate:g}/s for {duration} is {rate * length:,.0f} requests, "
                             "more than one run places", field="--rate", value=rate,

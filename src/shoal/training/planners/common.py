@@ -407,13 +407,16 @@ def infeasible(ev: Evaluator) -> InfeasibleError:
     if (c.min_iters_per_s is not None and best_thr is not None
             and best_thr.throughput_iters_per_s < c.min_iters_per_s):
         parts.append(("min iterations/s", "min_iters_per_s <= "
-                      + rounded(best_thr.throughput_iters_per_s, up=False)))
+                      + rounded(best_thr.throughput_iters_per_s, up=False)
+                      + " (--min-throughput on the command line)"))
     if (c.max_cost_per_iteration_usd is not None and cheapest is not None
             and cheapest.cost_usd > c.max_cost_per_iteration_usd):
         parts.append(("max $/iteration", "max_cost_per_iteration_usd >= "
-                      + rounded(cheapest.cost_usd, up=True)))
+                      + rounded(cheapest.cost_usd, up=True)
+                      + " (--max-cost-per-iter on the command line)"))
     if c.max_gpus is not None and c.max_gpus < sum(ev.problem.avail.values()):
-        parts.append(("max GPUs", f"max_gpus > {c.max_gpus}"))  # a cap below the pool may bind
+        parts.append(("max GPUs", f"max_gpus > {c.max_gpus} (--max-gpus on the command "
+                                  "line)"))  # a cap below the pool may bind
     if c.deadline is not None and best_thr is not None:
         thr = best_thr.throughput_iters_per_s
         need_s = c.deadline.iterations / thr if thr > 0 else float("inf")
