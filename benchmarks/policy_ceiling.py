@@ -121,7 +121,7 @@ class Informed:
 
     def __call__(self, policy, problem, objective, cur, options, *, forced, notice_s,
                  since_checkpoint_s, seen, pending_s=0.0, owed_s=0.0, known=None,
-                 booting=None, boot_left_s=0.0, lost_iterations=0.0):
+                 booting=None, boot_left_s=0.0, save_left_s=0.0, lost_iterations=0.0):
         avail = seen[-1].avail
         s = self.index[tuple(avail.get(k, 0) for k in self.keys)]
         best, value = None, -np.inf  # idle only when no plan fits
@@ -135,7 +135,8 @@ class Informed:
             c = switch_cost(problem, cur, r, forced=forced, notice_s=notice_s,
                             since_checkpoint_s=since_checkpoint_s,
                             under_way=pending_s - owed_s > 0, booting=booting,
-                            boot_left_s=boot_left_s, lost_iterations=owed + lost_iterations).total_s
+                            boot_left_s=boot_left_s, save_left_s=save_left_s,
+                            lost_iterations=owed + lost_iterations).total_s
             v = self.V[s, q] - c * self.thr[q]
             if v > value:
                 best, value = r, v

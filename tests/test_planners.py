@@ -571,3 +571,22 @@ def test_a_strategy_that_misses_plans_other_searches_find_says_so():
     with pytest.raises(InfeasibleError) as e:
         search(pb, strategy="sailor", objective="min-cost", constraints=cons)
     assert e.value.binding == "search strategy" and "--strategy auto" in e.value.relaxation
+
+
+def test_plans_alike_in_all_a_user_sees_are_ranked_once():
+    """The same stages, GPUs per type and zone, speed and cost (replicas dealt to the zones in
+    another order, say) take one place in the ranking; a plan that differs in any of them
+    keeps its own."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from shoal.training.planners.common import top
+
+    pb = load_problem(Path(__file__).parents[1] / "examples" / "opt350m-two-zones.yaml")
+    c = search(pb, objective="max-throughput").ranked[0]  # replicas in two zones
+    mb, sched, rc, zero, stages = c.spec
+    flipped = (mb, sched, rc, zero, tuple((a, b, tuple(reversed(reps))) for a, b, reps in stages))
+    alike = replace(c, spec=flipped)
+    assert alike.spec != c.spec and alike.plan.summary() == c.plan.summary()
+    dearer = replace(c, spec=flipped, cost_egress_usd=c.cost_egress_usd + 1.0)
+    assert top([c, alike, dearer], "max-throughput", 3) == [c, dearer]

@@ -39,6 +39,7 @@ from shoal.problem import build_problem
 from shoal.specs.scenario import parse_scenario
 from shoal.training.planners import Reuse, search
 from shoal.training.planners.common import usage
+from shoal.units import parse_bandwidth
 
 A, B = "us-central1-a", "us-central1-b"
 A100, V100 = "A100-40GB", "V100-16GB"
@@ -489,6 +490,55 @@ def test_replay_accounting(problem, replanner, pools, gaps, notices, policy):
     assert sum(s.duration_s for s in rep.steps) == pytest.approx(tr.end_s)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(pools=st.lists(st.tuples(COUNTS, COUNTS, COUNTS, COUNTS), min_size=2, max_size=7),
+       gaps=st.lists(st.sampled_from([1.0, 5.0, 20.0, 60.0, 170.0, 200.0, 900.0]), min_size=7,
+                     max_size=7),
+       notices=st.lists(st.sampled_from([0.0, 1.0, 30.0, 120.0]), min_size=7, max_size=7),
+       every=st.sampled_from(["auto", 60.0, 600.0, 1800.0]),
+       storage=st.sampled_from([None, "2MB/s"]))  # saves of 0.1-0.2 s, or of 45-180 s
+def test_the_oracles_program_counts_its_plans_as_the_replay_does(problem, replanner, pools, gaps,
+                                                                 notices, every, storage):
+    """The oracle's dynamic program keeps its own accounts (switching carried over, waits for
+    a checkpoint being written and VMs starting, redo owed, checkpoints, lost work at the end):
+    for the plans it chooses, and for plans chosen at random (stays, moves, stops, many during
+    a switch), its tokens are the replay's, on traces of changes 1 s to 15 min apart."""
+    sw = {"checkpoint_interval": every}
+    if storage is not None:
+        sw["storage_bandwidth"] = parse_bandwidth(storage)
+    pb = replace(problem, switching=problem.switching.model_copy(update=sw))
+    rp = Replanner(pb, reuse=replanner.reuse)  # the same tables: the problem differs only there
+    times = [0.0]
+    for g in gaps[:len(pools) - 1]:
+        times.append(times[-1] + g)
+    tr = trace([(t, pool(*q)) for t, q in zip(times, pools, strict=True)], times[-1] + gaps[-1],
+               notice=dict(enumerate(notices)))
+    if not any(sum(q) for q in pools):
+        return
+    opts = plan_trace(pb, tr, rp)
+    totals: list[float] = []
+    oracle_choices(pb, tr, opts, totals)
+    rep = simulate(pb, tr, opts, "oracle")
+    assert rep.tokens == pytest.approx(totals[0], rel=1e-9, abs=1e-3)
+    plans = list({r.cand.spec: r for o in opts for r in o}.values())
+    rng = np.random.default_rng(len(pools) + int(sum(gaps)))
+    for _ in range(4):
+        picks: list = []
+
+        def pick(policy, problem, objective, cur, options, *, forced, picks=picks, **_):
+            fit = [r for r in plans if r.fits(tr.states[len(picks)].avail)]
+            choices = [*fit, None] + ([cur] * 3 if cur is not None and not forced else [])
+            picks.append(choices[int(rng.integers(len(choices)))])
+            return picks[-1]
+
+        rep = simulate(pb, tr, opts, "always", chooser=pick)
+        totals = []
+        oracle_choices(pb, tr, opts, totals,
+                       follow=[None if q is None else q.cand.spec for q in picks])
+        assert rep.tokens == pytest.approx(totals[0], rel=1e-9, abs=1e-3)
+
+
 # ------------------------------------------------------------------------------ command line
 
 runner = CliRunner()
@@ -695,3 +745,41 @@ def test_work_lost_by_the_end_of_the_trace_is_not_counted(problem, replanner):
     c = simulate(slow, short, plan_trace(slow, short, rp), "never")
     assert c.steps[2].switch.total_s > 100.0
     assert c.lost_tokens == pytest.approx(a.lost_tokens)
+
+
+def test_a_move_during_a_save_waits_for_the_checkpoint(problem, replanner):
+    """Two moves 2 s apart by choice, the first saving for longer than that: the second loads
+    the checkpoint the first is writing, so it waits for the rest of that save; together
+    they take no less switching than the one move straight to the last plan, and the oracle's
+    program, made to follow the same plans, counts the same tokens."""
+    pb = replace(problem, switching=problem.switching.model_copy(
+        update={"storage_bandwidth": parse_bandwidth("2MB/s")}))
+    rp = Replanner(pb, reuse=replanner.reuse)
+    tr = trace([(0.0, pool()), (1000.0, pool(4, 4, 4, 3)), (1002.0, pool(4, 4, 4, 2))],
+               2 * 3600.0)
+    opts = plan_trace(pb, tr, rp)
+    # three plans that fit every state and need no VM the first does not rent
+    first = opts[2][0]
+    ok = [r for r in {r.cand.spec: r for o in opts for r in o}.values()
+          if r.fits(tr.states[2].avail) and all(n <= first.nodes.get(k, 0)
+                                                  for k, n in r.nodes.items())]
+    assert len(ok) >= 3
+    a, b, c = ok[:3]
+
+    def run(seq):
+        picked = []
+
+        def pick(policy, problem, objective, cur, options, **_):
+            picked.append(seq[len(picked)])
+            return picked[-1]
+
+        return simulate(pb, tr, opts, "always", chooser=pick)
+
+    two = run([a, b, c])
+    one = run([a, a, c])
+    assert a.save_s > 2.0
+    assert two.steps[2].switch.wait_s == pytest.approx(a.save_s - 2.0)
+    assert two.switch_s >= one.switch_s - 1e-9
+    totals: list[float] = []
+    oracle_choices(pb, tr, opts, totals, follow=[a.cand.spec, b.cand.spec, c.cand.spec])
+    assert two.tokens == pytest.approx(totals[0], rel=1e-9, abs=1e-3)

@@ -829,8 +829,8 @@ def test_import_helix_warns_of_a_placement_that_leaves_layers_on_no_node(tmp_pat
 def test_the_coordinators_region_is_one_of_the_nodes():
     """``coordinator.region`` picks the within or between link to every node of a mesh: a
     region no node is in is refused with its close match; unsaid, it is the nodes' one region
-    (before, a region of its own, which left the coordinator unlinked without `between`), or,
-    over several, a region of its own that every node reaches by `between`."""
+    (before, 'default', which left the coordinator unlinked without `between`), or, over
+    several, 'default' (no node's here: every node reaches it by `between`)."""
     from shoal.errors import SpecError
 
     one = [{"machine": "big", "count": 2, "region": "r"}]
@@ -857,3 +857,12 @@ def test_no_flow_from_ranges_that_do_not_follow_one_another_says_so():
     why, fix = no_flow_reason(c, pl)
     assert "follow one another" in why and "layer 3 at most" in why
     assert "serve plan --placer auto" in fix and "link" not in fix
+
+
+def test_a_worker_for_an_unknown_node_names_the_file_and_the_nodes():
+    res = runner.invoke(app, ["serve", "worker", "examples/llama2-70b-mixed.serving.yaml",
+                              "--node", "A100-9"])
+    assert res.exit_code == 2, res.output
+    out = " ".join(res.output.split())
+    assert "llama2-70b-mixed.serving.yaml: --node: unknown node (got 'A100-9')" in out
+    assert "A100-0" in out

@@ -478,14 +478,29 @@ def test_every_text_input_refuses_a_folder_and_bytes_not_utf8_by_name(tmp_path, 
     with pytest.raises(SpecError, match="a folder, not a") as e:
         read(tmp_path)
     assert e.value.file == str(tmp_path)
+    with pytest.raises(SpecError, match="not found"):  # a file on the way to it
+        read(wide / "x.csv")
 
 
-@pytest.mark.parametrize("text, words", [("", "empty file"), ("# only a comment\n", "empty file"),
-                                         ("- a\n- b\n", "(got 'a list')"),
-                                         ("just words\n", "(got 'a string')")])
-def test_a_scenario_that_is_no_mapping_says_what_it_is(tmp_path, text, words):
-    f = tmp_path / "s.yaml"
+@pytest.mark.parametrize("name, text, words", [
+    ("s.yaml", "", "empty file"), ("s.yaml", "# only a comment\n", "empty file"),
+    ("s.json", "  \n", "empty file"), ("s.yaml", "null\n", "(got 'null')"),
+    ("s.yaml", "- a\n- b\n", "(got 'a list')"), ("s.yaml", "just words\n", "(got 'a string')")])
+def test_a_scenario_that_is_no_mapping_says_what_it_is(tmp_path, name, text, words):
+    f = tmp_path / name
     f.write_text(text)
     with pytest.raises(SpecError) as e:
         load_problem(f)
     assert words in str(e.value) and "NoneType" not in str(e.value)
+
+
+def test_settings_the_job_rules_out_are_spelt_as_in_the_files(scenario_dict):
+    """A plan's recompute against a job that allows only recompute: true and false as YAML
+    and JSON spell them, not Python's True and [True]."""
+    scenario_dict["job"]["recompute"] = [True]
+    pb = build(scenario_dict)
+    plan = TrainingPlan.model_validate({"microbatch_size": 1, "recompute": False, "stages": [
+        {"layers": [0, N_LAYERS], "replicas": [rep()]}]})
+    with pytest.raises(SpecError) as e:
+        validate_plan(pb, plan)
+    assert "(got false); allowed: true" in str(e.value)

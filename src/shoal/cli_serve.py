@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from shoal import cli_common as _cli
-from shoal.errors import SpecError
+from shoal.errors import SpecError, close_match
 
 serve_app = typer.Typer(no_args_is_help=True,
                         help="Serve a model over heterogeneous nodes: placement and max flow.")
@@ -502,7 +502,11 @@ def worker_cmd(
     from shoal.serving import live
 
     cluster = _load(serving)
-    i = cluster.index(node)
+    try:
+        i = cluster.index(node)
+    except SpecError as exc:
+        raise SpecError(exc.reason, file=str(serving), field="--node", value=node,
+                        allowed=exc.allowed, suggestion=close_match(node, cluster.names)) from None
     host = cluster.hosts[i]
     if host is None:
         raise SpecError("this node has no 'host': shoal serve run starts its worker itself",

@@ -39,8 +39,9 @@ class SpecError(ShoalError):
             where.append(self.field)
         head = ": ".join(where)
         text = f"{head}: {self.reason}" if head else self.reason
-        if self.value is not None:
-            text += f" (got {self.value!r})"
+        if self.value is not None:  # true/false as the files spell them
+            shown = str(self.value).lower() if isinstance(self.value, bool) else repr(self.value)
+            text += f" (got {shown})"
         if self.allowed:
             text += f"; allowed: {self.allowed}"
         if self.suggestion:

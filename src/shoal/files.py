@@ -20,8 +20,10 @@ def read_text(path: str | Path, what: str = "file", expected: str = "UTF-8 text"
         raise SpecError(f"a folder, not a {what}", file=str(p))
     try:
         return p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the second: a file on the way to it
         raise SpecError(f"{what} not found", file=str(p)) from None
+    except PermissionError:
+        raise SpecError(f"{what} cannot be read: permission denied", file=str(p)) from None
     except UnicodeDecodeError:
         raise SpecError(f"not a text file (expected {expected})", file=str(p)) from None
 
@@ -97,6 +99,8 @@ def read_document(path: str | Path) -> dict:
     """Read a YAML or JSON file into a mapping, or raise SpecError naming the file and line."""
     p = Path(path)
     text = read_text(p, "file", "UTF-8 YAML or JSON")
+    if not text.strip():
+        raise SpecError("empty file: no YAML or JSON document", file=str(p))
     try:
         data = (_loads_json(text, p) if p.suffix.lower() == ".json"
                 else yaml.load(text, Loader=_UniqueKeyLoader))
@@ -108,7 +112,8 @@ def read_document(path: str | Path) -> dict:
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(f"malformed YAML{where}: {problem}", file=str(p)) from None
-    if data is None:
+    if data is None and not any(ln.strip() and not ln.strip().startswith("#")
+                                for ln in text.splitlines()):  # blank, or comments only
         raise SpecError("empty file: no YAML or JSON document", file=str(p))
     if not isinstance(data, dict):
         raise SpecError("expected a mapping at the top level", file=str(p), value=_kind(data))
@@ -118,7 +123,7 @@ def read_document(path: str | Path) -> dict:
 def _kind(x: object) -> str:
     """What a document's top level is, in a user's words."""
     return {list: "a list", str: "a string", int: "a number", float: "a number",
-            bool: "true or false"}.get(type(x), type(x).__name__)
+            bool: "true or false", type(None): "null"}.get(type(x), type(x).__name__)
 
 
 def check_output(path: str | Path, option: str) -> Path:

@@ -208,11 +208,13 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
            options: list[Running], *, forced: bool, notice_s: float, since_checkpoint_s: float,
            seen: list[State], pending_s: float = 0.0, owed_s: float = 0.0,
            known: list[Running] | None = None, booting: dict | None = None,
-           boot_left_s: float = 0.0, lost_iterations: float = 0.0) -> Running | None:
+           boot_left_s: float = 0.0, save_left_s: float = 0.0,
+           lost_iterations: float = 0.0) -> Running | None:
     """The plan to run from this change on (``cur`` to keep it); not for ``oracle``.
     ``pending_s``: switching still under way, whose last ``owed_s`` (seconds at ``cur``'s
     speed) redo lost work, which a move carries to the new plan; ``booting``: VMs that
-    switch is still starting, up in ``boot_left_s`` (``switch_cost``); ``lost_iterations``:
+    switch is still starting, up in ``boot_left_s``, and its checkpoint written in
+    ``save_left_s`` (``switch_cost``); ``lost_iterations``:
     work lost when the job stopped, redone when it starts again.
 
     ``shoal`` weighs staying (unless forced) and moving to each option by a ``Rollout`` over
@@ -240,7 +242,7 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
     choices += [(q, switch_cost(problem, cur, q, forced=forced, notice_s=notice_s,
                                 since_checkpoint_s=since_checkpoint_s,
                                 under_way=pending_s - owed_s > 0, booting=booting,
-                                boot_left_s=boot_left_s,
+                                boot_left_s=boot_left_s, save_left_s=save_left_s,
                                 lost_iterations=owed + lost_iterations).total_s)
                 for q in options]
     values = [roll.value(q, c) for q, c in choices]
@@ -251,10 +253,14 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
     return choices[best][0]
 
 
-def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
+def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]],
+                   totals: list | None = None, follow: list | None = None
                    ) -> list[Running | None]:
     """Plans that maximise the tokens of the whole trace: a dynamic program over the states
-    with every plan ranked in any state as a choice (where it fits) and the idle job.
+    with every plan ranked in any state as a choice (where it fits) and the idle job
+    (``totals``: a list the program appends its tokens for the plans chosen to, which the
+    replay of those plans must count too; ``follow``: the plan specs, None for idle, it must
+    choose state by state, to weigh a given sequence instead).
 
     The program keeps, per plan, the best way found to be running it after each state, with the
     replay's exact accounting (switching carried into the next state, work since the last
@@ -267,6 +273,7 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
             plans.setdefault(r.cand.spec, r)
     runs = list(plans.values())
     K = len(runs) + 1  # index 0: idle
+    index = {None: 0, **{r.cand.spec: j for j, r in enumerate(runs, 1)}}
     n = len(trace.states)
     if not runs:
         return [None] * n
@@ -294,6 +301,7 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
     redo = np.zeros(K)  # the redone work of each way's switch under way (its last part)
     booting = np.zeros((K, len(keys)))  # VMs each way's switch under way is still starting ...
     boot_left = np.zeros(K)  # ... and the seconds until they are up
+    save_left = np.zeros(K)  # seconds until the checkpoint of each way's switch is written
     per_iter = problem.job.global_batch * problem.job.seq_len
     lost0 = 0.0  # iterations the idle way owes (lost when it stopped), redone at its next start
     back = np.zeros((n, K), dtype=np.int64)
@@ -316,12 +324,14 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
         saving = np.where(trains & can_save, save, 0.0)
         saving[0] = 0.0
         redo_q = lost[:, None] * Tq[None, :]
-        # as switch_cost: a move waits for VMs the switch under way is still starting when it
-        # takes some of them, no longer than its own start-up
+        # as switch_cost: a move waits for the checkpoint the switch under way is writing,
+        # and for VMs it is still starting when it takes some of them, no longer than its own
+        # start-up
         up = nodes - booting  # VMs each way holds that are up
         takes = ((nodes[None, :, :] > up[:, None, :]) & (booting[:, None, :] > 0)).any(axis=2)
-        wait = np.where(takes & (boot_left[:, None] > 0),
-                        np.maximum(boot_left[:, None] - startup, 0.0), 0.0)
+        wait = np.maximum(np.where(trains, 0.0, save_left)[:, None],
+                          np.where(takes & (boot_left[:, None] > 0), boot_left[:, None] - startup,
+                                   0.0))
         move = saving[:, None] + redo_q + fixed + wait
         up_s = np.where((startup > 0) | (wait > 0), wait + saving[:, None] + startup, 0.0)
         stay = same & fit[:, None]
@@ -338,6 +348,8 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
         value = total - (thr * share)[None, :] * (c - switching)
         value[:, ~fit] = -np.inf
         value[~np.isfinite(tokens), :] = -np.inf
+        if follow is not None:
+            value[:, np.arange(K) != index[follow[i]]] = -np.inf
         best = np.argmax(value, axis=0)
         back[i] = best
         cols = np.arange(K)
@@ -351,13 +363,19 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]]
         redo = np.where(kept, redo[best], redone)
         lost0 = float(stop_lost[best[0]])
         boot_left = np.maximum(np.where(kept, boot_left[best], up_s[best, cols]) - d, 0.0)
+        save_left = np.maximum(np.where(kept | ~trains[best], save_left[best], saving[best])
+                               - d, 0.0)
+        boot_left[0] = save_left[0] = 0.0  # the idle job holds nothing and saves nothing
         booting = np.where((boot_left > 0)[:, None],
                            np.where(kept[:, None], booting[best],
                                     np.maximum(nodes - up[best], 0.0)), 0.0)
     # the replay's tokens: less the work lost and not redone by the end
     unrecovered = np.minimum(redo, busy) / Tp
     unrecovered[0] = lost0
-    q = int(np.argmax(np.where(np.isfinite(tokens), tokens - per_iter * unrecovered, -np.inf)))
+    final = np.where(np.isfinite(tokens), tokens - per_iter * unrecovered, -np.inf)
+    q = int(np.argmax(final))
+    if totals is not None:
+        totals.append(float(final[q]))
     picks = [0] * n
     for i in range(n - 1, -1, -1):
         picks[i] = q

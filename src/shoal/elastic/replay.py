@@ -130,6 +130,7 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
     lost = 0.0  # iterations lost when the job stopped without saving, redone at the next start
     booting: dict = {}  # VMs the switch under way is still starting ...
     boot_left = 0.0  # ... and the seconds until they are up
+    save_left = 0.0  # seconds until the checkpoint the switch under way saves is written
     steps: list[Step] = []
     used: dict = {}
     known: dict = {}  # every plan ranked in the states so far (the `shoal` policy's choices)
@@ -160,7 +161,7 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
                          notice_s=st.notice_s, since_checkpoint_s=max(since_ckpt - owed, 0.0),
                          pending_s=busy, owed_s=owed, seen=list(trace.states[:i + 1]),
                          known=list(known.values()), booting=booting, boot_left_s=boot_left,
-                         lost_iterations=lost if cur is None else 0.0)
+                         save_left_s=save_left, lost_iterations=lost if cur is None else 0.0)
         cost = None
         if new is None:
             decision = "stop" if cur is not None else "idle"
@@ -168,7 +169,7 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
                 lost += owed_iters
                 if busy - owed <= 0 and st.notice_s < cur.save_s:  # a stop saves nothing
                     lost += max(since_ckpt - owed, 0.0) / cur.iteration_time_s
-            busy, redo_s, since_ckpt, booting, boot_left = 0.0, 0.0, 0.0, {}, 0.0
+            busy, redo_s, since_ckpt, booting, boot_left, save_left = 0.0, 0.0, 0.0, {}, 0.0, 0.0
         elif cur is not None and new.cand.spec == cur.cand.spec:
             decision = "keep"
         else:
@@ -176,14 +177,16 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
             cost = switch_cost(problem, cur, new, forced=forced, notice_s=st.notice_s,
                                since_checkpoint_s=max(since_ckpt - owed, 0.0),
                                under_way=busy - owed > 0, booting=booting,
-                               boot_left_s=boot_left,
+                               boot_left_s=boot_left, save_left_s=save_left,
                                lost_iterations=(lost if cur is None else 0.0) + owed_iters)
             booting = not_up(cur, new, booting) if cost.up_s > 0 else {}
             boot_left = cost.up_s
+            # the checkpoint the new plan loads: the one under way, or this move's own save
+            save_left = save_left if busy - owed > 0 else cost.save_s
             # redone work is not in the checkpoint the switch saved or loaded
             busy, redo_s, since_ckpt, lost = cost.total_s, cost.redo_s, cost.redo_s, 0.0
         cur = new
-        boot_left = max(0.0, boot_left - d)
+        boot_left, save_left = max(0.0, boot_left - d), max(0.0, save_left - d)
         booting = booting if boot_left > 0 else {}
         if cur is None:
             steps.append(Step(st.time_s, d, st.avail, decision, None, None, 0.0, 0.0, 0.0, 0.0))

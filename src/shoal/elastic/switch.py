@@ -110,15 +110,16 @@ def not_up(old: Running | None, new: Running,
 def switch_cost(problem: Problem, old: Running | None, new: Running, *, forced: bool,
                 notice_s: float, since_checkpoint_s: float, under_way: bool = False,
                 booting: dict[tuple[str, str], int] | None = None, boot_left_s: float = 0.0,
-                lost_iterations: float = 0.0) -> SwitchCost:
+                save_left_s: float = 0.0, lost_iterations: float = 0.0) -> SwitchCost:
     """Seconds without progress when ``new`` replaces ``old`` (None: the job was idle).
 
     A move the policy chooses saves first; a move forced by GPUs leaving saves only when the
     notice covers the save, otherwise the iterations since the last checkpoint are redone at
     the new plan's speed. A move made while an earlier one is still ``under_way`` (before its
-    redo) has nothing new to save; it waits for the VMs that one is still starting
-    (``booting``, up in ``boot_left_s``) only when ``new`` takes some of them, and for no
-    longer than its own start-up of new VMs. ``lost_iterations``: work lost and not redone
+    redo) has nothing new to save: it loads the checkpoint that one saved, so it waits until
+    that is written (``save_left_s``), and for the VMs that one is still starting
+    (``booting``, up in ``boot_left_s``) when ``new`` takes some of them, no longer than its
+    own start-up of new VMs. ``lost_iterations``: work lost and not redone
     yet, redone on the new plan (the last part of the move): the work lost when the job
     stopped earlier without a checkpoint, and the part of an earlier move's redo not done
     when this move interrupts it."""
@@ -132,11 +133,11 @@ def switch_cost(problem: Problem, old: Running | None, new: Running, *, forced: 
     redo += lost_iterations * new.iteration_time_s
     held = old.nodes if old is not None else {}
     startup = sw.node_startup if any(n > held.get(k, 0) for k, n in new.nodes.items()) else 0.0
-    wait = 0.0
+    wait = save_left_s if under_way else 0.0
     if boot_left_s > 0 and booting and any(
             n > held.get(k, 0) - booting.get(k, 0) and booting.get(k, 0) > 0
             for k, n in new.nodes.items()):
-        wait = max(0.0, boot_left_s - startup)
+        wait = max(wait, boot_left_s - startup)
     return SwitchCost(save_s=save, redo_s=redo, restart_s=sw.restart, startup_s=startup,
                       load_s=new.load_s, warmup_s=sw.warmup_iterations * new.iteration_time_s,
                       wait_s=wait)

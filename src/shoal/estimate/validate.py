@@ -36,13 +36,13 @@ def validate_plan(problem: Problem, plan: TrainingPlan, file: str | None = None)
     total_mb = job.global_batch // plan.microbatch_size
     if plan.recompute not in job.recompute:
         raise SpecError("recompute setting not allowed by the job", file=file, field="recompute",
-                        value=plan.recompute, allowed=str(job.recompute))
+                        value=plan.recompute, allowed=_listed(job.recompute))
     if plan.zero_stage not in job.zero_stage:
         raise SpecError("ZeRO stage not allowed by the job", file=file, field="zero_stage",
-                        value=plan.zero_stage, allowed=str(job.zero_stage))
+                        value=plan.zero_stage, allowed=_listed(job.zero_stage))
     if plan.schedule not in job.schedule:
         raise SpecError("schedule not allowed by the job", file=file, field="schedule",
-                        value=plan.schedule, allowed=str(job.schedule))
+                        value=plan.schedule, allowed=_listed(job.schedule))
     if plan.schedule == "zorse":
         if not plan.recompute or plan.zero_stage != 2:
             raise SpecError("the zorse schedule checkpoints every layer boundary and runs ZeRO-2",
@@ -60,7 +60,7 @@ def validate_plan(problem: Problem, plan: TrainingPlan, file: str | None = None)
     if job.microbatch_sizes and plan.microbatch_size not in job.microbatch_sizes:
         raise SpecError("microbatch size not allowed by the job", file=file,
                         field="microbatch_size", value=plan.microbatch_size,
-                        allowed=str(job.microbatch_sizes))
+                        allowed=_listed(job.microbatch_sizes))
     used: dict[tuple[str, str], int] = {}
     heads, kv = problem.model.num_heads, problem.model.kv_heads
     for i, st in enumerate(plan.stages):
@@ -103,3 +103,8 @@ def validate_plan(problem: Problem, plan: TrainingPlan, file: str | None = None)
         if per_type.get(g, 0) > q:
             raise SpecError(f"plan uses more {g} than its quota", file=file, field="stages",
                             value=per_type[g], allowed=f"<= {q}")
+
+
+def _listed(values) -> str:
+    """A job's allowed settings as a file spells them: ``true, false``, ``1f1b, gpipe``."""
+    return ", ".join(str(v).lower() if isinstance(v, bool) else str(v) for v in values)

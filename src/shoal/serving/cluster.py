@@ -152,8 +152,8 @@ def _machines(spec: ServingSpec, file: str | None) -> dict[str, MachineModel]:
 
 def _coordinator_region(spec: ServingSpec, regions: list[str], file: str | None) -> str:
     """The coordinator's region: as given, which must be a region of the nodes; unsaid, the
-    nodes' one region, or when they are in several, a region of its own (every node then
-    reaches it by ``between``)."""
+    nodes' one region, or when they are in several, ``default`` (the region of nodes that name
+    none; without such nodes every node reaches the coordinator by ``between``)."""
     known = list(dict.fromkeys(regions))
     if "region" in spec.coordinator.model_fields_set:
         region = spec.coordinator.region

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from shoal.errors import SpecError
 from shoal.files import read_document
-from shoal.specs._types import STRICT, Bytes, BytesPerSecond, PositiveInt, Seconds
+from shoal.specs._types import STRICT, Bytes, BytesPerSecond, Flag, PositiveInt, Seconds
 
 SERVING_SCHEMA = "shoal/serving@1"
 COORDINATOR = "coordinator"
@@ -159,7 +159,7 @@ class LinksSpec(BaseModel):
     coordinator: LinkClass | None = Field(
         default=None, description="link from the coordinator to every node; default: within, or "
                                   "between for nodes outside the coordinator's region")
-    mesh: bool = Field(default=True, description="false: only the pairs exist")
+    mesh: Flag = Field(default=True, description="false: only the pairs exist")
     pairs: list[PairLink] = Field(default_factory=list,
                                   description="single links that add to or override the mesh")
 
@@ -171,8 +171,9 @@ class CoordinatorSpec(BaseModel):
                                   "nodes with a `host` reach it (needed when a node has one)")
     region: str = Field(default="default", description="region of the coordinator, one of the "
                                                        "nodes' (unsaid: theirs when they are in "
-                                                       "one, else a region of its own): picks "
-                                                       "the within or between link to each node")
+                                                       "one, else `default`, the region of nodes "
+                                                       "that name none): picks the within or "
+                                                       "between link to each node")
     nic_in: BytesPerSecond | None = Field(default=None,
                                           description="inbound NIC bandwidth of the coordinator")
     nic_out: BytesPerSecond | None = Field(default=None,
@@ -240,7 +241,7 @@ class ServingSpec(BaseModel):
                                          description="where requests enter and leave")
     capacity: CapacitySpec = Field(default_factory=CapacitySpec,
                                    description="how T(k) is computed for machines without a table")
-    partial_inference: bool = Field(
+    partial_inference: Flag = Field(
         default=False, description="a node may start inside the previous node's layer range "
                                    "(computing only the layers it still lacks)")
     host_cores: PositiveInt | None = Field(

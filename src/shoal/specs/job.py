@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from shoal.specs._types import STRICT, PositiveInt, Seconds, one_or_list
+from shoal.specs._types import STRICT, Flag, PositiveInt, Seconds, one_or_list
 
 
 class JobSpec(BaseModel):
@@ -19,7 +19,7 @@ class JobSpec(BaseModel):
     precision: Literal["mixed-fp16", "mixed-bf16", "fp32"] = Field(
         default="mixed-fp16", description="mixed precision keeps fp32 master weights; mixed-bf16 "
                                           "needs GPUs with bf16 tensor cores")
-    recompute: list[bool] = Field(json_schema_extra=one_or_list,
+    recompute: list[Flag] = Field(json_schema_extra=one_or_list,
         default=[False], description="activation-recompute settings the planner may choose (one value or "
                                    "a list)"
     )

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from shoal.specs._types import STRICT, PositiveInt
+from shoal.specs._types import STRICT, Flag, PositiveInt
 
 
 class ModelSpec(BaseModel):
@@ -35,7 +35,7 @@ class ModelSpec(BaseModel):
     norm: Literal["layernorm", "rmsnorm"] = Field(default="layernorm", description="norm kind")
     position: Literal["learned", "rotary", "alibi"] = Field(
         default="learned", description="position encoding")
-    tied_embeddings: bool = Field(
+    tied_embeddings: Flag = Field(
         default=False, description="input and output embeddings shared in the checkpoint; "
                                    "informational: the estimator and the runtime give the output "
                                    "projection its own weights, as pipeline runtimes do (and "
