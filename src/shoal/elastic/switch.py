@@ -74,7 +74,7 @@ class SwitchCost:
     startup_s: float = 0.0
     load_s: float = 0.0
     warmup_s: float = 0.0
-    wait_s: float = 0.0  # for VMs an earlier switch, still under way, is starting
+    wait_s: float = 0.0  # for an earlier switch under way: its checkpoint, VMs it is starting
 
     @property
     def total_s(self) -> float:
@@ -84,7 +84,8 @@ class SwitchCost:
     @property
     def up_s(self) -> float:
         """Seconds from the move's start until every VM of its new plan is up (0: they all
-        were): the parts run wait, save, start-up, restart, load, warm-up, redo."""
+        were, and nothing was waited for): the parts run wait, save, start-up, restart, load,
+        warm-up, redo."""
         return self.wait_s + self.save_s + self.startup_s if self.startup_s or self.wait_s else 0.0
 
     def to_json(self) -> dict:
