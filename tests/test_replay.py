@@ -452,6 +452,15 @@ def test_unknown_policy(problem, replanner):
 COUNTS = st.sampled_from([0, 4])
 
 
+def stepped(pools: list[tuple], gaps: list[float], notices: list[float]) -> Trace:
+    """A trace of ``pools`` (counts per KEYS), each lasting its gap, with its notice."""
+    times = [0.0]
+    for g in gaps[:len(pools) - 1]:
+        times.append(times[-1] + g)
+    return trace([(t, pool(*q)) for t, q in zip(times, pools, strict=True)],
+                 times[-1] + gaps[-1], notice=dict(enumerate(notices)))
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.function_scoped_fixture])
 @given(pools=st.lists(st.tuples(COUNTS, COUNTS, COUNTS, COUNTS), min_size=1, max_size=6),
@@ -459,11 +468,7 @@ COUNTS = st.sampled_from([0, 4])
        notices=st.lists(st.sampled_from([0.0, 30.0, 600.0]), min_size=6, max_size=6),
        policy=st.sampled_from(POLICIES))
 def test_replay_accounting(problem, replanner, pools, gaps, notices, policy):
-    times = [0.0]
-    for g in gaps[:len(pools) - 1]:
-        times.append(times[-1] + g)
-    tr = trace([(t, pool(*p)) for t, p in zip(times, pools, strict=True)], times[-1] + gaps[-1],
-               notice=dict(enumerate(notices)))
+    tr = stepped(pools, gaps, notices)
     if not any(sum(p) for p in pools):
         # nothing fits at any moment: the reason, not idle; no GPUs at all: the trace's fault
         with pytest.raises(InfeasibleError, match="has no GPUs at any moment"):
@@ -509,11 +514,7 @@ def test_the_oracles_program_counts_its_plans_as_the_replay_does(problem, replan
         sw["storage_bandwidth"] = parse_bandwidth(storage)
     pb = replace(problem, switching=problem.switching.model_copy(update=sw))
     rp = Replanner(pb, reuse=replanner.reuse)  # the same tables: the problem differs only there
-    times = [0.0]
-    for g in gaps[:len(pools) - 1]:
-        times.append(times[-1] + g)
-    tr = trace([(t, pool(*q)) for t, q in zip(times, pools, strict=True)], times[-1] + gaps[-1],
-               notice=dict(enumerate(notices)))
+    tr = stepped(pools, gaps, notices)
     if not any(sum(q) for q in pools):
         return
     opts = plan_trace(pb, tr, rp)
