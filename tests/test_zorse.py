@@ -194,5 +194,10 @@ def test_a_pool_of_more_nodes_than_zorse_takes_is_refused_by_name(monkeypatch):
         search(pb, strategy="zorse")
     assert e.value.binding == "pool" and "--strategy auto" in e.value.relaxation
     called = []
-    monkeypatch.setattr(zorse, "split", lambda *a, **k: called.append(1))
+    split = zorse.split
+    monkeypatch.setattr(zorse, "split", lambda *a, **k: called.append(1) or split(*a, **k))
+    monkeypatch.setattr(zorse, "MAX_NODES", 5)  # the pool: Zorse's grouping runs
+    assert search(pb, strategy="auto").ranked and called
+    called.clear()
+    monkeypatch.setattr(zorse, "MAX_NODES", 4)
     assert search(pb, strategy="auto").ranked and not called

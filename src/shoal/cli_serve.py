@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from shoal import cli_common as _cli
-from shoal.errors import SpecError, close_match
+from shoal.errors import SpecError
 
 serve_app = typer.Typer(no_args_is_help=True,
                         help="Serve a model over heterogeneous nodes: placement and max flow.")
@@ -505,8 +505,7 @@ def worker_cmd(
     try:
         i = cluster.index(node)
     except SpecError as exc:
-        raise SpecError(exc.reason, file=str(serving), field="--node", value=node,
-                        allowed=exc.allowed, suggestion=close_match(node, cluster.names)) from None
+        raise exc.located(str(serving), "--node") from None
     host = cluster.hosts[i]
     if host is None:
         raise SpecError("this node has no 'host': shoal serve run starts its worker itself",

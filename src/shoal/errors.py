@@ -39,9 +39,8 @@ class SpecError(ShoalError):
             where.append(self.field)
         head = ": ".join(where)
         text = f"{head}: {self.reason}" if head else self.reason
-        if self.value is not None:  # true/false as the files spell them
-            shown = str(self.value).lower() if isinstance(self.value, bool) else repr(self.value)
-            text += f" (got {shown})"
+        if self.value is not None:
+            text += f" (got {spelt(self.value) if isinstance(self.value, bool) else repr(self.value)})"
         if self.allowed:
             text += f"; allowed: {self.allowed}"
         if self.suggestion:
@@ -88,3 +87,8 @@ def close_match(name: str, choices: Iterable[str]) -> str | None:
     lowered = {c.lower(): c for c in choices}
     hits = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.5)
     return lowered[hits[0]] if hits else None
+
+
+def spelt(value: object) -> str:
+    """A setting as YAML and JSON files spell it: true/false, not Python's True/False."""
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shoal import catalog
-from shoal.errors import SpecError
+from shoal.errors import SpecError, spelt
 from shoal.problem import Problem
 from shoal.specs.plan import TrainingPlan
 
@@ -107,4 +107,4 @@ def validate_plan(problem: Problem, plan: TrainingPlan, file: str | None = None)
 
 def _listed(values) -> str:
     """A job's allowed settings as a file spells them: ``true, false``, ``1f1b, gpipe``."""
-    return ", ".join(str(v).lower() if isinstance(v, bool) else str(v) for v in values)
+    return ", ".join(spelt(v) for v in values)

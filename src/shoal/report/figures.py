@@ -164,10 +164,8 @@ def draw_replay(doc: dict, path: str | Path) -> Path:
                             label=run["policy"])[0]
         cum = np.concatenate([[0.0], np.cumsum([s["tokens"] for s in st])])
         # work lost and not redone by the end leaves the total (a drop at the end)
-        lost = run["totals"].get("lost_tokens", 0.0)
-        tx = np.append(t, end) * h
-        axes[2].plot(np.append(tx, tx[-1:]) if lost else tx,
-                     np.append(cum, cum[-1] - lost) if lost else cum, color=line.get_color(),
+        cum = np.append(cum, cum[-1] - run["totals"].get("lost_tokens", 0.0))
+        axes[2].plot(np.append(t, [end, end]) * h, cum, color=line.get_color(),
                      label=run["policy"])
         moves = [s["time_s"] * h for s in st if s["decision"] in ("switch", "forced", "start")]
         axes[1].plot(moves, [-(i + 0.5) * lane] * len(moves), "|", markersize=6,

@@ -75,8 +75,8 @@ class Cluster:
             return self.names.index(name)
         except ValueError:
             raise SpecError("unknown node", value=name,
-                            allowed=", ".join(self.names[:8]) + (" ..." if self.n > 8 else "")) \
-                from None
+                            allowed=", ".join(self.names[:8]) + (" ..." if self.n > 8 else ""),
+                            suggestion=close_match(str(name), self.names)) from None
 
 
 @dataclass(frozen=True)

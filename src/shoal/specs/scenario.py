@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Literal, Union, get_args, get_origin
+from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -123,42 +122,23 @@ def spec_error_from_validation(exc: ValidationError, file: str | None,
 
 def _fields_at(cls: type[BaseModel], loc) -> list[str]:
     """The keys (aliases first) of the table at ``loc`` inside ``cls``'s documents: the path
-    goes through model fields, list items (an index) and mapping values (a key); [] where it
-    leads to no model."""
-    ann: object = cls
-    keys = list(loc)
-    while True:
-        ann = _through_wrappers(ann)
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            if not keys:
-                return [f.alias or n for n, f in ann.model_fields.items()]
-            key = keys.pop(0)
-            field = next((f for n, f in ann.model_fields.items() if key in (n, f.alias)), None)
-            if field is None:
-                return []
-            ann = field.annotation
-        elif get_origin(ann) in (list, tuple, set, dict) and keys:
-            keys.pop(0)  # an index or a mapping's key: the item's type
-            ann = get_args(ann)[-1] if get_args(ann) else None
-        else:
+    goes through model fields, list items (an index) and mapping values (a key), as the field
+    reference walks them (``reference._nested``); [] where it leads to no model."""
+    from shoal.specs.reference import _field_name, _nested
+
+    model, keys = cls, list(loc)
+    while keys:
+        key = keys.pop(0)
+        field = next((f for n, f in model.model_fields.items() if key in (n, f.alias)), None)
+        inner = [] if field is None else _nested(field.annotation, "", str(key))
+        if not inner:
             return []
-
-
-def _through_wrappers(ann: object) -> object:
-    """``ann`` with Annotated, Optional and unions of one model or container taken off."""
-    while True:
-        origin = get_origin(ann)
-        if origin is Annotated:
-            ann = get_args(ann)[0]
-        elif origin in (Union, UnionType):
-            inner = [a for a in get_args(ann) if a is not type(None)
-                     and (isinstance(a, type) and issubclass(a, BaseModel)
-                          or get_origin(a) in (list, tuple, set, dict, Annotated))]
-            if not inner:
-                return ann
-            ann = inner[0]
-        else:
-            return ann
+        sub_path, model = inner[0]
+        steps = sub_path.count("[]") + sub_path.count(".<")  # an index or a key each
+        if len(keys) < steps:
+            return []
+        del keys[:steps]
+    return [_field_name(n, f) for n, f in model.model_fields.items()]
 
 
 def validated(cls: type[BaseModel], data: dict, file: str | None = None):
