@@ -383,6 +383,28 @@ def test_a_boundary_moved_away_is_moved_back():
     assert [(a, b) for a, b, _ in tuned.spec[4]] != [(a, b) for a, b, _ in worse[0].spec[4]]
 
 
+def test_a_descent_is_not_walked_again_from_a_plan_on_its_way():
+    """The tuning remembers where a descent from each plan on its way ended: tuning any of
+    them again (in the next search of a re-plan, say) gives that plan at once, with no move
+    costed, and the same plan a fresh tuning finds."""
+    pb = small_problem(*SMALL_PROBLEMS[4])
+    best = search(pb, strategy="auto").ranked[0]
+    ev = Evaluator(pb, mbs_options(pb), pb.constraints, SearchStats("auto"))
+    worse = [c for c in ev.cost(refine.moves(best.spec))
+             if c is not None and c.iteration_time_s > best.iteration_time_s * (1 + 1e-6)]
+    start = worse[0]
+    tuned = refine.refine(ev, start, "max-throughput")
+    assert tuned.spec != start.spec
+    key = ("max-throughput", pb.constraints.model_dump_json())
+    assert ev.tuned[(start.spec, key)] == ev.tuned[(tuned.spec, key)] == tuned.spec
+    costed = ev.stats.candidates_costed
+    again = refine.refine(ev, start, "max-throughput")
+    assert again.spec == tuned.spec
+    assert ev.stats.candidates_costed == costed + 1  # the end plan, from the estimate memo
+    fresh = Evaluator(pb, mbs_options(pb), pb.constraints, SearchStats("auto"))
+    assert refine.refine(fresh, fresh.cost([start.spec])[0], "max-throughput").spec == tuned.spec
+
+
 @pytest.mark.parametrize("case", range(len(SMALL_PROBLEMS)))
 @pytest.mark.parametrize("objective", ["max-throughput", "min-cost", "max-throughput-per-dollar"])
 def test_search_without_the_front_finds_the_same_best_plan(objective, case):

@@ -38,9 +38,9 @@ class Reuse:
     estimates: dict = field(default_factory=dict)  # plan -> its estimate (Evaluator.memo)
     splits: dict = field(default_factory=dict)  # Zorse's partitions of a node list
     memos: dict = field(default_factory=dict)  # allocations, placements, re-splits (Space)
-    # plans whose layer boundaries ``refine`` has settled, per objective and constraints (the
-    # moves keep a plan's GPUs, and estimates do not depend on the pool): not tuned again
-    tuned: set = field(default_factory=set)
+    # where ``refine``'s descents from plans ended, per objective and constraints (the moves
+    # keep a plan's GPUs, and estimates do not depend on the pool): not tuned again
+    tuned: dict = field(default_factory=dict)
 
 
 STRATEGIES = {"auto": auto.search, "sailor": sailor.search, "espresso": espresso.search,
@@ -85,7 +85,7 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     reuse = reuse if reuse is not None else Reuse()
     if reuse.tables is None or reuse.tables.mbs != mbs:
         reuse.tables, reuse.min_tp, reuse.estimates, reuse.memos = None, {}, {}, {}
-        reuse.tuned = set()
+        reuse.tuned = {}
     ev = Evaluator(problem, mbs, constraints, stats, objective, tables=reuse.tables,
                    memo=reuse.estimates)
     reuse.tables = ev.tb

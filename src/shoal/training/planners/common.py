@@ -119,9 +119,10 @@ class Evaluator:
         self.deadline: float | None = None  # perf_counter time after which the search stops
         self.max_pairs: int | None = None  # (shape, degree) pairs a bounded search allocates
         self.incumbent: Candidate | None = None  # best feasible plan so far under the objective
-        # (plan, objective, constraints) whose layer boundaries ``refine`` has tuned: a caller
-        # may share them across searches of the problem
-        self.tuned: set = set()
+        # (plan, objective, constraints) -> the plan ``refine``'s descent from it ended at
+        # (itself: its layer boundaries are tuned); a caller may share it across searches of
+        # the problem
+        self.tuned: dict = {}
         # whether plans that cannot beat the incumbent are still built to fill the
         # throughput-cost front (a caller that needs only the best plans turns it off)
         self.front = True

@@ -48,10 +48,18 @@ def refine(ev: Evaluator, cand: Candidate, objective: str) -> Candidate:
     ranking again: they are near copies of the tuned plan, which would crowd out the other
     plans a ranking offers (the alternatives a replay moves to, say)."""
     key = (objective, ev.constraints.model_dump_json())
-    if (cand.spec, key) in ev.tuned:
+    end = ev.tuned.get((cand.spec, key))
+    if end == cand.spec:
         return cand  # a plan these moves no longer improve
+    if end is not None:
+        # a descent through this plan ended there before: estimates and the moves do not
+        # depend on the pool, so this one would end there again
+        got = ev.cost([end])[0]
+        if got is not None:
+            return got
     before = set(ev.feasible)
     best = cand
+    path = [cand.spec]
     made = []
     done = False  # no move improves ``best``
     for _ in range(ROUNDS):
@@ -69,13 +77,15 @@ def refine(ev: Evaluator, cand: Candidate, objective: str) -> Candidate:
             done = True
             break
         best = step
+        path.append(best.spec)
     for sp in made:
         if sp != best.spec:
             ev.feasible.pop(sp, None)
     if ev.incumbent is not None and ev.incumbent.spec not in ev.feasible:
         ev.incumbent = best
     if done:
-        ev.tuned.add((best.spec, key))
+        for sp in path:
+            ev.tuned[(sp, key)] = best.spec
     return best
 
 
