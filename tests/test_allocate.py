@@ -109,6 +109,48 @@ def test_each_stage_on_its_cheapest_combo_is_the_cheapest_allocation_when_it_fit
                                        [0, 0, 0], tau, relax, extra) is None
 
 
+@pytest.mark.parametrize("slow", [0, 1, 2])
+@pytest.mark.parametrize("seed", range(6))
+def test_a_bound_that_leaves_two_kinds_is_the_dynamic_program_on_them(slow, seed, monkeypatch):
+    """Three kinds, one of them (``slow``) over the bound on every stage: the program answers
+    on the other two by the dynamic program (no MIP), with the cheapest cost of every
+    combination tried, in the pool's own kind numbers."""
+    def no_mip(*args, **kwargs):
+        raise AssertionError("the MIP was run")
+
+    monkeypatch.setattr(allocate, "_solve_mip", no_mip)
+    rng = np.random.default_rng(300 + seed)
+    checked = 0
+    for _ in range(6):
+        P, D = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        stages = [[Option(o.kind, o.tp, 50.0 if o.kind == slow else o.time_s) for o in st]
+                  for st in random_stages(rng, 3, P)]
+        stages = [st if any(o.kind != slow for o in st) else [*st, Option((slow + 1) % 3, 1, 1.5)]
+                  for st in stages]
+        avail = rng.integers(0, 3 * D + 2, size=3)
+        price = rng.uniform(0.5, 3.0, size=3)
+        regions = [0, 0, 0] if seed % 2 else [0, 1, 1]
+        total = int(rng.integers(D, 4 * D + 1))
+        tau = max(min(o.time_s for o in st) for st in stages) * float(rng.choice([1.0, 1.3]))
+        for cheapest in (True, False):
+            got = allocate._solve(stages, D, avail, price, regions, tau, total, cheapest=cheapest)
+            want = every_allocation(stages, D, avail, price, regions, tau, total)
+            assert (got is None) == (want is None)
+            if got is None:
+                continue
+            checked += 1
+            assert float(np.asarray(got.usage) @ price) == pytest.approx(want[0], rel=1e-9)
+            assert got.usage[slow] == 0 and (np.asarray(got.usage) <= avail).all()
+            use = np.zeros(3, int)
+            for st, opts in zip(got.per_stage, stages, strict=True):
+                assert sum(n for _, _, n in st) == D and len({regions[k] for k, _, _ in st}) == 1
+                for k, tp, n in st:
+                    assert (k, tp) in {(o.kind, o.tp) for o in opts}
+                    use[k] += tp * n
+            assert tuple(use) == got.usage
+    assert checked
+
+
 @pytest.mark.parametrize("form", ["combo", "option"])
 @pytest.mark.parametrize("seed", range(6))
 def test_fastest_is_the_smallest_bound_met(seed, form, monkeypatch):

@@ -195,6 +195,11 @@ def _solve_exact(stage_opts: list[list[Option]], D: int, avail: np.ndarray, pric
     load = _load(allowed, D, avail, tau, extra)
     if load.max() > 1.0:
         return None, True
+    used = sorted({o.kind for al in allowed for o in al})
+    if len(used) <= DP_KINDS:
+        # the bound leaves options of one or two kinds: the dynamic program over them
+        return _on_kinds(used, allowed, D, avail, price, region_of, tau, relax, extra,
+                         deadline), True
     if cheapest:
         own = _each_cheapest(allowed, D, avail, price, region_of, tau, relax, extra)
         if own is not None:
@@ -209,6 +214,24 @@ def _solve_exact(stage_opts: list[list[Option]], D: int, avail: np.ndarray, pric
     # a feasibility test that gets here also costs the allocations: when its bound is the
     # one found, the cheapest is then known (a MIP with costs takes about a third longer)
     return _solve_mip(allowed, D, avail, price, region_of, tau, relax, extra, deadline), True
+
+
+def _on_kinds(used: list[int], allowed: list[list[Option]], D: int, avail: np.ndarray,
+              price: np.ndarray, region_of: list[int], tau: float, relax: float, extra: int,
+              deadline: float | None) -> Allocation | None:
+    """``_solve``'s cheapest allocation when the stages' options under the bound (``allowed``)
+    are of the kinds ``used`` alone (one or two): the dynamic program on those kinds, its
+    allocation in the pool's kinds."""
+    local = {k: i for i, k in enumerate(used)}
+    opts = [[Option(local[o.kind], o.tp, o.time_s) for o in al] for al in allowed]
+    got = _solve_dp(_tables(opts, D, [region_of[k] for k in used]), avail[used], price[used],
+                    tau, relax, extra, deadline)
+    if got is None:
+        return None
+    usage = np.zeros(len(avail), dtype=np.int64)
+    usage[used] = got.usage
+    return Allocation(tuple(tuple((used[k], tp, n) for k, tp, n in st) for st in got.per_stage),
+                      tuple(int(u) for u in usage), tau)
 
 
 def _load(allowed: list[list[Option]], D: int, avail: np.ndarray, tau: float,
