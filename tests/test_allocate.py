@@ -172,10 +172,21 @@ def test_fastest_is_the_smallest_bound_met(seed, form, monkeypatch):
                      if every_allocation(stages, D, avail, price, regions, t, total)), None)
         got = fastest(stages, D, avail, price, regions, total=total)
         assert (got is None) == (want is None)
+        # any allocation at the least bottleneck, not necessarily the cheapest
+        met = fastest(stages, D, avail, price, regions, total=total, cheapest=False)
+        assert (met is None) == (want is None)
         if got is not None:
             assert got.bottleneck_s == want
             cheapest = every_allocation(stages, D, avail, price, regions, want, total)[0]
             assert float(np.asarray(got.usage) @ price) == pytest.approx(cheapest, rel=1e-9)
+            assert met.bottleneck_s == want and (np.asarray(met.usage) <= avail).all()
+            assert float(np.asarray(met.usage) @ price) >= cheapest * (1 - 1e-9)
+            relax, extra = allocate.slots(D, total)
+            for st, opts in zip(met.per_stage, stages, strict=True):
+                assert sum(n for _, _, n in st) == D
+                t = {(o.kind, o.tp): o.time_s for o in opts}
+                assert min(t[(k, tp)] for k, tp, _ in st) <= want
+                assert all(t[(k, tp)] <= want * relax for k, tp, _ in st)
         # from any bound at or below the answer (a caller's), the search gallops up from it
         # and finds the same allocation
         for t in taus:

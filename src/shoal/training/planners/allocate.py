@@ -854,13 +854,19 @@ def _memoised(memo: PoolMemo | None, key: tuple | None, avail: np.ndarray, at_le
 def fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
             region_of: list[int], at_least: float = 0.0,
             total: int | None = None, memo: PoolMemo | None = None,
-            key: tuple | None = None, deadline: float | None = None) -> Allocation | None:
+            key: tuple | None = None, deadline: float | None = None,
+            cheapest: bool = True) -> Allocation | None:
     """The allocation with the smallest slowest-replica time (then the cheapest).
 
     ``at_least``: a known lower bound on that time (a caller's relaxation); the bisection over
     the stage times starts there. ``memo``, ``key``: see PoolMemo. Raises OutOfTime once past
-    ``deadline`` (``time.perf_counter`` seconds)."""
+    ``deadline`` (``time.perf_counter`` seconds). ``cheapest`` False: of the allocations with
+    that time, the one the search met (on three kinds or more, the greedy fill's when it
+    found one, which spares the MIP that finds the cheapest); not kept in the memo, whose
+    allocations are the cheapest."""
     prog = _Program(stage_opts, D, avail, price, region_of, total, deadline, memo, key)
+    if not cheapest and len(avail) > DP_KINDS:
+        return _fastest(prog, at_least, cheapest=False)
     got = _memoised(memo, None if key is None else ("fastest", D, total, *key), avail, at_least,
                     lambda: [a] if (a := _fastest(prog, at_least)) else [])
     return got[0] if got else None
@@ -965,6 +971,12 @@ class _Program:
         return fronts.allocation((*self.key, self.D, self.total, tau), use,
                                  lambda: self._traced(tau, use, fronts))
 
+    def met(self, tau: float) -> Allocation | None:
+        """An allocation under ``tau``: the one a feasibility test found there, else
+        ``solve``'s."""
+        got = self._solved.get((tau, False))
+        return got if got is not None else self.solve(tau)
+
     def _traced(self, tau: float, use: tuple[int, ...], fronts: Fronts) -> Allocation:
         """The allocation with ``use`` under ``tau``, traced back through the choices of a
         front at caps holding the pool (the same at any such caps)."""
@@ -975,15 +987,17 @@ class _Program:
         return _trace(self._back[tau], use, tau)
 
 
-def _fastest(prog: _Program, at_least: float) -> Allocation | None:
+def _fastest(prog: _Program, at_least: float, cheapest: bool = True) -> Allocation | None:
     """The search over the stage times asks only whether a bound can be met (the fronts
     answer that for one or two kinds, beyond them a quick greedy fill, else the MIP, which
     finds the cheapest allocation then); the cheapest allocation is found once, at the bound
     found. It bisects, except from a caller's bound (``at_least``), where the answer mostly
     is or is a few bounds above: that bound is tried first, then bounds 1, 3, 7, ... above
     it until one is met, then the bisection narrows the last step. Feasibility is monotone
-    in the bound, so the answer is the same either way."""
+    in the bound, so the answer is the same either way. ``cheapest`` False: the allocation
+    found at that bound (``_Program.met``)."""
     taus, index, least = _bounds(prog)
+    take = prog.solve if cheapest else prog.met
     if not taus:
         return None
     floor = max(least, at_least)
@@ -1014,7 +1028,7 @@ def _fastest(prog: _Program, at_least: float) -> Allocation | None:
         found = prog.search(taus, lo, hi, near, check_hi)
         return None if found < 0 else prog.solve(taus[found])
     if near and lo < hi and prog.feasible(taus[lo]):
-        return prog.solve(taus[lo])
+        return take(taus[lo])
     if check_hi and not prog.feasible(taus[hi]):
         return None  # not even the largest bound is met
     # from a caller's bound, gallop up from the first bound, then bisect
@@ -1032,7 +1046,7 @@ def _fastest(prog: _Program, at_least: float) -> Allocation | None:
             hi = mid
         else:
             lo = mid + 1
-    return prog.solve(taus[hi])
+    return take(taus[hi])
 
 
 @compiled
