@@ -109,6 +109,63 @@ def test_each_stage_on_its_cheapest_combo_is_the_cheapest_allocation_when_it_fit
                                        [0, 0, 0], tau, relax, extra) is None
 
 
+@pytest.mark.parametrize("K", [3, 4])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_quick_tests_agree_with_every_combination(K, seed):
+    """The compiled tests before the MIP, against every combination tried: the LP bound
+    (``_load``) rules out only bounds no allocation meets, and a greedy fill, plain or
+    weighted, is an allocation under the bound within the pool (D replicas a stage, at most
+    two options of one region, no option over the bound for the busiest pipelines)."""
+    rng = np.random.default_rng(500 + seed)
+    W = allocate.kind_weights(K).T
+    seen = {"ruled out": 0, "filled": 0}
+    for _ in range(12):
+        P, D = int(rng.integers(1, 5)), int(rng.integers(1, 6))
+        stages = random_stages(rng, K, P)
+        avail = rng.integers(0, 3 * D + 2, size=K)
+        regions = [int(k % 2) for k in range(K)] if seed % 2 else [0] * K
+        total = int(rng.integers(D, 4 * D + 1))
+        relax, extra = allocate.slots(D, total)
+        times = sorted({o.time_s for st in stages for o in st})
+        tau = times[int(rng.integers(0, len(times)))] * float(rng.choice([1.0, 1.2]))
+        flat = allocate._flatten(stages)
+        keep = np.zeros(len(flat.opts), dtype=bool)
+        if not allocate._keep(flat.start, flat.kinds, flat.tps, flat.times, K, tau, tau * relax,
+                              keep):
+            continue
+        assert flat.allowed(keep) == [allocate._allowed(st, tau, relax) for st in stages]
+        want = every_allocation(stages, D, avail, np.ones(K), regions, tau, total)
+        load, at = allocate._load(flat.start, flat.kinds, flat.tps, flat.times, keep,
+                                  avail.astype(float), W, tau, D, extra)
+        if load > 1.0:
+            assert want is None
+            seen["ruled out"] += 1
+            continue
+        for weighted in (False, True):
+            left = avail.astype(np.int64).copy()
+            out = np.empty((P, 6), dtype=np.int64)
+            if not allocate._greedy(flat.start, flat.kinds, flat.tps, flat.times, keep,
+                                    np.array(regions), left, tau, extra, D, W[:, at], weighted,
+                                    out):
+                continue
+            assert want is not None
+            seen["filled"] += 1
+            assert (left >= 0).all()
+            use = np.zeros(K, dtype=np.int64)
+            for (ka, ta, na, kb, tb, nb), opts in zip(out.tolist(), stages, strict=True):
+                t = {(o.kind, o.tp): o.time_s for o in opts}
+                mix = [(ka, ta, na)] + ([(kb, tb, nb)] if kb >= 0 else [])
+                assert sum(n for _, _, n in mix) == D and all(n >= 1 for _, _, n in mix)
+                assert len({regions[k] for k, _, _ in mix}) == 1
+                assert min(t[(k, tp)] for k, tp, _ in mix) <= tau
+                for k, tp, n in mix:
+                    assert t[(k, tp)] <= tau * relax * (1 + 1e-12)
+                    assert t[(k, tp)] <= tau or n <= D - extra
+                    use[k] += n * tp
+            assert (use == avail - left).all()
+    assert seen["filled"]
+
+
 @pytest.mark.parametrize("slow", [0, 1, 2])
 @pytest.mark.parametrize("seed", range(6))
 def test_a_bound_that_leaves_two_kinds_is_the_dynamic_program_on_them(slow, seed, monkeypatch):

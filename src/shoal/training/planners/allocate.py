@@ -155,14 +155,63 @@ def slots(D: int, total: int | None) -> tuple[float, int]:
 def _allowed(opts: list[Option], tau: float, relax: float) -> list[Option]:
     """A stage's options under the bound: per GPU kind only its smallest TP under ``tau`` (for
     the busiest pipelines) and under ``tau * relax`` (for the others), as a larger one uses
-    more GPUs of that kind."""
-    pick: dict[tuple[int, bool], Option] = {}
-    for o in opts:
-        for slow, lim in ((False, tau), (True, tau * relax)):
-            cur = pick.get((o.kind, slow))
-            if o.time_s <= lim and (cur is None or (o.tp, o.time_s) < (cur.tp, cur.time_s)):
-                pick[(o.kind, slow)] = o
-    return sorted(set(pick.values()), key=lambda o: (o.kind, o.tp))
+    more GPUs of that kind (``_keep``), by kind, then TP."""
+    flat = _flatten([opts])
+    keep = np.zeros(len(flat.opts), dtype=np.bool_)
+    _keep(flat.start, flat.kinds, flat.tps, flat.times, max(flat.kinds, default=-1) + 1, tau,
+          tau * relax, keep)
+    return flat.allowed(keep)[0]
+
+
+class _Flat(NamedTuple):
+    """A program's stage options as the compiled tests read them: stage s's are
+    ``opts[start[s]:start[s + 1]]``, sorted by kind, then TP, with their kinds, TPs and
+    times."""
+
+    opts: list[Option]
+    start: np.ndarray
+    kinds: np.ndarray
+    tps: np.ndarray
+    times: np.ndarray
+
+    def allowed(self, keep: np.ndarray) -> list[list[Option]]:
+        """Per stage, its options marked in ``keep`` (``_keep``)."""
+        edges = self.start.tolist()
+        return [[self.opts[i] for i in range(a, b) if keep[i]]
+                for a, b in zip(edges, edges[1:], strict=False)]
+
+
+def _flatten(stage_opts: list[list[Option]]) -> _Flat:
+    opts = [o for st in stage_opts for o in sorted(st, key=lambda o: (o.kind, o.tp))]
+    start = np.zeros(len(stage_opts) + 1, dtype=np.int64)
+    np.cumsum([len(st) for st in stage_opts], out=start[1:])
+    return _Flat(opts, start, np.array([o.kind for o in opts], dtype=np.int64),
+                 np.array([o.tp for o in opts], dtype=np.int64),
+                 np.array([o.time_s for o in opts], dtype=np.float64))
+
+
+@compiled
+def _keep(start, kinds, tps, times, K, tau, tau_relaxed, keep):
+    """``_allowed`` for every stage at once, compiled: marks in ``keep`` each stage's options
+    it keeps (per kind its smallest TP, then the fastest, within ``tau`` and within
+    ``tau_relaxed``); returns whether every stage keeps one within ``tau``."""
+    best = np.empty(K, dtype=np.int64)
+    every = True
+    for s in range(len(start) - 1):
+        under = False
+        for lim in (tau, tau_relaxed):
+            best[:] = -1
+            for o in range(start[s], start[s + 1]):
+                k, b = kinds[o], best[kinds[o]]
+                if times[o] <= lim and (b < 0 or tps[o] < tps[b]
+                                        or (tps[o] == tps[b] and times[o] < times[b])):
+                    best[k] = o
+            for k in range(K):
+                if best[k] >= 0:
+                    keep[best[k]] = True
+                    under = under or times[best[k]] <= tau
+        every = every and under
+    return every
 
 
 def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
@@ -179,38 +228,52 @@ def _solve(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.
 
 def _solve_exact(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
                  region_of: list[int], tau: float, total: int | None,
-                 deadline: float | None, cheapest: bool) -> tuple[Allocation | None, bool]:
+                 deadline: float | None, cheapest: bool,
+                 flat: _Flat | None = None) -> tuple[Allocation | None, bool]:
     """``_solve``'s answer, and whether it is the cheapest (none counts as the cheapest): a
-    feasibility test answers with the cheapest allocation when it takes the MIP."""
+    feasibility test answers with the cheapest allocation when it takes the MIP. ``flat``:
+    the stage options flattened (``_flatten``; a program keeps them for all its bounds)."""
     relax, extra = slots(D, total)
     if len(avail) <= DP_KINDS:
         return _solve_dp(_tables(stage_opts, D, region_of), avail, price, tau, relax, extra,
                          deadline), True
     if deadline is not None and time.perf_counter() > deadline:
         raise OutOfTime
-    allowed = [_allowed(opts, tau, relax) for opts in stage_opts]
+    flat = flat or _flatten(stage_opts)
+    keep = np.zeros(len(flat.opts), dtype=np.bool_)
+    K = len(avail)
     # a stage whose every option is over the bound has no replica for the busiest pipelines
-    if any(all(o.time_s > tau for o in al) for al in allowed):
+    if not _keep(flat.start, flat.kinds, flat.tps, flat.times, K, tau, tau * relax, keep):
         return None, True
-    load = _load(allowed, D, avail, tau, extra)
-    if load.max() > 1.0:
+    W = kind_weights(K).T
+    load, binding = _load(flat.start, flat.kinds, flat.tps, flat.times, keep,
+                          np.asarray(avail, dtype=np.float64), W, tau, D, extra)
+    if load > 1.0:
         return None, True
-    used = sorted({o.kind for al in allowed for o in al})
+    used = np.unique(flat.kinds[keep]).tolist()
     if len(used) <= DP_KINDS:
         # the bound leaves options of one or two kinds: the dynamic program over them
-        return _on_kinds(used, allowed, D, avail, price, region_of, tau, relax, extra,
-                         deadline), True
+        return _on_kinds(used, flat.allowed(keep), D, avail, price, region_of, tau, relax,
+                         extra, deadline), True
     if cheapest:
-        own = _each_cheapest(allowed, D, avail, price, region_of, tau, relax, extra)
+        own = _each_cheapest(allowed := flat.allowed(keep), D, avail, price, region_of, tau,
+                             relax, extra)
         if own is not None:
             return own, True
     else:
         # the scarcest GPUs by share of what is left, then by the weighting closest to binding
-        W = kind_weights(len(avail)).T
-        for weigh in (None, W[:, int(np.argmax(load))]):
-            found = _greedy(allowed, D, avail, region_of, tau, extra, weigh)
-            if found is not None:
-                return found, False
+        out = np.empty((len(flat.start) - 1, 6), dtype=np.int64)
+        left = np.asarray(avail, dtype=np.int64).copy()
+        regions = np.asarray(region_of, dtype=np.int64)
+        for weighted in (False, True):
+            left[:] = avail
+            if _greedy(flat.start, flat.kinds, flat.tps, flat.times, keep, regions, left, tau,
+                       extra, D, W[:, binding], weighted, out):
+                per_stage = tuple(((ka, ta, na),) if kb < 0 else ((ka, ta, na), (kb, tb, nb))
+                                  for ka, ta, na, kb, tb, nb in out.tolist())
+                return Allocation(per_stage, tuple(int(a) - int(b) for a, b in
+                                                   zip(avail, left, strict=True)), tau), False
+        allowed = flat.allowed(keep)
     # a feasibility test that gets here also costs the allocations: when its bound is the
     # one found, the cheapest is then known (a MIP with costs takes about a third longer)
     return _solve_mip(allowed, D, avail, price, region_of, tau, relax, extra, deadline), True
@@ -234,25 +297,40 @@ def _on_kinds(used: list[int], allowed: list[list[Option]], D: int, avail: np.nd
                       tuple(int(u) for u in usage), tau)
 
 
-def _load(allowed: list[list[Option]], D: int, avail: np.ndarray, tau: float,
-          extra: int) -> np.ndarray:
-    """Per weighting of the kinds (``kind_weights``), the GPUs the stages need at least over those
-    the pool holds: above 1 under any weighting (a bound of the LP relaxation, through its
-    dual) and no allocation fits."""
-    W = kind_weights(len(avail)).T
-    need = np.zeros(W.shape[1])
-    equal: dict[tuple[Option, ...], int] = {}  # stages of equal options count once, times n
-    for al in allowed:
-        equal[key] = equal.get(key := tuple(al), 0) + 1
-    for al, n in equal.items():
-        under = np.min([o.tp * W[o.kind] for o in al if o.time_s <= tau], axis=0)
-        least = D * under
-        over = [o.tp * W[o.kind] for o in al if o.time_s > tau]
-        if over:  # at most D - extra replicas on an option over the bound
-            least = np.minimum(least, (D - extra) * np.min(over, axis=0) + extra * under)
-        need += n * least
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(need > 0, need / (avail @ W), 0.0)
+@compiled
+def _load(start, kinds, tps, times, keep, avail, W, tau, D, extra):
+    """Per weighting of the kinds (``kind_weights``, the columns of ``W``), the GPUs the
+    stages need at least over those the pool holds, over the options marked in ``keep``
+    (``_keep``): above 1 under any weighting (a bound of the LP relaxation, through its dual)
+    and no allocation fits. Compiled; returns the largest and its weighting (the first of
+    equal ones)."""
+    K, nW = W.shape
+    need = np.zeros(nW)
+    for s in range(len(start) - 1):
+        for w in range(nW):
+            under, over = np.inf, np.inf
+            for o in range(start[s], start[s + 1]):
+                if keep[o]:
+                    v = tps[o] * W[kinds[o], w]
+                    if times[o] <= tau:
+                        under = min(under, v)
+                    else:
+                        over = min(over, v)
+            least = D * under
+            if over < np.inf:  # at most D - extra replicas on an option over the bound
+                least = min(least, (D - extra) * over + extra * under)
+            need[w] += least
+    most, at = -1.0, 0
+    for w in range(nW):
+        load = 0.0
+        if need[w] > 0:
+            have = 0.0
+            for k in range(K):
+                have += avail[k] * W[k, w]
+            load = need[w] / have if have > 0 else np.inf
+        if load > most:
+            most, at = load, w
+    return most, at
 
 
 def _each_cheapest(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
@@ -286,51 +364,71 @@ def _stage_combos(al: list[Option], D: int, region_of: list[int], K: int, tau: f
     return combos, CU, ok
 
 
-def _greedy(allowed: list[list[Option]], D: int, avail: np.ndarray, region_of: list[int],
-            tau: float, extra: int, weigh: np.ndarray | None = None) -> Allocation | None:
-    """Some allocation under the bound, found quickly or not at all (None says nothing): the
-    stages that need the most GPUs first, each given the option, or the pair of options of one
-    region (as many replicas on the first as fit), that takes the smallest share of the GPUs
-    left (or, given ``weigh``, the fewest weighted GPUs)."""
-    left = [int(x) for x in avail]
-    order = sorted(range(len(allowed)),
-                   key=lambda i: -min(o.tp for o in allowed[i] if o.time_s <= tau))
-    per_stage: list[tuple[tuple[int, int, int], ...]] = [()] * len(allowed)
-    for i in order:
-        al = allowed[i]
-        best, best_share = None, np.inf
-        for a in al:
-            cap_a = D - extra if a.time_s > tau else D
-            for b in al:
-                if b is a:
+@compiled
+def _greedy(start, kinds, tps, times, keep, region_of, left, tau, extra, D, weigh, weighted,
+            out):
+    """Some allocation under the bound over the options marked in ``keep`` (``_keep``),
+    found quickly or not at all (False says nothing), compiled: the stages that need the
+    most GPUs first, each given the option, or the pair of options of one region (as many
+    replicas on the first as fit), that takes the smallest share of the GPUs ``left`` (or,
+    ``weighted``, the fewest GPUs weighted by ``weigh``). Takes its GPUs from ``left`` and
+    writes per stage (kind, TP, replicas) of its first option and of its second (kind -1:
+    none) in ``out``."""
+    S = len(start) - 1
+    fewest = np.empty(S, dtype=np.int64)
+    for s in range(S):
+        m = np.int64(1) << np.int64(60)
+        for o in range(start[s], start[s + 1]):
+            if keep[o] and times[o] <= tau and tps[o] < m:
+                m = tps[o]
+        fewest[s] = -m
+    for i in np.argsort(fewest, kind="mergesort"):
+        best_share = np.inf
+        pick_a, pick_b, pick_na = -1, -1, 0
+        for a in range(start[i], start[i + 1]):
+            if not keep[a]:
+                continue
+            ka = kinds[a]
+            cap_a = D - extra if times[a] > tau else D
+            for b in range(start[i], start[i + 1]):
+                if not keep[b]:
+                    continue
+                kb = kinds[b]
+                if b == a:
                     if cap_a < D:
                         continue
-                    mix = ((a, D),)
-                elif region_of[a.kind] != region_of[b.kind] or (
-                        a.time_s > tau and b.time_s > tau):
+                    na, nb = D, 0
+                elif region_of[ka] != region_of[kb] or (times[a] > tau and times[b] > tau):
                     continue
                 else:
-                    na = min(cap_a, D - 1, left[a.kind] // a.tp)
+                    na = min(cap_a, D - 1, left[ka] // tps[a])
                     nb = D - na
-                    if na < 1 or (b.time_s > tau and nb > D - extra):
+                    if na < 1 or (times[b] > tau and nb > D - extra):
                         continue
-                    mix = ((a, na), (b, nb))
-                use: dict[int, int] = {}
-                for o, n in mix:
-                    use[o.kind] = use.get(o.kind, 0) + n * o.tp
-                if any(u > left[k] for k, u in use.items()):
-                    continue
-                share = sum(u / max(left[k], 1) if weigh is None else u * float(weigh[k])
-                            for k, u in use.items())
+                ua, ub = na * tps[a], nb * tps[b]
+                if b == a or ka == kb:
+                    if ua + ub > left[ka]:
+                        continue
+                    share = ((ua + ub) * weigh[ka] if weighted
+                             else (ua + ub) / max(left[ka], 1))
+                else:
+                    if ua > left[ka] or ub > left[kb]:
+                        continue
+                    share = (ua * weigh[ka] + ub * weigh[kb] if weighted
+                             else ua / max(left[ka], 1) + ub / max(left[kb], 1))
                 if share < best_share:
-                    best, best_share = (mix, use), share
-        if best is None:
-            return None
-        mix, use = best
-        for k, u in use.items():
-            left[k] -= u
-        per_stage[i] = tuple((o.kind, o.tp, n) for o, n in mix)
-    return Allocation(tuple(per_stage), tuple(int(a) - l for a, l in zip(avail, left)), tau)
+                    best_share, pick_a, pick_b, pick_na = share, a, b, na
+        if pick_a < 0:
+            return False
+        a, b, na = pick_a, pick_b, pick_na
+        out[i, 0], out[i, 1], out[i, 2] = kinds[a], tps[a], na
+        left[kinds[a]] -= na * tps[a]
+        if b == a:
+            out[i, 3], out[i, 4], out[i, 5] = -1, 0, 0
+        else:
+            out[i, 3], out[i, 4], out[i, 5] = kinds[b], tps[b], D - na
+            left[kinds[b]] -= (D - na) * tps[b]
+    return True
 
 
 def _solve_dp(tables: _Tables, avail: np.ndarray, price: np.ndarray, tau: float, relax: float,
@@ -890,6 +988,7 @@ class _Program:
     _solved: dict[tuple[float, bool], Allocation | None] = field(default_factory=dict)
     _back: dict[float, list] = field(default_factory=dict)  # choices of the fronts computed
     _tables: _Tables | None = None
+    _flat: _Flat | None = None
 
     @property
     def fronts(self) -> Fronts | None:
@@ -899,8 +998,11 @@ class _Program:
 
     def _solve(self, tau: float, cheapest: bool = True) -> Allocation | None:
         if (tau, cheapest) not in self._solved:
+            if self._flat is None and len(self.avail) > DP_KINDS:
+                self._flat = _flatten(self.stage_opts)
             got, exact = _solve_exact(self.stage_opts, self.D, self.avail, self.price,
-                                      self.region_of, tau, self.total, self.deadline, cheapest)
+                                      self.region_of, tau, self.total, self.deadline, cheapest,
+                                      self._flat)
             self._solved[(tau, cheapest)] = got
             if exact:
                 self._solved[(tau, True)] = got
