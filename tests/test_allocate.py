@@ -83,9 +83,10 @@ def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed, form, 
             if K > allocate.DP_KINDS:  # the MIP alone, also where each stage's cheapest fits
                 relax, extra = allocate.slots(D, total)
                 allowed = [allocate._allowed(o, tau, relax) for o in stages]
-                mip = allocate._solve_mip(allowed, D, avail, price, region_of, tau, relax,
-                                          extra, None)
-                assert float(np.asarray(mip.usage) @ price) == pytest.approx(want[0], rel=1e-9)
+                for solve in (allocate._solve_mip, allocate._by_choices):  # and in each form
+                    mip = solve(allowed, D, avail, price, region_of, tau, relax, extra, None)
+                    assert float(np.asarray(mip.usage) @ price) == pytest.approx(want[0],
+                                                                                 rel=1e-9)
     assert checked  # the seeds do reach feasible cases
 
 

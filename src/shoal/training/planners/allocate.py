@@ -37,6 +37,7 @@ DP_KINDS = 2  # up to this many kinds the program is the dynamic program, above 
 MIP_OPTIONS = {"mip_heuristic_run_feasibility_jump": False}
 COMBO_COLUMNS_PER_OPTION = 4  # how the MIP's form is chosen (``_solve_mip``)
 COMBO_CACHE = 16_384  # stages' combos kept (``_combos``)
+LAZY_ROUNDS = 4  # MIPs holding more and more stages to the mixing rules (``_solve_mip``)
 
 
 class OutOfTime(Exception):
@@ -689,16 +690,44 @@ def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np
                region_of: list[int], tau: float, relax: float, extra: int,
                deadline: float | None) -> Allocation | None:
     """``_solve`` for three kinds or more, where the program's fronts grow large: a MIP solved
-    by HiGHS, in one of two forms of the same choices (``_by_combo``, ``_by_option``). The combo
-    form has no big-M rows, no binaries per region and no symmetry between equal stages: on
-    pools of two regions the option form was 10-100x slower. With one region the option form
-    was about 16x faster (one-off timings over a few hundred programs of each). So: combos when
-    the options span regions and the combo columns are at most COMBO_COLUMNS_PER_OPTION times
-    the option columns."""
+    by HiGHS. First without the rules on how a stage mixes its options (any replicas on any
+    of them, ``_by_option`` with no stage ``strict``): when its cheapest allocation keeps
+    those rules anyway, as it mostly does (its basic solutions spread few stages over several
+    options), no allocation is cheaper, since every allocation that keeps them is one of its.
+    Else, on one region, the stages that broke them, and those of the same options, are held
+    to them, and so on, for up to ``LAZY_ROUNDS`` solves; then (at once across regions) the
+    MIP over the choices themselves (``_by_choices``)."""
     K = len(avail)
-    left = np.inf if deadline is None else deadline - time.perf_counter()
-    if left <= 0:
-        raise OutOfTime
+    strict: set[int] = set()
+    classes: dict[tuple[Option, ...], list[int]] = {}  # stages of equal options
+    for i, al in enumerate(allowed):
+        classes.setdefault(tuple(al), []).append(i)
+    # binaries per region made the option form slow (``_by_choices``): across regions, the
+    # stages are held to the rules in the combo form at once
+    one_region = len({region_of[o.kind] for al in allowed for o in al}) == 1
+    for _ in range(LAZY_ROUNDS if one_region else 1):
+        left = np.inf if deadline is None else deadline - time.perf_counter()
+        m = Model(maximize=False)
+        use: list[tuple[list[int], list[float]]] = [([], []) for _ in range(K)]
+        got = _mip_solve(m, use, _by_option(m, use, allowed, D, price, region_of, tau, extra,
+                                            strict), avail, left)
+        if not isinstance(got, set):
+            return _allocation(got, K, tau)
+        # the stages of equal options would take the same mix in turn
+        strict.update(i for b in got for i in classes[tuple(allowed[b])])
+    return _by_choices(allowed, D, avail, price, region_of, tau, relax, extra, deadline)
+
+
+def _by_choices(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
+                region_of: list[int], tau: float, relax: float, extra: int,
+                deadline: float | None) -> Allocation | None:
+    """``_solve_mip``'s MIP over the choices themselves, in one of two forms (``_by_combo``,
+    ``_by_option``). The combo form has no big-M rows, no binaries per region and no symmetry
+    between equal stages: on pools of two regions the option form was 10-100x slower. With one
+    region the option form was about 16x faster (one-off timings over a few hundred programs
+    of each). So: combos when the options span regions and the combo columns are at most
+    COMBO_COLUMNS_PER_OPTION times the option columns."""
+    K = len(avail)
     classes: dict[tuple[Option, ...], list[int]] = {}  # equal stages share columns
     for i, al in enumerate(allowed):
         classes.setdefault(tuple(al), []).append(i)
@@ -710,7 +739,7 @@ def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np
         n_combo += sum(n + n * (n - 1) // 2 * (D - 1) for n in per_region.values())
     n_option = 2 * sum(len(al) for al in allowed)
     m = Model(maximize=False)
-    use: list[tuple[list[int], list[float]]] = [([], []) for _ in range(K)]  # columns per kind
+    use = [([], []) for _ in range(K)]
     regions = {region_of[o.kind] for al in classes for o in al}
     if len(regions) > 1 and n_combo <= COMBO_COLUMNS_PER_OPTION * n_option:
         read = _by_combo(m, use, classes, D, price, region_of, tau, relax, extra)
@@ -718,6 +747,17 @@ def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np
         read = _by_option(m, use, allowed, D, price, region_of, tau, extra)
     if read is None:
         return None
+    left = np.inf if deadline is None else deadline - time.perf_counter()
+    return _allocation(_mip_solve(m, use, read, avail, left), K, tau)
+
+
+def _mip_solve(m: Model, use: list[tuple[list[int], list[float]]], read, avail: np.ndarray,
+               left: float):
+    """Solves ``m`` with a row per kind holding its columns (``use``) to the pool's GPUs, and
+    returns ``read`` of its solution (None when nothing fits). Raises OutOfTime when the
+    time ``left`` runs out first."""
+    if left <= 0:
+        raise OutOfTime
     for k, (idx, val) in enumerate(use):
         if idx:
             m.row(idx, val, hi=float(avail[k]))
@@ -726,7 +766,12 @@ def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np
         if sol.infeasible:
             return None
         raise OutOfTime
-    per_stage = read(np.rint(sol.x).astype(np.int64))
+    return read(np.rint(sol.x).astype(np.int64))
+
+
+def _allocation(per_stage: list | None, K: int, tau: float) -> Allocation | None:
+    if per_stage is None:
+        return None
     usage = np.zeros(K, dtype=np.int64)
     for mix in per_stage:
         for k, tp, n in mix:
@@ -768,27 +813,39 @@ def _by_combo(m: Model, use, classes: dict[tuple[Option, ...], list[int]], D: in
 
 
 def _by_option(m: Model, use, allowed: list[list[Option]], D: int, price: np.ndarray,
-               region_of: list[int], tau: float, extra: int):
-    """Columns: per stage, the replicas it takes of each allowed option, with a binary per
-    option (at most two used, at most one over ``tau`` with at most D - extra replicas) and
-    per region (the options of one region only); returns the reader of a solution."""
+               region_of: list[int], tau: float, extra: int, strict: set[int] | None = None):
+    """Columns: per stage, the replicas it takes of each allowed option, D in all, at most
+    D - extra on the options over ``tau``; on the stages of ``strict`` (None: every stage)
+    with a binary per option (at most two used, at most one over ``tau``) and per region
+    (the options of one region only). Returns the reader of a solution: the allocation, or,
+    when some stage outside ``strict`` breaks those rules, the set of such stages."""
     cols: list[list[tuple[Option, int]]] = []
-    for al in allowed:
+    for s, al in enumerate(allowed):
         xs, zs, over = [], [], []
         regions: dict[int, list[int]] = {}
+        binary = strict is None or s in strict
         for o in al:
             cap = D - extra if o.time_s > tau else D
             x = m.var(0, cap, float(price[o.kind] * o.tp), integer=True)
+            xs.append(x)
+            use[o.kind][0].append(x)
+            use[o.kind][1].append(o.tp)
+            if not binary:
+                if o.time_s > tau:
+                    over.append(x)
+                continue
             z = m.var(0, 1, integer=True)
             m.row([x, z], [1, -cap], hi=0)  # replicas only on a used option
-            xs.append(x)
             zs.append(z)
             if o.time_s > tau:
                 over.append(z)
             regions.setdefault(region_of[o.kind], []).append(z)
-            use[o.kind][0].append(x)
-            use[o.kind][1].append(o.tp)
         m.row(xs, [1] * len(xs), lo=D, hi=D)
+        if not binary:
+            if len(over) > 1:
+                m.row(over, [1] * len(over), hi=D - extra)
+            cols.append(list(zip(al, xs, strict=True)))
+            continue
         m.row(zs, [1] * len(zs), hi=2)
         if len(over) > 1:
             m.row(over, [1] * len(over), hi=1)
@@ -799,8 +856,14 @@ def _by_option(m: Model, use, allowed: list[list[Option]], D: int, price: np.nda
             m.row(rs, [1] * len(rs), hi=1)
         cols.append(list(zip(al, xs, strict=True)))
 
-    def read(x: np.ndarray) -> list:
-        return [tuple((o.kind, o.tp, int(x[c])) for o, c in st if x[c] > 0) for st in cols]
+    def read(x: np.ndarray) -> list | set[int]:
+        per_stage = [[(o, int(x[c])) for o, c in st if x[c] > 0] for st in cols]
+        broken = {s for s, mix in enumerate(per_stage)
+                  if len(mix) > 2 or sum(o.time_s > tau for o, _ in mix) > 1
+                  or len({region_of[o.kind] for o, _ in mix}) > 1}
+        if broken:
+            return broken
+        return [tuple((o.kind, o.tp, n) for o, n in mix) for mix in per_stage]
 
     return read
 
