@@ -24,6 +24,19 @@ def random_stages(rng, K: int, P: int) -> list[list[Option]]:
     return stages
 
 
+def allowed_options(opts, tau, relax):
+    """The options a stage may use under the bound, by the rule itself: per GPU kind, its
+    smallest TP (then the fastest) within ``tau``, and within ``tau * relax``; by kind, then
+    TP."""
+    keep = set()
+    for lim in (tau, tau * relax):
+        for k in {o.kind for o in opts}:
+            fits = [o for o in opts if o.kind == k and o.time_s <= lim]
+            if fits:
+                keep.add(min(fits, key=lambda o: (o.tp, o.time_s)))
+    return sorted(keep, key=lambda o: (o.kind, o.tp))
+
+
 def every_allocation(stage_opts, D, avail, price, region_of, tau, total):
     """The cheapest allocation under the bound by trying every combination of the stages'
     combos (the program's choices, enumerated): (cost, usage) or None."""
@@ -31,7 +44,7 @@ def every_allocation(stage_opts, D, avail, price, region_of, tau, total):
     K = len(avail)
     per_stage = []
     for opts in stage_opts:
-        al = allocate._allowed(opts, tau, relax)
+        al = allowed_options(opts, tau, relax)
         combos, use, t_fast, t_slow, n_slow = allocate._combos(tuple(al), D, tuple(region_of), K)
         ok = (t_fast <= tau) & np.where(n_slow <= D - extra, t_slow <= tau * relax, t_slow <= tau)
         per_stage.append(use[ok])
@@ -134,7 +147,7 @@ def test_the_quick_tests_agree_with_every_combination(K, seed):
         if not allocate._keep(flat.start, flat.kinds, flat.tps, flat.times, K, tau, tau * relax,
                               keep):
             continue
-        assert flat.allowed(keep) == [allocate._allowed(st, tau, relax) for st in stages]
+        assert flat.allowed(keep) == [allowed_options(st, tau, relax) for st in stages]
         want = every_allocation(stages, D, avail, np.ones(K), regions, tau, total)
         load, at = allocate._load(flat.start, flat.kinds, flat.tps, flat.times, keep,
                                   avail.astype(float), W, tau, D, extra)
@@ -240,11 +253,16 @@ def test_fastest_is_the_smallest_bound_met(seed, form, monkeypatch):
             assert met.bottleneck_s == want and (np.asarray(met.usage) <= avail).all()
             assert float(np.asarray(met.usage) @ price) >= cheapest * (1 - 1e-9)
             relax, extra = allocate.slots(D, total)
+            use = np.zeros(3, dtype=np.int64)
             for st, opts in zip(met.per_stage, stages, strict=True):
-                assert sum(n for _, _, n in st) == D
+                assert sum(n for _, _, n in st) == D and len(st) <= 2
+                assert len({regions[k] for k, _, _ in st}) == 1
                 t = {(o.kind, o.tp): o.time_s for o in opts}
                 assert min(t[(k, tp)] for k, tp, _ in st) <= want
                 assert all(t[(k, tp)] <= want * relax for k, tp, _ in st)
+                for k, tp, n in st:
+                    use[k] += n * tp
+            assert tuple(use) == met.usage
         # from any bound at or below the answer (a caller's), the search gallops up from it
         # and finds the same allocation
         for t in taus:
@@ -253,6 +271,27 @@ def test_fastest_is_the_smallest_bound_met(seed, form, monkeypatch):
             again = fastest(stages, D, avail, price, regions, at_least=t, total=total)
             assert (again is None) == (got is None)
             assert again is None or again == got
+
+
+def test_any_allocation_at_the_least_bottleneck_is_not_always_the_cheapest():
+    """``fastest(cheapest=False)`` on three kinds answers with the allocation the search met
+    at the least bottleneck (the greedy fill's), which is not always the cheapest one."""
+    differ = same = 0
+    for seed in range(6):
+        rng = np.random.default_rng(100 + seed)
+        for _ in range(4):
+            P, D = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+            stages = random_stages(rng, 3, P)
+            avail, price = rng.integers(0, 3 * D + 2, size=3), rng.uniform(0.5, 3.0, size=3)
+            total = int(rng.integers(D, 4 * D + 1))
+            cheapest = fastest(stages, D, avail, price, [0, 0, 0], total=total)
+            met = fastest(stages, D, avail, price, [0, 0, 0], total=total, cheapest=False)
+            if cheapest is not None:
+                assert met.bottleneck_s == cheapest.bottleneck_s
+                differ += float(np.asarray(met.usage) @ price) > float(
+                    np.asarray(cheapest.usage) @ price) * (1 + 1e-9)
+                same += met == cheapest
+    assert differ and same
 
 
 @pytest.mark.parametrize("K", [1, 2])

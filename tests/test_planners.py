@@ -385,24 +385,35 @@ def test_a_boundary_moved_away_is_moved_back():
 
 def test_a_descent_is_not_walked_again_from_a_plan_on_its_way():
     """The tuning remembers where a descent from each plan on its way ended: tuning any of
-    them again (in the next search of a re-plan, say) gives that plan at once, with no move
-    costed, and the same plan a fresh tuning finds."""
+    them again (in the next search of a re-plan, say), the middle of the way too, gives that
+    plan at once, with no move costed, and the same plan a fresh tuning finds."""
     pb = small_problem(*SMALL_PROBLEMS[4])
     best = search(pb, strategy="auto").ranked[0]
-    ev = Evaluator(pb, mbs_options(pb), pb.constraints, SearchStats("auto"))
-    worse = [c for c in ev.cost(refine.moves(best.spec))
-             if c is not None and c.iteration_time_s > best.iteration_time_s * (1 + 1e-6)]
-    start = worse[0]
-    tuned = refine.refine(ev, start, "max-throughput")
-    assert tuned.spec != start.spec
     key = ("max-throughput", pb.constraints.model_dump_json())
-    assert ev.tuned[(start.spec, key)] == ev.tuned[(tuned.spec, key)] == tuned.spec
-    costed = ev.stats.candidates_costed
-    again = refine.refine(ev, start, "max-throughput")
-    assert again.spec == tuned.spec
-    assert ev.stats.candidates_costed == costed + 1  # the end plan, from the estimate memo
-    fresh = Evaluator(pb, mbs_options(pb), pb.constraints, SearchStats("auto"))
-    assert refine.refine(fresh, fresh.cost([start.spec])[0], "max-throughput").spec == tuned.spec
+
+    def fresh() -> Evaluator:
+        return Evaluator(pb, mbs_options(pb), pb.constraints, SearchStats("auto"))
+
+    # a plan two boundary moves from the best, whose descent takes two steps
+    ev = fresh()
+    for start in ev.cost([m2 for m in refine.moves(best.spec) for m2 in refine.moves(m)]):
+        if start is None:
+            continue
+        ev = fresh()
+        tuned = refine.refine(ev, ev.cost([start.spec])[0], "max-throughput")
+        if len(ev.tuned) >= 3:
+            break
+    assert len(ev.tuned) >= 3, "some descent passes a plan between its start and its end"
+    assert set(ev.tuned.values()) == {tuned.spec}
+    middle = next(sp for sp, _ in ev.tuned if sp not in (start.spec, tuned.spec))
+    for sp in (start.spec, middle):
+        costed = ev.stats.candidates_costed
+        again = refine.refine(ev, ev.cost([sp])[0], "max-throughput")
+        assert again.spec == tuned.spec
+        assert ev.stats.candidates_costed == costed + 2  # the plan and the end, from the memo
+        other = fresh()
+        assert refine.refine(other, other.cost([sp])[0], "max-throughput").spec == tuned.spec
+    assert (tuned.spec, key) in ev.tuned
 
 
 @pytest.mark.parametrize("case", range(len(SMALL_PROBLEMS)))

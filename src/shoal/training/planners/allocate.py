@@ -6,9 +6,10 @@ Each stage gets D replicas, each of one kind at that kind's smallest fitting TP 
 per-microbatch time of the slowest replica, the cheapest allocation is exact: with one or two
 kinds by Sailor's dynamic program over stages on the GPUs still free (keeping after each stage
 the GPU-usage vectors that no other dominates), with three kinds or more, where those sets grow
-to thousands of vectors per stage, by a MIP over the same choices (unless every stage's own
-cheapest choice fits the pool together: no allocation is cheaper). The smallest feasible ``tau``
-is found by bisection over the distinct stage times (feasibility is monotone in ``tau``).
+to thousands of vectors per stage, by a MIP over the same choices (unless the options the bound
+leaves are of one or two kinds: the dynamic program on those; or every stage's own cheapest
+choice fits the pool together: no allocation is cheaper). The smallest feasible ``tau`` is
+found by bisection over the distinct stage times (feasibility is monotone in ``tau``).
 
 Pool sizes enter the dynamic program only as caps, so a ``PoolMemo`` keeps each program's last
 front computed for the largest pool it serves (``Fronts``) and answers smaller pools from it.
@@ -235,6 +236,7 @@ def _solve_exact(stage_opts: list[list[Option]], D: int, avail: np.ndarray, pric
     feasibility test answers with the cheapest allocation when it takes the MIP. ``flat``:
     the stage options flattened (``_flatten``; a program keeps them for all its bounds)."""
     relax, extra = slots(D, total)
+    tau = float(tau)  # the compiled programs take it as a float
     if len(avail) <= DP_KINDS:
         return _solve_dp(_tables(stage_opts, D, region_of), avail, price, tau, relax, extra,
                          deadline), True
@@ -1154,8 +1156,9 @@ class _Program:
 
 def _fastest(prog: _Program, at_least: float, cheapest: bool = True) -> Allocation | None:
     """The search over the stage times asks only whether a bound can be met (the fronts
-    answer that for one or two kinds, beyond them a quick greedy fill, else the MIP, which
-    finds the cheapest allocation then); the cheapest allocation is found once, at the bound
+    answer that for one or two kinds, beyond them the LP bound, the dynamic program when the
+    bound leaves one or two kinds, a quick greedy fill, else the MIP, which finds the cheapest
+    allocation then: ``_solve_exact``); the cheapest allocation is found once, at the bound
     found. It bisects, except from a caller's bound (``at_least``), where the answer mostly
     is or is a few bounds above: that bound is tried first, then bounds 1, 3, 7, ... above
     it until one is met, then the bisection narrows the last step. Feasibility is monotone
