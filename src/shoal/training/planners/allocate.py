@@ -603,19 +603,7 @@ def _dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na,
     class's first combo); returns how many stages kept a non-empty front."""
     big = np.int64(1) << np.int64(60)
     kept_opt = np.zeros(len(kinds), dtype=np.bool_)
-    best = np.empty(K, dtype=np.int64)
-    for c in range(len(opt_start) - 1):
-        o0, o1 = opt_start[c], opt_start[c + 1]
-        for lim in (tau, tau_relaxed):
-            best[:] = -1
-            for o in range(o0, o1):
-                k, b = kinds[o], best[kinds[o]]
-                if times[o] <= lim and (b < 0 or tps[o] < tps[b]
-                                        or (tps[o] == tps[b] and times[o] < times[b])):
-                    best[k] = o
-            for k in range(K):
-                if best[k] >= 0:
-                    kept_opt[best[k]] = True
+    _keep(opt_start, kinds, tps, times, K, tau, tau_relaxed, kept_opt)  # per class
     fewest[:] = big
     fewest[0] = 0
     raw = np.empty(A + 1, dtype=np.int64)
