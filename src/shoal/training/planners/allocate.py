@@ -689,9 +689,6 @@ def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np
     MIP over the choices themselves (``_by_choices``)."""
     K = len(avail)
     strict: set[int] = set()
-    classes: dict[tuple[Option, ...], list[int]] = {}  # stages of equal options
-    for i, al in enumerate(allowed):
-        classes.setdefault(tuple(al), []).append(i)
     # binaries per region made the option form slow (``_by_choices``): across regions, the
     # stages are held to the rules in the combo form at once
     one_region = len({region_of[o.kind] for al in allowed for o in al}) == 1
@@ -704,8 +701,17 @@ def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np
         if not isinstance(got, set):
             return _allocation(got, K, tau)
         # the stages of equal options would take the same mix in turn
+        classes = _equal_stages(allowed)
         strict.update(i for b in got for i in classes[tuple(allowed[b])])
     return _by_choices(allowed, D, avail, price, region_of, tau, relax, extra, deadline)
+
+
+def _equal_stages(allowed: list[list[Option]]) -> dict[tuple[Option, ...], list[int]]:
+    """The stages of each list of options, in order of first appearance."""
+    classes: dict[tuple[Option, ...], list[int]] = {}
+    for i, al in enumerate(allowed):
+        classes.setdefault(tuple(al), []).append(i)
+    return classes
 
 
 def _by_choices(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
@@ -718,9 +724,7 @@ def _by_choices(allowed: list[list[Option]], D: int, avail: np.ndarray, price: n
     of each). So: combos when the options span regions and the combo columns are at most
     COMBO_COLUMNS_PER_OPTION times the option columns."""
     K = len(avail)
-    classes: dict[tuple[Option, ...], list[int]] = {}  # equal stages share columns
-    for i, al in enumerate(allowed):
-        classes.setdefault(tuple(al), []).append(i)
+    classes = _equal_stages(allowed)  # equal stages share columns
     n_combo = 0
     for al in classes:
         per_region: dict[int, int] = {}
