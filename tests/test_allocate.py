@@ -103,6 +103,72 @@ def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed, form, 
     assert checked  # the seeds do reach feasible cases
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_mips_lp_relaxation_answers_only_when_its_vertex_is_integral(seed, monkeypatch):
+    """The MIP without the mixing rules is first solved as its LP relaxation: its integral
+    optimal vertices answer (no MIP run), fractional ones go on to the MIP; either way the
+    cheapest cost of every combination tried. Both routes are taken over these programs."""
+    from shoal import mip
+
+    runs = {"integral": 0, "fractional": 0}
+    solve = mip.Model.solve
+
+    def counted(self, **kwargs):
+        sol = solve(self, **kwargs)
+        if kwargs.get("relaxed") and sol.x is not None:
+            runs["integral" if np.allclose(sol.x, np.rint(sol.x), atol=1e-6)
+                 else "fractional"] += 1
+        return sol
+
+    monkeypatch.setattr(mip.Model, "solve", counted)
+    rng = np.random.default_rng(900 + seed)
+    for _ in range(30):
+        P, D = int(rng.integers(1, 4)), int(rng.integers(1, 6))
+        stages = random_stages(rng, 3, P)
+        avail = rng.integers(0, 3 * D + 2, size=3)
+        price = rng.uniform(0.5, 3.0, size=3)
+        total = int(rng.integers(D, 4 * D + 1))
+        relax, extra = allocate.slots(D, total)
+        times = sorted({o.time_s for st in stages for o in st})
+        tau = times[int(rng.integers(0, len(times)))] * float(rng.choice([1.0, 1.2]))
+        allowed = [allocate._allowed(o, tau, relax) for o in stages]
+        if any(not al for al in allowed):
+            continue
+        got = allocate._solve_mip(allowed, D, avail, price, [0, 0, 0], tau, relax, extra, None)
+        want = every_allocation(stages, D, avail, price, [0, 0, 0], tau, total)
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert float(np.asarray(got.usage) @ price) == pytest.approx(want[0], rel=1e-9)
+            assert (np.asarray(got.usage) <= avail).all()
+            assert all(sum(n for _, _, n in st) == D and len(st) <= 2 for st in got.per_stage)
+    assert runs["integral"] > 0 and runs["fractional"] > 0
+    # one stage, one replica: half a replica of TP 2 on the one GPU of kind 0 is the LP's
+    # optimum (cost 2.5); the MIP's is the replica on kind 1 (cost 3)
+    one = [[Option(0, 2, 1.0), Option(1, 1, 1.0)]]
+    got = allocate._solve_mip(one, 1, np.array([1, 4, 0]), np.array([1.0, 3.0, 1.0]),
+                              [0, 0, 0], 1.0, 1.0, 0, None)
+    assert got.per_stage == (((1, 1, 1),),) and got.usage == (0, 1, 0)
+
+
+def test_a_model_checks_a_point_against_its_bounds_and_rows():
+    from shoal.mip import Model
+
+    m = Model(maximize=False)
+    x, y = m.var(0, 3, 1.0, integer=True), m.var(0, 2, 1.0, integer=True)
+    m.row([x, y], [1, 2], lo=2, hi=5)
+    assert m.satisfied(np.array([1.0, 1.0]))
+    assert not m.satisfied(np.array([4.0, 0.0]))  # x over its bound
+    assert not m.satisfied(np.array([2.0, 2.0]))  # the row over 5
+    assert not m.satisfied(np.array([1.0, 0.0]))  # the row under 2
+    assert not m.satisfied(np.array([1.0]))
+    # the relaxation of x + y >= 1.5, min x + 2y: x = 1.5 (the MIP: x = 2)
+    m2 = Model(maximize=False)
+    a, b = m2.var(0, 5, 1.0, integer=True), m2.var(0, 5, 2.0, integer=True)
+    m2.row([a, b], [2, 2], lo=3)
+    assert m2.solve(time_limit_s=10, relaxed=True).x[a] == pytest.approx(1.5)
+    assert m2.solve(time_limit_s=10, exact=True).x[a] == pytest.approx(2.0)
+
+
 def test_each_stage_on_its_cheapest_combo_is_the_cheapest_allocation_when_it_fits():
     """Three kinds, a pool large enough for every stage's own cheapest combo: the program
     answers without the MIP, at the cost of every combination tried."""

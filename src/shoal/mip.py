@@ -67,13 +67,28 @@ class Model:
     def n_vars(self) -> int:
         return len(self.lo)
 
+    def satisfied(self, x: np.ndarray, tol: float = 1e-9) -> bool:
+        """Whether ``x`` keeps every column's bounds and every row, each within ``tol``
+        (integer columns are not checked for integrality)."""
+        if len(x) != self.n_vars:
+            return False
+        if (x < np.asarray(self.lo) - tol).any() or (x > np.asarray(self.hi) + tol).any():
+            return False
+        for lo, hi, idx, val in self.rows:
+            v = float(np.dot(x[idx], val)) if idx else 0.0
+            if v < lo - tol or v > hi + tol:
+                return False
+        return True
+
     def solve(self, *, time_limit_s: float, start: np.ndarray | None = None,
               target: float | None = None, stall_s: float | None = None,
-              exact: bool = False, options: dict | None = None) -> Solution:
+              exact: bool = False, options: dict | None = None,
+              relaxed: bool = False) -> Solution:
         """Solve; stop at ``time_limit_s``, when the best solution reaches ``target``, or when
         it has not improved for ``stall_s`` seconds. ``start``: a feasible point to begin from;
         ``exact``: to the optimum (no relative gap left), not HiGHS's default gap; ``options``:
-        further HiGHS options."""
+        further HiGHS options; ``relaxed``: the LP relaxation (every column continuous), solved
+        by the simplex, so its solution is a vertex."""
         lp = highspy.HighsLp()
         lp.num_col_ = self.n_vars
         lp.num_row_ = len(self.rows)
@@ -92,7 +107,8 @@ class Model:
         lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
         lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
         lp.a_matrix_.value_ = np.array(value, dtype=float)
-        if any(self.integer):
+        integer = any(self.integer) and not relaxed
+        if integer:
             lp.integrality_ = [highspy.HighsVarType.kInteger if i else
                                highspy.HighsVarType.kContinuous for i in self.integer]
         h = new_highs()
@@ -101,6 +117,8 @@ class Model:
         h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
         if exact:
             h.setOptionValue("mip_rel_gap", 0.0)
+        if relaxed:
+            h.setOptionValue("solver", "simplex")
         for name, value in (options or {}).items():
             h.setOptionValue(name, value)
         h.passModel(lp)
@@ -130,7 +148,7 @@ class Model:
         info = h.getInfo()
         has = info.primal_solution_status == 2  # feasible
         x = np.array(h.getSolution().col_value) if has else None
-        bound = info.mip_dual_bound if any(self.integer) else info.objective_function_value
+        bound = info.mip_dual_bound if integer else info.objective_function_value
         return Solution(status=h.modelStatusToString(status), x=x,
                         objective=info.objective_function_value if has else None,
                         bound=float(bound), time_s=time.perf_counter() - t0,

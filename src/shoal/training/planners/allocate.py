@@ -39,6 +39,9 @@ MIP_OPTIONS = {"mip_heuristic_run_feasibility_jump": False}
 COMBO_COLUMNS_PER_OPTION = 4  # how the MIP's form is chosen (``_solve_mip``)
 COMBO_CACHE = 16_384  # stages' combos kept (``_combos``)
 LAZY_ROUNDS = 4  # MIPs holding more and more stages to the mixing rules (``_solve_mip``)
+# an LP vertex this close to integers is read as the integers (``_mip_solve``; the model's
+# rows are then checked on the integers themselves)
+LP_INTEGRAL_TOL = 1e-6
 
 
 class OutOfTime(Exception):
@@ -697,7 +700,7 @@ def _solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np
         m = Model(maximize=False)
         use: list[tuple[list[int], list[float]]] = [([], []) for _ in range(K)]
         got = _mip_solve(m, use, _by_option(m, use, allowed, D, price, region_of, tau, extra,
-                                            strict), avail, left)
+                                            strict), avail, left, lp_first=not strict)
         if not isinstance(got, set):
             return _allocation(got, K, tau)
         # the stages of equal options would take the same mix in turn
@@ -746,15 +749,30 @@ def _by_choices(allowed: list[list[Option]], D: int, avail: np.ndarray, price: n
 
 
 def _mip_solve(m: Model, use: list[tuple[list[int], list[float]]], read, avail: np.ndarray,
-               left: float):
+               left: float, lp_first: bool = False):
     """Solves ``m`` with a row per kind holding its columns (``use``) to the pool's GPUs, and
     returns ``read`` of its solution (None when nothing fits). Raises OutOfTime when the
-    time ``left`` runs out first."""
+    time ``left`` runs out first. ``lp_first``: the LP relaxation is solved first; when it
+    is infeasible so is the MIP, and when its optimal vertex is integral and keeps every
+    row it is the MIP's optimum (the relaxation's optimum is a bound on the MIP's): the MIP
+    is solved only otherwise."""
     if left <= 0:
         raise OutOfTime
     for k, (idx, val) in enumerate(use):
         if idx:
             m.row(idx, val, hi=float(avail[k]))
+    if lp_first:
+        started = time.perf_counter()
+        lp = m.solve(time_limit_s=left, relaxed=True)
+        if lp.infeasible:
+            return None
+        if lp.x is not None and lp.status == "Optimal":
+            x = np.rint(lp.x)
+            if np.abs(lp.x - x).max(initial=0.0) <= LP_INTEGRAL_TOL and m.satisfied(x):
+                return read(x.astype(np.int64))
+        left -= time.perf_counter() - started
+        if left <= 0:
+            raise OutOfTime
     sol = m.solve(time_limit_s=left, exact=True, options=MIP_OPTIONS)
     if sol.x is None:
         if sol.infeasible:
