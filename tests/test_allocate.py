@@ -24,6 +24,15 @@ def random_stages(rng, K: int, P: int) -> list[list[Option]]:
     return stages
 
 
+def random_program(rng, K: int, most_D: int = 4):
+    """A random allocation program: (D, stages, avail, price, total)."""
+    P, D = int(rng.integers(1, 4)), int(rng.integers(1, most_D + 1))
+    stages = random_stages(rng, K, P)
+    avail = rng.integers(0, 3 * D + 2, size=K)
+    price = rng.uniform(0.5, 3.0, size=K)
+    return D, stages, avail, price, int(rng.integers(D, 4 * D + 1))
+
+
 def allowed_options(opts, tau, relax):
     """The options a stage may use under the bound, by the rule itself: per GPU kind, its
     smallest TP (then the fastest) within ``tau``, and within ``tau * relax``; by kind, then
@@ -71,12 +80,8 @@ def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed, form, 
     rng = np.random.default_rng(seed)
     checked = 0
     for _ in range(6):
-        P, D = int(rng.integers(1, 4)), int(rng.integers(1, 5))
-        stages = random_stages(rng, K, P)
-        avail = rng.integers(0, 3 * D + 2, size=K)
-        price = rng.uniform(0.5, 3.0, size=K)
+        D, stages, avail, price, total = random_program(rng, K)
         region_of = [int(k % 2) if seed % 2 or form == "combo" else 0 for k in range(K)]
-        total = int(rng.integers(D, 4 * D + 1))
         times = sorted({o.time_s for st in stages for o in st})
         tau = times[int(rng.integers(0, len(times)))] * float(rng.choice([1.0, 1.2]))
         got = allocate._solve(stages, D, avail, price, region_of, tau, total)
@@ -123,11 +128,7 @@ def test_the_mips_lp_relaxation_answers_only_when_its_vertex_is_integral(seed, m
     monkeypatch.setattr(mip.Model, "solve", counted)
     rng = np.random.default_rng(900 + seed)
     for _ in range(30):
-        P, D = int(rng.integers(1, 4)), int(rng.integers(1, 6))
-        stages = random_stages(rng, 3, P)
-        avail = rng.integers(0, 3 * D + 2, size=3)
-        price = rng.uniform(0.5, 3.0, size=3)
-        total = int(rng.integers(D, 4 * D + 1))
+        D, stages, avail, price, total = random_program(rng, 3, most_D=5)
         relax, extra = allocate.slots(D, total)
         times = sorted({o.time_s for st in stages for o in st})
         tau = times[int(rng.integers(0, len(times)))] * float(rng.choice([1.0, 1.2]))
@@ -298,11 +299,7 @@ def test_fastest_is_the_smallest_bound_met(seed, form, monkeypatch):
     rng = np.random.default_rng(100 + seed)
     regions = [0, 1, 1] if form == "combo" else [0, 0, 0]  # the combo form is for regions
     for _ in range(4):
-        P, D = int(rng.integers(1, 4)), int(rng.integers(1, 5))
-        stages = random_stages(rng, 3, P)
-        avail = rng.integers(0, 3 * D + 2, size=3)
-        price = rng.uniform(0.5, 3.0, size=3)
-        total = int(rng.integers(D, 4 * D + 1))
+        D, stages, avail, price, total = random_program(rng, 3)
         relax, _ = allocate.slots(D, total)
         taus = sorted({t for st in stages for o in st for t in (o.time_s, o.time_s / relax)})
         want = next((t for t in taus
@@ -346,10 +343,7 @@ def test_any_allocation_at_the_least_bottleneck_is_not_always_the_cheapest():
     for seed in range(6):
         rng = np.random.default_rng(100 + seed)
         for _ in range(4):
-            P, D = int(rng.integers(1, 4)), int(rng.integers(1, 5))
-            stages = random_stages(rng, 3, P)
-            avail, price = rng.integers(0, 3 * D + 2, size=3), rng.uniform(0.5, 3.0, size=3)
-            total = int(rng.integers(D, 4 * D + 1))
+            D, stages, avail, price, total = random_program(rng, 3)
             cheapest = fastest(stages, D, avail, price, [0, 0, 0], total=total)
             met = fastest(stages, D, avail, price, [0, 0, 0], total=total, cheapest=False)
             if cheapest is not None:
