@@ -151,6 +151,26 @@ def test_the_mips_lp_relaxation_answers_only_when_its_vertex_is_integral(seed, m
     assert got.per_stage == (((1, 1, 1),),) and got.usage == (0, 1, 0)
 
 
+def test_an_lp_cut_short_does_not_answer_for_the_mip(monkeypatch):
+    """A relaxation stopped before its optimum (here: an integral point that keeps every row
+    but is not the cheapest) is not read as the MIP's answer: the MIP runs."""
+    from shoal import mip
+
+    solve = mip.Model.solve
+
+    def cut_short(self, **kwargs):
+        if kwargs.get("relaxed"):
+            return mip.Solution(status="Time limit reached", x=np.array([0.0, 1.0]),
+                                objective=3.0, bound=0.0, time_s=0.0, infeasible=False)
+        return solve(self, **kwargs)
+
+    monkeypatch.setattr(mip.Model, "solve", cut_short)
+    one = [[Option(0, 2, 1.0), Option(1, 1, 1.0)]]
+    got = allocate._solve_mip(one, 1, np.array([2, 4, 0]), np.array([1.0, 3.0, 1.0]),
+                              [0, 0, 0], 1.0, 1.0, 0, None)
+    assert got.per_stage == (((0, 2, 1),),) and got.usage == (2, 0, 0)
+
+
 def test_a_model_checks_a_point_against_its_bounds_and_rows():
     from shoal.mip import Model
 

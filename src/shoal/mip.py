@@ -88,7 +88,8 @@ class Model:
         it has not improved for ``stall_s`` seconds. ``start``: a feasible point to begin from;
         ``exact``: to the optimum (no relative gap left), not HiGHS's default gap; ``options``:
         further HiGHS options; ``relaxed``: the LP relaxation (every column continuous), solved
-        by the simplex, so its solution is a vertex."""
+        by the simplex (unless ``options`` choose another solver), so its solution is a
+        vertex."""
         lp = highspy.HighsLp()
         lp.num_col_ = self.n_vars
         lp.num_row_ = len(self.rows)

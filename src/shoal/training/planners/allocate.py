@@ -754,8 +754,8 @@ def _mip_solve(m: Model, use: list[tuple[list[int], list[float]]], read, avail: 
     returns ``read`` of its solution (None when nothing fits). Raises OutOfTime when the
     time ``left`` runs out first. ``lp_first``: the LP relaxation is solved first; when it
     is infeasible so is the MIP, and when its optimal vertex is integral and keeps every
-    row it is the MIP's optimum (the relaxation's optimum is a bound on the MIP's): the MIP
-    is solved only otherwise."""
+    row it is the MIP's optimum, within the solvers' tolerances (the relaxation's optimum is
+    a bound on the MIP's): the MIP is solved only otherwise."""
     if left <= 0:
         raise OutOfTime
     for k, (idx, val) in enumerate(use):
