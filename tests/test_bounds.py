@@ -20,7 +20,7 @@ from shoal.specs.job import Constraints, Deadline
 from shoal.training.planners import sailor, search
 from shoal.training.planners.allocate import Allocation
 from shoal.training.planners.auto import PACKINGS, Bounds, Shape, Worth
-from shoal.training.planners.build import build_spec, shares
+from shoal.training.planners.build import build_spec
 from shoal.training.planners.space import Kind, Space, mbs_options
 
 CASES = [*SMALL_PROBLEMS[1:],
@@ -132,8 +132,9 @@ def test_no_plan_across_regions_beats_its_refined_bound():
 def test_no_plan_of_an_allocation_beats_its_floors(case):
     """The search skips allocations (and programs) whose floors cannot beat the incumbent:
     every plan ``build_spec`` makes of an allocation of the exhaustive space, in every zone
-    packing, takes at least the allocation's floor and the floor of a program bottleneck as
-    slow as the allocation's, in time and in cost, and the floor it gets as a re-split's
+    packing, takes at least the allocation's floor and the floor of its options' largest level
+    (``Bounds.option_levels``, ``Worth.beyond_level``), in time and in cost, and the floor it
+    gets as a re-split's
     allocation, which counts each stage's least sync and update on its layers (the last case:
     two regions, where the allocations whose stages are in both send across them)."""
     pb, res = _exhaustive(case)
@@ -170,13 +171,13 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
                                       recompute=sh.recompute, packing=pk)) is not None]
         if not built:
             continue
-        # the allocation program's bottleneck of ``a``: its busiest replica's compute per
-        # microbatch of the busiest pipelines
-        comp = np.array([np.sort(np.repeat([next(o.time_s for o in st if (o.kind, o.tp) == (k, tp))
-                                            for k, tp, _ in mix], [n for _, _, n in mix]))[::-1]
-                         for mix, st in zip(per_stage, opts, strict=True)])
-        tau = float((np.asarray(shares(total, D)) * comp.max(axis=0)).max()) / -(-total // D)
-        floors.append((per_stage, worth.plan_floor(a, D, total), worth.program_floor(tau, D, total),
+        # the largest level of its options, as the variants' floor counts it
+        levels = bounds.option_levels(sh, D, total)
+        level = max(o.time_s for mix, st in zip(per_stage, levels, strict=True) for o in st
+                    if any((o.kind, o.tp) == (k, tp) for k, tp, _ in mix))
+        t_level = level + pb.timing.step_overhead_s
+        level_floor = (t_level, t_level * D * worth.shape.rate_usd_s)
+        floors.append((per_stage, worth.plan_floor(a, D, total), level_floor,
                        worth.plan_floor(a, D, total, other=sh),
                        slice(len(specs), len(specs) + len(built))))
         specs += built
@@ -209,7 +210,7 @@ def test_the_floors_keep_the_best_plan_and_the_front(case, objective, monkeypatc
 
     best, front, costed = outcome()
     monkeypatch.setattr(Worth, "__call__", lambda self, *a, **k: True)
-    monkeypatch.setattr(Worth, "beyond", lambda self, *a, **k: False)
+    monkeypatch.setattr(Worth, "beyond_level", lambda self, *a, **k: False)
     best_all, front_all, costed_all = outcome()
     assert (best, front) == (best_all, front_all)
     assert costed <= costed_all

@@ -31,9 +31,15 @@ the re-split is (under its own refined bound). Inside a pair,
 an allocation whose pipelines can neither beat the best plan found nor join the throughput-cost
 front of the plans found (``Worth``: each pipeline's replicas run their microbatches at their
 option times with the least sends, plus the pair's least sync and update) is not built, and when
-the program's fastest bottleneck already cannot, neither are the variants the program would give
-on fewer options or fewer GPUs. Only bounds cut the space, so on it the result is the same as
-costing every pair, and inside the pairs taken so is the front.
+the pair's least level already cannot, neither are the variants the program would give on fewer
+options or fewer GPUs. Only bounds cut the space, so on it the result is the same as costing
+every pair, and inside the pairs taken so is the front.
+
+A pair's own allocations are the program's over its options' levels (``Bounds.option_levels``:
+each option's least cost to the whole iteration, its stage's gradient ring and update after the
+last backward included) rather than over their compute times: the fastest-compute allocation
+gives a stage of many parameters (the embeddings) replicas at the smallest TP, whose gradient
+ring can take longer than all its microbatches.
 """
 
 from __future__ import annotations
@@ -372,6 +378,7 @@ class Bounds:
         self._hop_terms: dict[tuple, tuple] = memo.setdefault("hop terms", {})  # ring_terms
         self._rings_of: dict[tuple, list] = memo.setdefault("option rings", {})  # _option_hops
         self._refined: dict[tuple, tuple] = memo.setdefault("refined", {})  # _refine_parts
+        self._levels: dict[tuple, tuple] = memo.setdefault("levels", {})  # option_levels
         self._stages: dict[tuple, tuple] = memo.setdefault("stages", {})  # _stage_parts
         # the same two, by shape object (cheaper to look up than by content; shapes are kept
         # across pools): (shape, parts) by (which, id)
@@ -575,6 +582,29 @@ class Bounds:
         cost = _least_cost(base[0], self.price_s[kind] * tp, stage, P, least,
                            self.tc.step_overhead_s) if np.isfinite(least) else np.inf
         return least + self.tc.step_overhead_s, cost * D
+
+    def option_levels(self, sh: Shape, D: int, total: int) -> list[list[Option]]:
+        """Per stage of ``sh``'s own split, its options with their levels L(s, o) at D
+        pipelines (``refined``) as their times: a plan of that split that gives stage s a
+        replica of option o takes at least L(s, o) plus the step overhead. Unlike the compute
+        time the allocation program ranks options by, a level counts the option's gradient
+        ring and update after its stage's last backward (large for a stage of many
+        parameters at a small TP) and the pipeline's fill. They do not depend on the GPU
+        counts: kept across pools."""
+        key = (id(sh), D, total)
+        got = self._levels.get(key)
+        if got is None or got[0] is not sh:
+            fpre, t, f, post, upd, ring, tp, kind, stage, bsum = self._refine_parts(sh)
+            P = len(sh.split)
+            level = _refined_level(fpre[None, :], t[None, :], f[None, :], post[None, :], upd,
+                                   ring[0], ring[1], stage, bsum[None, :], P, total // D, D,
+                                   self.tc.sync_scale, self.one_f1b)[0]
+            per: list[list[Option]] = [[] for _ in range(P)]
+            for s, k, g, lv in zip(stage.tolist(), kind.tolist(), tp.tolist(), level.tolist(),
+                                   strict=True):
+                per[s].append(Option(k, int(g), lv))
+            got = self._levels[key] = (sh, per)
+        return got[1]
 
     def crossed_times(self, sh: Shape, per_stage, times: _OptionTimes | None = None
                       ) -> tuple[list[dict[tuple[int, int], float]], ...] | None:
@@ -1105,6 +1135,8 @@ class _BranchAndBound:
                     else:
                         specs += _specs(self.space, sh, D, float(self.tau[e]), self.avail,
                                         self.price, self.region_of, levels, L,
+                                        functools.partial(self.bounds.option_levels, D=D,
+                                                          total=total),
                                         ev.allocation_deadline(), worth, reach,
                                         functools.partial(self.bounds.slowest, D=D), own)
                     j += 1
@@ -1186,10 +1218,12 @@ class Worth:
         """Whether anything can be ruled out: there is an incumbent or a constraint."""
         return math.isfinite(self.bar) or any(math.isfinite(x) for x in self.limits)
 
-    def beyond(self, tau: float, D: int, total: int) -> bool:
-        """True when no allocation the allocation program could give on the pair's split
-        with a bottleneck of ``tau`` or more can beat the incumbent (``program_floor``)."""
-        return self._bound() and not self.below(*self.program_floor(tau, D, total))
+    def beyond_level(self, level: float, D: int) -> bool:
+        """True when no plan of D pipelines that takes at least ``level`` seconds before the
+        step overhead can beat the incumbent: it pays at least the least USD/s of a replica
+        of every stage (``_OptionTimes.rate_usd_s``), D times, for the iteration."""
+        t = level + self.overhead_s
+        return self._bound() and not self.below(t, t * D * self.shape.rate_usd_s)
 
     def plan_floor(self, a: Allocation, D: int, total: int,
                    other: Shape | None = None) -> tuple[float, float]:
@@ -1209,16 +1243,6 @@ class Worth:
             t = max(t, float((ends + self.tails(split, a.per_stage)).max()) + self.overhead_s)
         usd_s = sum(self.price_h[k] * tp * n for st in a.per_stage for k, tp, n in st) / 3600
         return t, t * usd_s
-
-    def program_floor(self, tau: float, D: int, total: int) -> tuple[float, float]:
-        """(seconds, USD) per iteration that a plan of the pair's split takes at least when
-        its allocation has a bottleneck of ``tau`` or more as the allocation program counts it
-        (``allocate._solve``): its pipelines share ``total`` microbatches as ``build.shares``
-        does, so some replica runs n_hi of them for n_hi tau of compute or more, and at
-        least n_lo with their sends."""
-        n_hi, n_lo = -(-total // D), total // D
-        t = n_hi * tau + n_lo * self.shape.send_s + self.after_s
-        return t, t * D * self.shape.rate_usd_s
 
     def out_of_reach(self, t: float, usd: float) -> bool:
         """Whether plans taking at least ``t`` seconds and ``usd`` per iteration cannot beat
@@ -1288,15 +1312,17 @@ def _pipeline_ends(f, b, m, one_f1b):
 
 
 def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of, levels: int,
-           L: int, deadline: float | None = None, worth: Worth | None = None,
+           L: int, levels_of: Callable[[Shape], list[list[Option]]],
+           deadline: float | None = None, worth: Worth | None = None,
            reach: Callable[[Shape], bool] | None = None,
            slowest: Callable[[Shape], float] | None = None, own: bool | None = None) -> list:
-    """Plans of one (shape, degree) pair: its allocations, each in every zone packing, and
-    their variants; allocations ``worth`` says cannot beat the incumbent are not built, nor
-    plans of a split whose shape ``reach`` says cannot (``Bounds.refined``; ``own``: what it
-    says of ``sh``, when the caller has asked); a re-split's allocation program starts from
-    ``slowest`` (``Bounds.slowest``). Raises OutOfTime once an allocation passes
-    ``deadline``."""
+    """Plans of one (shape, degree) pair: its allocations of least level (the allocation
+    program over ``levels_of``'s option levels, ``Bounds.option_levels``), each in every zone
+    packing, and their variants; allocations ``worth`` says cannot beat the incumbent are
+    not built, nor plans of a split whose shape ``reach`` says cannot (``Bounds.refined``;
+    ``own``: what it says of ``sh``, when the caller has asked); a re-split's allocation
+    program starts from ``slowest`` (``Bounds.slowest``). Raises OutOfTime once an
+    allocation passes ``deadline``."""
     opts = [list(o) for o in sh.opts]
     total = space.problem.job.global_batch // sh.mbs
     memo, key = space.alloc_memo, (sh.split, sh.mbs, sh.recompute)
@@ -1312,9 +1338,13 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
                     total=total, memo=memo, key=key, deadline=deadline, cheapest=False)
         return [] if a is None else _resplit(space, sh, a, opts, D, L, total, avail, price,
                                              region_of, deadline, worth, reach, slowest)
-    allocs = tradeoffs(opts, D, avail, price, region_of, levels=levels,
-                       at_least=tau / slots(D, total)[0], total=total, memo=memo, key=key,
-                       deadline=deadline)
+    # the allocations of least level (``levels_of``: each option's least cost to the whole
+    # iteration, its stage's gradient ring and update included), and for cost objectives
+    # the cheapest under several levels, with their slowest replicas' compute times
+    least = tau / slots(D, total)[0]  # the least slowest-replica time of any allocation
+    by_level = tradeoffs(levels_of(sh), D, avail, price, region_of, levels=levels, total=None,
+                         memo=memo, key=(*key, "levels"), deadline=deadline)
+    allocs = [Allocation(a.per_stage, a.usage, _slowest_s(a, opts)) for a in by_level]
     if allocs:
         # the same kinds at larger TPs, and faster kinds where GPUs are left
         for up in (upgraded(allocs[0], opts, avail), upgraded(allocs[0], opts, avail, region_of)):
@@ -1324,10 +1354,10 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
     def ok(a: Allocation) -> bool:
         return worth is None or worth(a, D, total)
 
-    # the program's allocations on some of the options or fewer GPUs are no faster than the
-    # fastest on all of them: none where it has none, none worth building beyond the bar
-    fastest_s = allocs[0].bottleneck_s if allocs else np.inf
-    variants = bool(allocs) and (worth is None or not worth.beyond(fastest_s, D, total))
+    # the program's allocations on some of the options or fewer GPUs take no less than the
+    # least level on all of them: none where it has none, none worth building beyond the bar
+    variants = bool(allocs) and (worth is None or
+                                 not worth.beyond_level(by_level[0].bottleneck_s, D))
 
     out = [build_spec(space, a, opts, sh.split, sh.mbs, D, recompute=sh.recompute, packing=pk,
                       home=home)
@@ -1337,7 +1367,7 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
         # H2): the bottleneck program over every TP can choose allocations the estimate ranks
         # below it, and with it every plan that strategy costs is costed here too
         o_min = [list(o) for o in sh.smallest]
-        a_min = fastest(o_min, D, avail, price, region_of, at_least=fastest_s,
+        a_min = fastest(o_min, D, avail, price, region_of, at_least=least,
                         total=total, memo=memo,
                         key=(sh.split, sh.mbs, sh.recompute, "smallest tp"),
                         deadline=deadline)
@@ -1374,7 +1404,7 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
     for z, sub in subpools:
         if sub.sum() < need:
             continue
-        a3 = fastest(opts, D, sub, price, region_of, at_least=fastest_s, total=total,
+        a3 = fastest(opts, D, sub, price, region_of, at_least=least, total=total,
                      memo=memo, key=key, deadline=deadline)
         a3 = None if a3 is None else upgraded(a3, opts, sub)
         if a3 is not None and ok(a3):
@@ -1382,6 +1412,13 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
                                packing=pk, home=home)
                     for pk, home in (_packings(space, a3) if z is None else [("chain", z)])]
     return [s for s in out if s is not None]
+
+
+def _slowest_s(a: Allocation, opts: list[list[Option]]) -> float:
+    """The compute time per microbatch of allocation ``a``'s slowest replica (over
+    ``opts``)."""
+    return max(o.time_s for st, oo in zip(a.per_stage, opts, strict=True) for o in oo
+               if any((o.kind, o.tp) == (k, tp) for k, tp, _ in st))
 
 
 def _packings(space: Space, a: Allocation) -> list[tuple[str, str | None]]:
