@@ -18,7 +18,15 @@ from shoal.io.sailor import import_sailor
 from shoal.problem import build_problem, load_problem
 from shoal.specs.job import Constraints
 from shoal.specs.scenario import parse_scenario
-from shoal.training.planners import OBJECTIVES, Reuse, complete_front, refine, sailor, search
+from shoal.training.planners import (
+    OBJECTIVES,
+    Reuse,
+    auto,
+    complete_front,
+    refine,
+    sailor,
+    search,
+)
 from shoal.training.planners.allocate import Allocation, upgraded
 from shoal.training.planners.common import Evaluator, SearchStats, rounded
 from shoal.training.planners.space import Space, balanced_split, mbs_options
@@ -353,6 +361,28 @@ def test_no_boundary_move_improves_the_best_plan_on_sailors_five_zones(reference
     fits = ~out["oom"]
     assert fits.any()
     assert (out["iteration_time_s"][fits] >= best.iteration_time_s * (1 - 1e-12)).all()
+
+
+@pytest.mark.reference
+def test_allocations_by_level_beat_allocations_by_compute_on_sailors_gpt_neo_pool(
+        reference_dir, tmp_path, monkeypatch):
+    """``auto`` gives a pair's stages their replicas by each option's level (its least cost to
+    the iteration, gradient ring and update included), not its compute time: on Sailor's
+    GPT-Neo-2.7B pool of 80 A100-40GB and 240 V100-16GB (measured profiles) the compute-time
+    allocation gives the embedding stages replicas at the smallest TP, whose gradient rings
+    outlast their microbatches, and the best plan is slower."""
+    s = reference_dir / "sailor"
+    import_sailor(training_config=s / "configs" / "training_config_gpt_neo27.json",
+                  cluster_config=s / "configs" / "basic_cluster_config.json",
+                  profiles=s / "profiles" / "GPT-Neo-2.7", network=s / "network",
+                  out_dir=tmp_path, trace=s / "traces" / "gpu_trace_heterogeneous_imbalanced.csv",
+                  step=1)
+    pb = load_problem(tmp_path / "scenario.yaml")
+    by_level = search(pb, strategy="auto", front=False).ranked[0]
+    monkeypatch.setattr(auto.Bounds, "option_levels",
+                        lambda self, sh, D, total: [list(o) for o in sh.opts])
+    by_compute = search(pb, strategy="auto", front=False).ranked[0]
+    assert by_level.throughput_iters_per_s > by_compute.throughput_iters_per_s * 1.02
 
 
 def test_a_tuned_plan_is_not_tuned_again_by_the_next_search():
