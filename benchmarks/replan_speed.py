@@ -8,14 +8,8 @@ whole nodes within [0, 128]. For every change: the `Replanner` time (it has seen
 pools of the sequence) and a cold `search` of the same pool, both for the best plans only (no
 throughput-cost front, as the `Replanner` searches); the estimated iterations/s of both.
 
-With --hinted, a second `Replanner` follows the same changes and is given, at each, the first
-one's best plan for that pool as a hint (`Replanner.plan(avail, hints=...)`): its search starts
-with the best plan it can find as the incumbent, so its time is what this search needs when the
-warm start is perfect (every (shape, degree) pair whose lower bound is under the best plan's
-time is still allocated).
-
     python benchmarks/replan_speed.py [--changes 100] [--seed 0] [--model gptneo|opt350]
-        [--capacity 128] [--budget 600] [--no-cold] [--hinted]
+        [--capacity 128] [--budget 600] [--no-cold]
 """
 
 from __future__ import annotations
@@ -73,8 +67,6 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=128, help="GPUs per type and zone at most")
     ap.add_argument("--budget", type=float, default=600.0, help="seconds per search")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold searches")
-    ap.add_argument("--hinted", action="store_true",
-                    help="also re-plan with the best plan of each pool as a hint")
     args = ap.parse_args()
     ref = reference_or_skip()
     if ref is None:
@@ -91,24 +83,16 @@ def main() -> None:
         full = {k: args.capacity for k in keys}
         gpn = max(g.gpus_per_node for g in problem.gpus.values())
         rp = Replanner(problem, budget_s=args.budget)
-        rh = Replanner(problem, budget_s=args.budget) if args.hinted else None
         t = time.perf_counter()
         first = best_plan(lambda: rp.plan(full))[0]
         first_s = time.perf_counter() - t
-        if rh is not None:
-            rh.plan(full)
         rows = []
         for i, avail in enumerate(changes(keys, args.capacity, gpn, args.changes, args.seed)):
             t = time.perf_counter()
-            warm, spec = best_plan(lambda a=avail: rp.plan(a))
+            warm = best_plan(lambda a=avail: rp.plan(a))[0]
             warm_s = time.perf_counter() - t
             row = {"change": i, "gpus": sum(avail.values()), "replan_s": warm_s,
                    "replan_iters_per_s": warm, "remembered": rp.calls[-1].remembered}
-            if rh is not None:
-                t = time.perf_counter()
-                row["hinted_iters_per_s"] = best_plan(
-                    lambda a=avail, h=() if spec is None else (spec,): rh.plan(a, hints=h))[0]
-                row["hinted_s"] = time.perf_counter() - t
             if not args.no_cold:
                 cold_problem = problem.__class__(**{**problem.__dict__, "avail": avail})
                 t = time.perf_counter()
@@ -130,13 +114,6 @@ def main() -> None:
                     "worst_replan_to_cold": float(min(
                         (r["replan_iters_per_s"] / r["cold_iters_per_s"] for r in rows
                          if r["cold_iters_per_s"] > 0), default=1.0))})
-    if rh is not None:
-        hs = np.array([r["hinted_s"] for r in rows])
-        out.update({"hinted_median_s": float(np.median(hs)),
-                    "median_ratio_hinted_to_replan": float(np.median(hs / rs)),
-                    "hinted_differs_from_replan": sum(
-                        abs(r["hinted_iters_per_s"] - r["replan_iters_per_s"])
-                        > 1e-9 * r["replan_iters_per_s"] for r in rows)})
     out["rows"] = rows
     print(json.dumps(out))
 

@@ -38,7 +38,7 @@ from shoal.errors import InfeasibleError, SpecError
 from shoal.problem import build_problem
 from shoal.specs.scenario import parse_scenario
 from shoal.training.planners import Reuse, search
-from shoal.training.planners.common import usage
+from shoal.training.planners.common import fits, usage
 from shoal.units import parse_bandwidth
 
 A, B = "us-central1-a", "us-central1-b"
@@ -229,6 +229,25 @@ def test_shared_reuse_gives_the_cold_search_result(problem, walk, objective):
         assert warm.iteration_time_s == cold.iteration_time_s
 
 
+def test_seeds_spare_the_search_nothing(problem):
+    """Plans given as seeds (a re-plan's plans of earlier pools) are costed with the search's,
+    not as its incumbent: the search builds and tunes every plan it builds without them (as
+    an incumbent they would spare it plans whose tuned boundaries beat them), so it returns
+    nothing worse than either."""
+    pools = (pool(), pool(4, 4, 4, 0), pool(4, 0, 4, 4), pool(0, 4, 4, 4))
+    ranked = [c.spec for a in pools for c in search(replace(problem, avail=a)).ranked]
+    for small in pools[1:]:
+        p = replace(problem, avail=small)
+        seeds = tuple(sp for sp in ranked if fits(usage(sp), small))  # its own best among them
+        cold = search(p)
+        seeded = search(p, seeds=seeds)
+        assert seeded.stats.candidates_costed >= cold.stats.candidates_costed
+        assert seeded.ranked[0].iteration_time_s <= cold.ranked[0].iteration_time_s * (1 + 1e-12)
+        got = {c.spec for c in seeded.ranked}
+        assert all(c.spec in got or c.iteration_time_s >= seeded.ranked[-1].iteration_time_s
+                   for c in cold.ranked)
+
+
 def test_a_search_the_budget_cuts_is_marked(problem):
     """A state whose search the time budget ends early says so (``ReplanCall.timed_out``, the
     replay's ``search_timed_out``); asked again, it is answered from memory and still says so."""
@@ -238,7 +257,7 @@ def test_a_search_the_budget_cuts_is_marked(problem):
     with pytest.raises(InfeasibleError) as err:  # cut before any plan
         rp.plan(pool())
     assert err.value.binding == "time budget" and rp.calls[-1].timed_out
-    # with a plan to start from (a hint, costed first), the cut search returns it
+    # given a plan (a hint, costed after the cut search), the cut search returns it
     rp = Replanner(problem, budget_s=1e-9)
     res = rp.plan(pool(), hints=[full.ranked[0].spec])
     assert res.ranked[0].spec == full.ranked[0].spec
@@ -248,7 +267,7 @@ def test_a_search_the_budget_cuts_is_marked(problem):
     assert rp.calls[-1].remembered and rp.calls[-1].timed_out
 
 
-def test_replanner_costs_the_hints_that_fit_first(problem):
+def test_replanner_costs_the_hints_that_fit(problem):
     """A hint that fits the pool is a seed of the search (its plan or a better one comes
     back); one that needs GPUs the pool lacks is left out."""
     small = pool(4, 0, 4, 4)

@@ -4,9 +4,12 @@ states what does not depend on GPU counts, and starting each search from plans t
 * GPU counts never change cost tables (layer times, links, prices) or the smallest TP that fits a
   stage, so those are built once (``Reuse``).
 * A plan's estimate does not depend on the pool either: every plan ranked in an earlier state
-  that fits the new pool is costed first and becomes the incumbent the search must beat, so
-  the search returns nothing worse than the best of them. Plans the caller gives as hints
-  (``plan(avail, hints=...)``: a plan read from a file and running, say) come first.
+  that fits the new pool is costed with the search's plans (``search``'s ``seeds``), so the
+  search returns nothing worse than the best of them. Plans the caller gives as hints
+  (``plan(avail, hints=...)``: a plan read from a file and running, say) come first. They are
+  costed after the search and its tuning of the best plans' layer boundaries: as the
+  incumbent, they would spare the search plans that the tuning makes faster than them, and the
+  re-plan would return less than a cold search.
 * A state seen before is answered from memory (traces go back and forth between the same
   counts).
 * A pool with no more GPUs of any type in any zone than a pool searched before has only plans
@@ -42,7 +45,7 @@ CHECK_PAIRS = 60  # pairs searched when a larger pool's best plan fits (five est
 class ReplanCall:
     time_s: float
     remembered: bool  # the same counts were planned before
-    seeds: int  # earlier plans that fit and were costed first
+    seeds: int  # earlier plans (and hints) that fit, costed with the search's
     from_larger: bool = False  # a larger pool's best plan fits: a bounded search
     timed_out: bool = False  # the time budget cut the search short
 
@@ -68,9 +71,10 @@ class Replanner:
 
     def plan(self, avail: Avail, hints: Iterable[PlanSpec] = ()) -> SearchResult:
         """Ranked plans for the pool ``avail`` ((gpu, zone) -> GPUs; pairs of the scenario's
-        pool left out have none). ``hints``: plans to cost first where they fit (the plan
-        running, say), ahead of the earlier states' plans; a state planned before is answered
-        from memory without them. Raises InfeasibleError when nothing fits."""
+        pool left out have none). ``hints``: plans to cost where they fit (the plan running,
+        say), ahead of the earlier states' plans when there are more than ``max_seeds``; a
+        state planned before is answered from memory without them. Raises InfeasibleError
+        when nothing fits."""
         start = time.perf_counter()
         # every pair of the scenario's pool, those not given having none
         avail = {k: int(avail.get(k, 0)) for k in self.problem.avail}

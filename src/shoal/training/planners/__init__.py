@@ -60,7 +60,10 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     bounds the search time (``auto`` stops taking new plan shapes; the result says it was
     truncated). ``reuse`` carries what does not depend on GPU counts from one search of this
     problem to the next (cost tables, smallest fitting TPs); ``seeds`` are plans known to fit
-    the pool, costed first so that the search starts with an incumbent. ``auto`` also costs
+    the pool, costed with the plans found, so nothing worse than the best of them is returned:
+    after the search and the tuning of its best plans (as the incumbent, the seeds would spare
+    the search plans whose tuned boundaries beat them), or first when ``max_pairs`` bounds the
+    search, as the incumbent it must beat. ``auto`` also costs
     the plan shapes of ``zorse`` (when the pool mixes GPU types) and, under min-cost, of
     ``espresso``, and, when the pool spans regions, Atlas's layouts (pipelines across
     datacenters, data parallelism inside each), unless ``max_pairs`` bounds it, and last
@@ -101,9 +104,10 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
             " (a mixed-bf16 job needs GPUs with bf16)" if bf16 and any(problem.avail.values())
             else ""),
             binding="pool", relaxation="add GPUs to the pool" + (" with bf16" if bf16 else ""))
-    if seeds:
-        ev.cost(list(dict.fromkeys(seeds)))
     full = strategy == "auto" and max_pairs is None
+    seeds = tuple(dict.fromkeys(seeds))
+    if seeds and not full:
+        ev.cost(list(seeds))  # the incumbent a bounded search must beat
     if full and len({k.region for k in space.kinds}) > 1:
         atlas.search(ev, space, objective, mbs, max_stages)  # pipelines across datacenters
     STRATEGIES[strategy](ev, space, objective, mbs, max_stages)
@@ -115,6 +119,10 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
         espresso.search(ev, space, objective, mbs, max_stages)  # its bounds use the incumbent
     if strategy == "auto" and not ev.out_of_time():
         refine_best(ev, objective)  # the best plans' layer boundaries tuned on their replicas
+    if seeds and full:
+        # after the tuning: with the seeds as its incumbent, the search would not build the
+        # plans it cannot beat, and the tuning would not start from them
+        ev.cost(list(seeds))
     if not ev.feasible and ev.fits and not ev.out_of_time():
         _nearest(ev, problem, strategy, constraints, max_stages, budget_s, reuse)
     return finish(ev, objective, top_k)

@@ -1129,7 +1129,9 @@ class _BranchAndBound:
                     def reach(s: Shape, D=D, total=total, worth=worth) -> bool:
                         return not worth.out_of_reach(*self.bounds.refined(s, D, total))
 
-                    own = reach(sh)  # the pair's own split may beat the incumbent
+                    # the pair's own split may beat the incumbent
+                    refined_t, refined_usd = self.bounds.refined(sh, D, total)
+                    own = not worth.out_of_reach(refined_t, refined_usd)
                     if not sh.rebalance and not own:
                         ev.stats.pruned += 1  # its refined bound cannot beat the incumbent
                     else:
@@ -1138,7 +1140,8 @@ class _BranchAndBound:
                                         functools.partial(self.bounds.option_levels, D=D,
                                                           total=total),
                                         ev.allocation_deadline(), worth, reach,
-                                        functools.partial(self.bounds.slowest, D=D), own)
+                                        functools.partial(self.bounds.slowest, D=D), own,
+                                        refined_t - self.space.problem.timing.step_overhead_s)
                     j += 1
             except OutOfTime:
                 cut = ev.stats.truncated = ev.stats.timed_out = True
@@ -1315,14 +1318,16 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
            L: int, levels_of: Callable[[Shape], list[list[Option]]],
            deadline: float | None = None, worth: Worth | None = None,
            reach: Callable[[Shape], bool] | None = None,
-           slowest: Callable[[Shape], float] | None = None, own: bool | None = None) -> list:
+           slowest: Callable[[Shape], float] | None = None, own: bool | None = None,
+           least_level: float = 0.0) -> list:
     """Plans of one (shape, degree) pair: its allocations of least level (the allocation
     program over ``levels_of``'s option levels, ``Bounds.option_levels``), each in every zone
     packing, and their variants; allocations ``worth`` says cannot beat the incumbent are
     not built, nor plans of a split whose shape ``reach`` says cannot (``Bounds.refined``;
     ``own``: what it says of ``sh``, when the caller has asked); a re-split's allocation
-    program starts from ``slowest`` (``Bounds.slowest``). Raises OutOfTime once an
-    allocation passes ``deadline``."""
+    program starts from ``slowest`` (``Bounds.slowest``), and the program over the levels
+    from ``least_level``, a lower bound on the least level (``Bounds.refined``'s, without the
+    step overhead). Raises OutOfTime once an allocation passes ``deadline``."""
     opts = [list(o) for o in sh.opts]
     total = space.problem.job.global_batch // sh.mbs
     memo, key = space.alloc_memo, (sh.split, sh.mbs, sh.recompute)
@@ -1334,16 +1339,18 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
         # only the re-split may beat the incumbent: the slowest replicas of an allocation of
         # least level give its layers, as when the pair's own plans are built (any such
         # allocation: they are not, and on three kinds or more the cheapest takes a MIP)
-        a = fastest(levels_of(sh), D, avail, price, region_of, total=None, memo=memo,
-                    key=(*key, "levels"), deadline=deadline, cheapest=False)
+        a = fastest(levels_of(sh), D, avail, price, region_of, at_least=least_level,
+                    total=None, memo=memo, key=(*key, "levels", space.zone_sets),
+                    deadline=deadline, cheapest=False)
         return [] if a is None else _resplit(space, sh, a, opts, D, L, total, avail, price,
                                              region_of, deadline, worth, reach, slowest)
     # the allocations of least level (``levels_of``: each option's least cost to the whole
     # iteration, its stage's gradient ring and update included), and for cost objectives
     # the cheapest under several levels, with their slowest replicas' compute times
     least = tau / slots(D, total)[0]  # the least slowest-replica time of any allocation
-    by_level = tradeoffs(levels_of(sh), D, avail, price, region_of, levels=levels, total=None,
-                         memo=memo, key=(*key, "levels"), deadline=deadline)
+    by_level = tradeoffs(levels_of(sh), D, avail, price, region_of, levels=levels,
+                         at_least=least_level, total=None, memo=memo,
+                         key=(*key, "levels", space.zone_sets), deadline=deadline)
     allocs = [Allocation(a.per_stage, a.usage, _slowest_s(a, opts)) for a in by_level]
     if allocs:
         # the same kinds at larger TPs, and faster kinds where GPUs are left

@@ -98,10 +98,11 @@ class Space:
         self.stage_opts: dict = memos.setdefault(
             ("stage options", tuple(self.kinds), tuple(tuple(self.kind_tps[k]) for k in self.kinds)),
             {})
+        # which zones hold each kind: what links the pool's plans can use
+        self.zone_sets = tuple(tuple(sorted(z for z, _ in self.zones_of[k])) for k in self.kinds)
         # ``auto.Bounds``' parts that depend on the kinds and their zones, not on GPU counts
-        self.bound_memo: dict = memos.setdefault(
-            ("bounds", tuple(self.kinds),
-             tuple(tuple(sorted(z for z, _ in self.zones_of[k])) for k in self.kinds)), {})
+        self.bound_memo: dict = memos.setdefault(("bounds", tuple(self.kinds), self.zone_sets),
+                                                 {})
         # the allocation programs' fronts are computed for the largest pool the memo serves
         self.alloc_memo.fronts.raise_ceiling(
             np.array([self.avail[k] for k in self.kinds], dtype=np.int64))
