@@ -1336,12 +1336,13 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
     if own is not None and not own:
         if not sh.rebalance:
             return []
-        # only the re-split may beat the incumbent: the slowest replicas of an allocation of
-        # least level give its layers, as when the pair's own plans are built (any such
-        # allocation: they are not, and on three kinds or more the cheapest takes a MIP)
-        a = fastest(levels_of(sh), D, avail, price, region_of, at_least=least_level,
-                    total=None, memo=memo, key=(*key, "levels", space.zone_sets),
-                    deadline=deadline, cheapest=False)
+        # only the re-split may beat the incumbent: the slowest replicas of an allocation at
+        # the least bottleneck give its layers (any such allocation: its own plans are not
+        # built, and on three kinds or more the cheapest takes a MIP). Not one of least level,
+        # as the pair's own plans re-split: that program is the slower one, and the re-splits
+        # it gives found no better plan on planner_speed.py's pools
+        a = fastest(opts, D, avail, price, region_of, at_least=tau / slots(D, total)[0],
+                    total=total, memo=memo, key=key, deadline=deadline, cheapest=False)
         return [] if a is None else _resplit(space, sh, a, opts, D, L, total, avail, price,
                                              region_of, deadline, worth, reach, slowest)
     # the allocations of least level (``levels_of``: each option's least cost to the whole
