@@ -18,7 +18,7 @@ from shoal.errors import InfeasibleError
 from shoal.estimate.api import run_specs, tables_for
 from shoal.specs.job import Constraints, Deadline
 from shoal.training.planners import sailor, search
-from shoal.training.planners.allocate import Allocation
+from shoal.training.planners.allocate import Allocation, tradeoffs
 from shoal.training.planners.auto import PACKINGS, Bounds, Shape, Worth
 from shoal.training.planners.build import build_spec
 from shoal.training.planners.space import Kind, Space, mbs_options
@@ -126,6 +126,35 @@ def test_no_plan_across_regions_beats_its_refined_bound():
             above.add((sh, D))
     assert checked > 10 and crossing > 5
     assert above
+
+
+@pytest.mark.parametrize("case", range(len(CASES) + 1))
+def test_the_level_program_starts_under_its_least_level(case):
+    """The allocation program over the options' levels (``Bounds.option_levels``) starts
+    from ``Bounds.refined_level``'s third value: it is at most the program's least level, so
+    the program returns the allocation of least level it returns from no bound, also on a
+    pool of two regions (the last case), whose refined time counts sends across them that the
+    levels do not."""
+    pb, res = _exhaustive(case)
+    space = Space(pb, tables_for(pb, mbs_options(pb)))
+    avail, price, region_of = sailor.arrays(space)
+    bounds = Bounds(space, avail, price, region_of)
+    checked = above = 0
+    for sh, D in dict.fromkeys((sh, D) for _, sh, D in _shape_plans(space, res)):
+        total = pb.job.global_batch // sh.mbs
+        t, _, start = bounds.refined_level(sh, D, total)
+        levels = bounds.option_levels(sh, D, total)
+        free = tradeoffs(levels, D, avail, price, region_of, levels=1)
+        if not free:
+            continue
+        assert start <= free[0].bottleneck_s * (1 + 1e-12)
+        got = tradeoffs(levels, D, avail, price, region_of, levels=1, at_least=start)
+        assert got[0].per_stage == free[0].per_stage
+        assert got[0].bottleneck_s == free[0].bottleneck_s
+        above += t - pb.timing.step_overhead_s > free[0].bottleneck_s * (1 + 1e-9)
+        checked += 1
+    assert checked > 5
+    assert (above > 0) == (case == len(CASES))  # only the sends across regions raise it
 
 
 @pytest.mark.parametrize("case", range(len(CASES) + 1))

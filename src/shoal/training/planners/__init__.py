@@ -108,6 +108,7 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     seeds = tuple(dict.fromkeys(seeds))
     if seeds and not full:
         ev.cost(list(seeds))  # the incumbent a bounded search must beat
+    ev.fallback = bool(seeds)
     if full and len({k.region for k in space.kinds}) > 1:
         atlas.search(ev, space, objective, mbs, max_stages)  # pipelines across datacenters
     STRATEGIES[strategy](ev, space, objective, mbs, max_stages)

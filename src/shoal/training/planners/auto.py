@@ -7,8 +7,9 @@ The space, beyond the ``sailor`` strategy's:
   so each stage's slowest GPU takes about equal time (a linear-partition dynamic program);
 - every data-parallel degree worth trying, not only the walk that stops at the first
   non-improvement;
-- for cost objectives, the cheapest allocation under several bottleneck bounds, so time-cost
-  trade-offs reach the estimator and the Pareto front;
+- for cost objectives, the cheapest allocation under several levels (bounds on the slowest
+  option's cost to the iteration), so time-cost trade-offs reach the estimator and the Pareto
+  front;
 - every objective uses every pipeline depth (Sailor's public planner keeps min-cost searches to
   one stage), and activation recompute where the job allows it;
 - each pair of a balanced split also gets the ``sailor`` strategy's own allocation (each kind at
@@ -536,6 +537,10 @@ class Bounds:
         return float(self._tau(t_all, tps_, kinds_, stage_, len(sh.split), np.array([D]))[0])
 
     def refined(self, sh: Shape, D: int, total: int) -> tuple[float, float]:
+        """(time, cost) lower bounds on the plans of ``sh``'s own split (``refined_level``)."""
+        return self.refined_level(sh, D, total)[:2]
+
+    def refined_level(self, sh: Shape, D: int, total: int) -> tuple[float, float, float]:
         """(time, cost) lower bounds on the plans of ``sh``'s own split with D pipelines, per
         option rather than per term (one degree at a time, so the search asks it of the pairs
         it takes, not of every pair). With n = floor(total / D), the fewest microbatches a
@@ -559,7 +564,9 @@ class Bounds:
         options on those two stages take that send (``_crossing``), as do the other stages'
         least forwards and backwards before and after them (``_crossing_rows``): each stage's replicas
         are in one region (H5), so a plan in two regions crosses between some two stages, on
-        every pipeline."""
+        every pipeline. Third: the least level over any regions without those sends, a lower
+        bound on the least largest level of the options any allocation of the pool takes
+        (``option_levels``)."""
         fpre, t, f, post, upd, ring, tp, kind, stage, bsum = self._refine_parts(sh)
         P = len(sh.split)
         rest = (P, total // D, D, self.tc.sync_scale, self.one_f1b)
@@ -568,6 +575,7 @@ class Bounds:
         base = _refined_level(fpre[None, :], t[None, :], f[None, :], post[None, :], upd,
                               ring[0], ring[1], stage, bsum[None, :], *rest)
         T = _least_level(base, _ANY_REGIONS, _NO_FLOOR, _NONE_YET, *pool)
+        any_region = float(T[0])
         if self.cross is not None and P > 1:
             # a plan in more than one region (each stage's replicas in one, H5) sends across
             # regions between some stages b and b + 1, on every pipeline: the least level
@@ -581,7 +589,7 @@ class Bounds:
         # options it may take in a plan of that level
         cost = _least_cost(base[0], self.price_s[kind] * tp, stage, P, least,
                            self.tc.step_overhead_s) if np.isfinite(least) else np.inf
-        return least + self.tc.step_overhead_s, cost * D
+        return least + self.tc.step_overhead_s, cost * D, any_region
 
     def option_levels(self, sh: Shape, D: int, total: int) -> list[list[Option]]:
         """Per stage of ``sh``'s own split, its options with their levels L(s, o) at D
@@ -1130,7 +1138,7 @@ class _BranchAndBound:
                         return not worth.out_of_reach(*self.bounds.refined(s, D, total))
 
                     # the pair's own split may beat the incumbent
-                    refined_t, refined_usd = self.bounds.refined(sh, D, total)
+                    refined_t, refined_usd, least_level = self.bounds.refined_level(sh, D, total)
                     own = not worth.out_of_reach(refined_t, refined_usd)
                     if not sh.rebalance and not own:
                         ev.stats.pruned += 1  # its refined bound cannot beat the incumbent
@@ -1141,6 +1149,7 @@ class _BranchAndBound:
                                                           total=total),
                                         ev.allocation_deadline(), worth, reach,
                                         functools.partial(self.bounds.slowest, D=D), own,
+                                        least_level,
                                         refined_t - self.space.problem.timing.step_overhead_s)
                     j += 1
             except OutOfTime:
@@ -1319,15 +1328,16 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
            deadline: float | None = None, worth: Worth | None = None,
            reach: Callable[[Shape], bool] | None = None,
            slowest: Callable[[Shape], float] | None = None, own: bool | None = None,
-           least_level: float = 0.0) -> list:
+           least_level: float = 0.0, floor_level: float = 0.0) -> list:
     """Plans of one (shape, degree) pair: its allocations of least level (the allocation
     program over ``levels_of``'s option levels, ``Bounds.option_levels``), each in every zone
     packing, and their variants; allocations ``worth`` says cannot beat the incumbent are
     not built, nor plans of a split whose shape ``reach`` says cannot (``Bounds.refined``;
     ``own``: what it says of ``sh``, when the caller has asked); a re-split's allocation
     program starts from ``slowest`` (``Bounds.slowest``), and the program over the levels
-    from ``least_level``, a lower bound on the least level (``Bounds.refined``'s, without the
-    step overhead). Raises OutOfTime once an allocation passes ``deadline``."""
+    from ``least_level``, a lower bound on its least level (``Bounds.refined_level``'s third);
+    ``floor_level``: a lower bound on any plan's time before the step overhead (the refined
+    bound's). Raises OutOfTime once an allocation passes ``deadline``."""
     opts = [list(o) for o in sh.opts]
     total = space.problem.job.global_batch // sh.mbs
     memo, key = space.alloc_memo, (sh.split, sh.mbs, sh.recompute)
@@ -1364,8 +1374,8 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
 
     # the program's allocations on some of the options or fewer GPUs take no less than the
     # least level on all of them: none where it has none, none worth building beyond the bar
-    variants = bool(allocs) and (worth is None or
-                                 not worth.beyond_level(by_level[0].bottleneck_s, D))
+    variants = bool(allocs) and (worth is None or not worth.beyond_level(
+        max(by_level[0].bottleneck_s, floor_level), D))
 
     out = [build_spec(space, a, opts, sh.split, sh.mbs, D, recompute=sh.recompute, packing=pk,
                       home=home)
@@ -1399,7 +1409,7 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
     if sh.rebalance and allocs:
         out += _resplit(space, sh, allocs[0], opts, D, L, total, avail, price, region_of,
                         deadline, worth, reach, slowest)
-    # the allocation pools the zones of a region (H6) and ranks replicas by compute alone, so
+    # the allocation pools the zones of a region (H6) and counts no sends between zones, so
     # on a pool spread over zones it may take a faster GPU in another zone where the estimate,
     # with the sends and egress across zones, prefers the same plan inside one zone; and where
     # its stages are in more than one region, the same pair on one region's GPUs may be faster

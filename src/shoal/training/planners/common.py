@@ -118,6 +118,9 @@ class Evaluator:
         self.objective = objective
         self.deadline: float | None = None  # perf_counter time after which the search stops
         self.max_pairs: int | None = None  # (shape, degree) pairs a bounded search allocates
+        # plans known to fit are costed after the search (a re-plan's seeds): it returns a plan
+        # whatever the budget leaves
+        self.fallback = False
         self.incumbent: Candidate | None = None  # best feasible plan so far under the objective
         # (plan, objective, constraints) -> the plan ``refine``'s descent from it ended at
         # (itself: its layer boundaries are tuned); a caller may share it across searches of
@@ -153,8 +156,9 @@ class Evaluator:
 
     def allocation_deadline(self) -> float | None:
         """The deadline an allocation program stops at: the budget's, once some plan is found
-        (until then the search goes on, so that it returns a plan)."""
-        return self.deadline if self.feasible else None
+        or is to be costed after the search (``fallback``); until then the search goes on, so
+        that it returns a plan."""
+        return self.deadline if self.feasible or self.fallback else None
 
     def _allowed(self, sp: PlanSpec) -> list[PlanSpec] | None:
         """``sp``'s variants under the ZeRO stages and schedules the job allows, or None when
