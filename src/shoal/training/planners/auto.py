@@ -1348,9 +1348,9 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
             return []
         # only the re-split may beat the incumbent: the slowest replicas of an allocation at
         # the least bottleneck give its layers (any such allocation: its own plans are not
-        # built, and on three kinds or more the cheapest takes a MIP). Not one of least level,
-        # as the pair's own plans re-split: that program is the slower one, and the re-splits
-        # it gives found no better plan on planner_speed.py's pools
+        # built, and on three kinds or more the cheapest takes a MIP). Not the allocation of
+        # least level that a pair whose own plans are built re-splits to: here that program is
+        # the slower, and its re-splits found no better plan on planner_speed.py's pools
         a = fastest(opts, D, avail, price, region_of, at_least=tau / slots(D, total)[0],
                     total=total, memo=memo, key=key, deadline=deadline, cheapest=False)
         return [] if a is None else _resplit(space, sh, a, opts, D, L, total, avail, price,
