@@ -50,13 +50,12 @@ def changes(keys, capacity: int, gpn: int, n: int, seed: int) -> list[dict]:
     return out
 
 
-def best_plan(fn):
-    """(iterations/s, spec) of the best plan ``fn`` returns; (0, None) when nothing fits."""
+def best_plan(fn) -> float:
+    """Iterations/s of the best plan ``fn`` returns; 0 when nothing fits."""
     try:
-        r = fn()
-        return r.ranked[0].throughput_iters_per_s, r.ranked[0].spec
+        return fn().ranked[0].throughput_iters_per_s
     except InfeasibleError:
-        return 0.0, None
+        return 0.0
 
 
 def main() -> None:
@@ -84,12 +83,12 @@ def main() -> None:
         gpn = max(g.gpus_per_node for g in problem.gpus.values())
         rp = Replanner(problem, budget_s=args.budget)
         t = time.perf_counter()
-        first = best_plan(lambda: rp.plan(full))[0]
+        first = best_plan(lambda: rp.plan(full))
         first_s = time.perf_counter() - t
         rows = []
         for i, avail in enumerate(changes(keys, args.capacity, gpn, args.changes, args.seed)):
             t = time.perf_counter()
-            warm = best_plan(lambda a=avail: rp.plan(a))[0]
+            warm = best_plan(lambda a=avail: rp.plan(a))
             warm_s = time.perf_counter() - t
             row = {"change": i, "gpus": sum(avail.values()), "replan_s": warm_s,
                    "replan_iters_per_s": warm, "remembered": rp.calls[-1].remembered}
@@ -97,7 +96,7 @@ def main() -> None:
                 cold_problem = problem.__class__(**{**problem.__dict__, "avail": avail})
                 t = time.perf_counter()
                 row["cold_iters_per_s"] = best_plan(
-                    lambda p=cold_problem: search(p, budget_s=args.budget, front=False))[0]
+                    lambda p=cold_problem: search(p, budget_s=args.budget, front=False))
                 row["cold_s"] = time.perf_counter() - t
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
