@@ -214,8 +214,8 @@ def test_each_stage_on_its_cheapest_combo_is_the_cheapest_allocation_when_it_fit
 @pytest.mark.parametrize("seed", range(6))
 def test_the_quick_tests_agree_with_every_combination(K, seed):
     """The compiled tests before the MIP, against every combination tried: the LP bound
-    (``_load``) rules out only bounds no allocation meets, and a greedy fill, plain or
-    weighted, is an allocation under the bound within the pool (D replicas a stage, at most
+    (``_load``) rules out only bounds no allocation meets, and a greedy fill, in one stage
+    order or in several, is an allocation under the bound within the pool (D replicas a stage, at most
     two options of one region, no option over the bound for the busiest pipelines)."""
     rng = np.random.default_rng(500 + seed)
     W = allocate.kind_weights(K).T
@@ -242,12 +242,14 @@ def test_the_quick_tests_agree_with_every_combination(K, seed):
             assert want is None
             seen["ruled out"] += 1
             continue
-        for weighted in (False, True):
-            left = avail.astype(np.int64).copy()
+        found = []
+        for orders in (1, allocate.GREEDY_ORDERS):
+            left = np.empty(K, dtype=np.int64)
             out = np.empty((P, 6), dtype=np.int64)
-            if not allocate._greedy(flat.start, flat.kinds, flat.tps, flat.times, keep,
-                                    np.array(regions), left, tau, extra, D, W[:, at], weighted,
-                                    out):
+            found.append(allocate._greedy(flat.start, flat.kinds, flat.tps, flat.times, keep,
+                                          np.array(regions), avail.astype(np.int64), tau,
+                                          extra, D, W[:, at], orders, left, out))
+            if not found[-1]:
                 continue
             assert want is not None
             seen["filled"] += 1
@@ -264,6 +266,7 @@ def test_the_quick_tests_agree_with_every_combination(K, seed):
                     assert t[(k, tp)] <= tau or n <= D - extra
                     use[k] += n * tp
             assert (use == avail - left).all()
+        assert found[0] <= found[1]  # the first orders are tried first
     assert seen["filled"]
 
 

@@ -36,8 +36,10 @@ DP_KINDS = 2  # up to this many kinds the program is the dynamic program, above 
 # the MIPs are small and mostly solved at the root: HiGHS's feasibility-jump heuristic took
 # about half of their time (one-off timing over 300 of them, the same optima without it)
 MIP_OPTIONS = {"mip_heuristic_run_feasibility_jump": False}
-COMBO_COLUMNS_PER_OPTION = 4  # how the MIP's form is chosen (``_solve_mip``)
+COMBO_COLUMNS_PER_OPTION = 4  # how the MIP's form is chosen (``_by_choices``) ...
+ONE_REGION_COMBOS = 2.5  # ... on one region
 COMBO_CACHE = 16_384  # stages' combos kept (``_combos``)
+GREEDY_ORDERS = 16  # stage orders the quick fill tries (``_greedy``)
 LAZY_ROUNDS = 4  # MIPs holding more and more stages to the mixing rules (``_solve_mip``)
 # an LP vertex this close to integers is read as the integers (``_mip_solve``; the model's
 # rows are then checked on the integers themselves)
@@ -269,16 +271,14 @@ def _solve_exact(stage_opts: list[list[Option]], D: int, avail: np.ndarray, pric
     else:
         # the scarcest GPUs by share of what is left, then by the weighting closest to binding
         out = np.empty((len(flat.start) - 1, 6), dtype=np.int64)
-        left = np.asarray(avail, dtype=np.int64).copy()
-        regions = np.asarray(region_of, dtype=np.int64)
-        for weighted in (False, True):
-            left[:] = avail
-            if _greedy(flat.start, flat.kinds, flat.tps, flat.times, keep, regions, left, tau,
-                       extra, D, W[:, binding], weighted, out):
-                per_stage = tuple(((ka, ta, na),) if kb < 0 else ((ka, ta, na), (kb, tb, nb))
-                                  for ka, ta, na, kb, tb, nb in out.tolist())
-                return Allocation(per_stage, tuple(int(a) - int(b) for a, b in
-                                                   zip(avail, left, strict=True)), tau), False
+        left = np.empty(len(avail), dtype=np.int64)
+        if _greedy(flat.start, flat.kinds, flat.tps, flat.times, keep,
+                   np.asarray(region_of, dtype=np.int64), np.asarray(avail, dtype=np.int64),
+                   tau, extra, D, W[:, binding], GREEDY_ORDERS, left, out):
+            per_stage = tuple(((ka, ta, na),) if kb < 0 else ((ka, ta, na), (kb, tb, nb))
+                              for ka, ta, na, kb, tb, nb in out.tolist())
+            return Allocation(per_stage, tuple(int(a) - int(b) for a, b in
+                                               zip(avail, left, strict=True)), tau), False
         allowed = flat.allowed(keep)
     # a feasibility test that gets here also costs the allocations: when its bound is the
     # one found, the cheapest is then known (a MIP with costs takes about a third longer)
@@ -371,24 +371,58 @@ def _stage_combos(al: list[Option], D: int, region_of: list[int], K: int, tau: f
 
 
 @compiled
-def _greedy(start, kinds, tps, times, keep, region_of, left, tau, extra, D, weigh, weighted,
-            out):
+def _greedy(start, kinds, tps, times, keep, region_of, avail, tau, extra, D, weigh, orders,
+            left, out):
     """Some allocation under the bound over the options marked in ``keep`` (``_keep``),
-    found quickly or not at all (False says nothing), compiled: the stages that need the
-    most GPUs first, each given the option, or the pair of options of one region (as many
-    replicas on the first as fit), that takes the smallest share of the GPUs ``left`` (or,
-    ``weighted``, the fewest GPUs weighted by ``weigh``). Takes its GPUs from ``left`` and
-    writes per stage (kind, TP, replicas) of its first option and of its second (kind -1:
-    none) in ``out``."""
+    found quickly or not at all (False says nothing), compiled. The stages are taken in
+    ``orders`` orders, each tried with two rules (the smallest share of the GPUs left, and
+    the fewest GPUs weighted by ``weigh``); each order puts the stages that need the most
+    GPUs per replica first and ranks those of equal need: by index, then by how much their
+    kinds differ in the GPUs a replica takes (such stages first, so that the stages that fit
+    any kind alike fill what is left), then by a fixed hash of the index per order. Returns
+    the first fill that places every stage: its GPUs taken from ``avail`` in ``left``, per
+    stage (kind, TP, replicas) of its first option and of its second (kind -1: none) in
+    ``out``."""
     S = len(start) - 1
-    fewest = np.empty(S, dtype=np.int64)
+    big = np.int64(1) << np.int64(40)
+    need = np.empty(S, dtype=np.int64)
+    spread = np.empty(S, dtype=np.int64)
+    per_kind = np.empty(len(avail), dtype=np.int64)
     for s in range(S):
-        m = np.int64(1) << np.int64(60)
+        per_kind[:] = big
         for o in range(start[s], start[s + 1]):
-            if keep[o] and times[o] <= tau and tps[o] < m:
-                m = tps[o]
-        fewest[s] = -m
-    for i in np.argsort(fewest, kind="mergesort"):
+            if keep[o] and times[o] <= tau and tps[o] < per_kind[kinds[o]]:
+                per_kind[kinds[o]] = tps[o]
+        need[s] = per_kind.min()
+        spread[s] = np.minimum(per_kind, 64).max() - need[s]  # no option: TP 64
+    key = np.empty(S, dtype=np.int64)
+    for t in range(2 * orders):
+        v = t // 2
+        for s in range(S):
+            if v == 0:
+                tie = np.int64(s)
+            elif v == 1:
+                tie = (np.int64(64) - spread[s]) * np.int64(S) + s
+            else:
+                h = (np.int64(s + 1) * np.int64(0x9E3779B1) + np.int64(v) * np.int64(0x85EBCA77)
+                     ) & np.int64(0xFFFFFFFF)
+                h ^= h >> np.int64(15)
+                tie = (h * np.int64(0x2C1B3C6D)) & np.int64(0xFFFFFFFF)
+            key[s] = (np.int64(64) - need[s]) * big + tie
+        left[:] = avail
+        if _fill(start, kinds, tps, times, keep, region_of, left, tau, extra, D, weigh,
+                 t % 2 == 1, np.argsort(key), out):
+            return True
+    return False
+
+
+@compiled
+def _fill(start, kinds, tps, times, keep, region_of, left, tau, extra, D, weigh, weighted,
+          order, out):
+    """``_greedy``'s fill of the stages in ``order``: each given the option, or the pair of
+    options of one region (as many replicas on the first as fit), that takes the smallest
+    share of the GPUs ``left`` (or, ``weighted``, the fewest GPUs weighted by ``weigh``)."""
+    for i in order:
         best_share = np.inf
         pick_a, pick_b, pick_na = -1, -1, 0
         for a in range(start[i], start[i + 1]):
@@ -724,8 +758,11 @@ def _by_choices(allowed: list[list[Option]], D: int, avail: np.ndarray, price: n
     ``_by_option``). The combo form has no big-M rows, no binaries per region and no symmetry
     between equal stages: on pools of two regions the option form was 10-100x slower. With one
     region the option form was about 16x faster (one-off timings over a few hundred programs
-    of each). So: combos when the options span regions and the combo columns are at most
-    COMBO_COLUMNS_PER_OPTION times the option columns."""
+    of each), except where the combos are few: of the 13 programs of one region that reached
+    this MIP on planner_speed.py's three-type row, the 5 with at most 10 combo columns per
+    option column (4 with no allocation) took 0.054 s in all as combos against 0.915 s as
+    options. So: combos when the combo columns are at most COMBO_COLUMNS_PER_OPTION times the
+    option columns (ONE_REGION_COMBOS times that on one region)."""
     K = len(avail)
     classes = _equal_stages(allowed)  # equal stages share columns
     n_combo = 0
@@ -738,7 +775,8 @@ def _by_choices(allowed: list[list[Option]], D: int, avail: np.ndarray, price: n
     m = Model(maximize=False)
     use = [([], []) for _ in range(K)]
     regions = {region_of[o.kind] for al in classes for o in al}
-    if len(regions) > 1 and n_combo <= COMBO_COLUMNS_PER_OPTION * n_option:
+    scale = 1.0 if len(regions) > 1 else ONE_REGION_COMBOS
+    if n_combo <= scale * COMBO_COLUMNS_PER_OPTION * n_option:
         read = _by_combo(m, use, classes, D, price, region_of, tau, relax, extra)
     else:
         read = _by_option(m, use, allowed, D, price, region_of, tau, extra)
