@@ -8,7 +8,6 @@ import contextlib
 import ctypes
 import os
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -41,21 +40,6 @@ def new_highs() -> highspy.Highs:
     with _no_stdout():
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    return h
-
-
-_kept = threading.local()
-
-
-def _cleared_highs() -> highspy.Highs:
-    """This thread's silent HiGHS instance, cleared of its last model, solution and options:
-    making one takes about as long as solving one of the allocation program's small LPs."""
-    h = getattr(_kept, "highs", None)
-    if h is None:
-        h = _kept.highs = new_highs()
-    else:
-        h.clear()  # resets the options too
-        h.setOptionValue("output_flag", False)
     return h
 
 
@@ -128,8 +112,7 @@ class Model:
         if integer:
             lp.integrality_ = [highspy.HighsVarType.kInteger if i else
                                highspy.HighsVarType.kContinuous for i in self.integer]
-        # a solve with a callback gets its own instance (it leaves the callback set)
-        h = new_highs() if target is not None or stall_s is not None else _cleared_highs()
+        h = new_highs()
         h.setOptionValue("threads", 1)
         h.setOptionValue("random_seed", 0)
         h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
