@@ -313,6 +313,35 @@ def test_a_bound_that_leaves_two_kinds_is_the_dynamic_program_on_them(slow, seed
 
 
 @pytest.mark.parametrize("form", ["combo", "option"])
+@pytest.mark.parametrize("regions", [1, 2])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_mip_over_the_choices_finds_the_cheapest_allocation(seed, regions, form,
+                                                                monkeypatch):
+    """``_by_choices`` in each form, on one region and on two (one region takes combos where
+    they are few): the cheapest cost and the feasibility of every combination tried."""
+    monkeypatch.setattr(allocate, "COMBO_COLUMNS_PER_OPTION", FORMS[form])
+    rng = np.random.default_rng(300 + seed)
+    checked = 0
+    for _ in range(6):
+        D, stages, avail, price, total = random_program(rng, 3)
+        region_of = [k % regions for k in range(3)]
+        relax, extra = allocate.slots(D, total)
+        times = sorted({o.time_s for st in stages for o in st})
+        tau = times[int(rng.integers(0, len(times)))] * float(rng.choice([1.0, 1.2]))
+        allowed = [allowed_options(st, tau, relax) for st in stages]
+        if not all(any(o.time_s <= tau for o in al) for al in allowed):
+            continue  # a stage with no replica for the busiest pipelines: never asked
+        got = allocate._by_choices(allowed, D, avail, price, region_of, tau, relax, extra, None)
+        want = every_allocation(stages, D, avail, price, region_of, tau, total)
+        assert (got is None) == (want is None)
+        if got is not None:
+            checked += 1
+            assert float(np.asarray(got.usage) @ price) == pytest.approx(want[0], rel=1e-9)
+            assert all(sum(n for _, _, n in st) == D for st in got.per_stage)
+    assert checked
+
+
+@pytest.mark.parametrize("form", ["combo", "option"])
 @pytest.mark.parametrize("seed", range(6))
 def test_fastest_is_the_smallest_bound_met(seed, form, monkeypatch):
     """``fastest`` (a search over feasibility tests, the cheapest at the end) against every
@@ -320,7 +349,7 @@ def test_fastest_is_the_smallest_bound_met(seed, form, monkeypatch):
     the answer."""
     monkeypatch.setattr(allocate, "COMBO_COLUMNS_PER_OPTION", FORMS[form])
     rng = np.random.default_rng(100 + seed)
-    regions = [0, 1, 1] if form == "combo" else [0, 0, 0]  # the combo form is for regions
+    regions = [0, 1, 1] if form == "combo" else [0, 0, 0]
     for _ in range(4):
         D, stages, avail, price, total = random_program(rng, 3)
         relax, _ = allocate.slots(D, total)

@@ -269,7 +269,8 @@ def _solve_exact(stage_opts: list[list[Option]], D: int, avail: np.ndarray, pric
         if own is not None:
             return own, True
     else:
-        # the scarcest GPUs by share of what is left, then by the weighting closest to binding
+        # greedy fills in GREEDY_ORDERS stage orders, each by the share of the GPUs left and
+        # by the weighting closest to binding
         out = np.empty((len(flat.start) - 1, 6), dtype=np.int64)
         left = np.empty(len(avail), dtype=np.int64)
         if _greedy(flat.start, flat.kinds, flat.tps, flat.times, keep,
@@ -376,13 +377,14 @@ def _greedy(start, kinds, tps, times, keep, region_of, avail, tau, extra, D, wei
     """Some allocation under the bound over the options marked in ``keep`` (``_keep``),
     found quickly or not at all (False says nothing), compiled. The stages are taken in
     ``orders`` orders, each tried with two rules (the smallest share of the GPUs left, and
-    the fewest GPUs weighted by ``weigh``); each order puts the stages that need the most
-    GPUs per replica first and ranks those of equal need: by index, then by how much their
-    kinds differ in the GPUs a replica takes (such stages first, so that the stages that fit
-    any kind alike fill what is left), then by a fixed hash of the index per order. Returns
-    the first fill that places every stage: its GPUs taken from ``avail`` in ``left``, per
-    stage (kind, TP, replicas) of its first option and of its second (kind -1: none) in
-    ``out``."""
+    the fewest GPUs weighted by ``weigh``). Every order puts the stages that need the most
+    GPUs per replica first; among those of equal need, the first order goes by index, the
+    second puts first the stages whose kinds differ most in the GPUs a replica takes (a kind
+    with no option counting as TP 64), so that the stages that fit any kind alike fill what is
+    left, and each further order goes by a fixed hash of the index. Returns whether some
+    fill places every stage; the first that does leaves the GPUs it takes from ``avail`` in
+    ``left``, and per stage (kind, TP, replicas) of its first option and of its second (kind
+    -1: none) in ``out``."""
     S = len(start) - 1
     big = np.int64(1) << np.int64(40)
     need = np.empty(S, dtype=np.int64)
@@ -393,7 +395,7 @@ def _greedy(start, kinds, tps, times, keep, region_of, avail, tau, extra, D, wei
         for o in range(start[s], start[s + 1]):
             if keep[o] and times[o] <= tau and tps[o] < per_kind[kinds[o]]:
                 per_kind[kinds[o]] = tps[o]
-        need[s] = per_kind.min()
+        need[s] = min(per_kind.min(), 64)  # none within the bound: ``_keep`` rules that out
         spread[s] = np.minimum(per_kind, 64).max() - need[s]  # no option: TP 64
     key = np.empty(S, dtype=np.int64)
     for t in range(2 * orders):

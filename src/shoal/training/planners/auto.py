@@ -1354,7 +1354,8 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
         a = fastest(opts, D, avail, price, region_of, at_least=tau / slots(D, total)[0],
                     total=total, memo=memo, key=key, deadline=deadline, cheapest=False)
         return [] if a is None else _resplit(space, sh, a, opts, D, L, total, avail, price,
-                                             region_of, deadline, worth, reach, slowest)
+                                             region_of, deadline, worth, reach, slowest,
+                                             cheapest=levels > 1)
     # the allocations of least level (``levels_of``: each option's least cost to the whole
     # iteration, its stage's gradient ring and update included), and for cost objectives
     # the cheapest under several levels, with their slowest replicas' compute times
@@ -1408,7 +1409,7 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
                                               recompute=sh.recompute))
     if sh.rebalance and allocs:
         out += _resplit(space, sh, allocs[0], opts, D, L, total, avail, price, region_of,
-                        deadline, worth, reach, slowest)
+                        deadline, worth, reach, slowest, cheapest=levels > 1)
     # the allocation pools the zones of a region (H6) and counts no sends between zones, so
     # on a pool spread over zones it may take a faster GPU in another zone where the estimate,
     # with the sends and egress across zones, prefers the same plan inside one zone; and where
@@ -1452,14 +1453,15 @@ def _packings(space: Space, a: Allocation) -> list[tuple[str, str | None]]:
 def _resplit(space: Space, sh: Shape, alloc: Allocation, opts: list[list[Option]], D: int, L: int,
              total: int, avail, price, region_of, deadline: float | None, worth: Worth | None,
              reach: Callable[[Shape], bool] | None,
-             slowest: Callable[[Shape], float] | None) -> list:
+             slowest: Callable[[Shape], float] | None, cheapest: bool = True) -> list:
     """The plan of the layers re-split to allocation ``alloc``'s slowest replica types
     (``rebalanced``) given the fastest allocation of the new split: none when the split is
     the same, some stage would get no layer, or ``reach`` or ``worth`` rules it out (the
     allocation program starts from ``slowest``'s least slowest-replica time). On three kinds
-    or more, the allocation is the one the program's search met at that bottleneck, not the
-    cheapest, which takes a MIP per re-split (planner_speed.py's three-type row: 8.0 s
-    against 9.3 s, and a plan 0.5% faster)."""
+    or more and unless ``cheapest`` (the cost objectives and caps), the allocation is the one
+    the program's search met at that bottleneck, not necessarily the cheapest, which takes a
+    MIP per re-split (planner_speed.py's three-type row: 8.0 s against 9.1-9.3 s in one-off
+    runs, and a plan 0.5% faster)."""
     # the re-split's shape (or None), kept with the stage options: it depends on the kinds
     # and their TPs, not on the GPU counts; one shape object per split (the bounds keep their
     # parts by shape object)
@@ -1487,7 +1489,7 @@ def _resplit(space: Space, sh: Shape, alloc: Allocation, opts: list[list[Option]
         return []  # no allocation holds D replicas of every stage
     a2 = fastest(o2, D, avail, price, region_of, at_least=least / slots(D, total)[0],
                  total=total, memo=space.alloc_memo, key=(new, sh.mbs, sh.recompute),
-                 deadline=deadline, cheapest=False)
+                 deadline=deadline, cheapest=cheapest)
     if a2 is None or (worth is not None and not worth(a2, D, total, other=sh2)):
         return []
     sp = build_spec(space, a2, o2, new, sh.mbs, D, recompute=sh.recompute)
