@@ -215,8 +215,9 @@ def test_each_stage_on_its_cheapest_combo_is_the_cheapest_allocation_when_it_fit
 def test_the_quick_tests_agree_with_every_combination(K, seed):
     """The compiled tests before the MIP, against every combination tried: the LP bound
     (``_load``) rules out only bounds no allocation meets, and a greedy fill, in one stage
-    order or in several, is an allocation under the bound within the pool (D replicas a stage, at most
-    two options of one region, no option over the bound for the busiest pipelines)."""
+    order or in several, is an allocation under the bound within the pool (D replicas a
+    stage, at most two options of one region, no option over the bound for the busiest
+    pipelines)."""
     rng = np.random.default_rng(500 + seed)
     W = allocate.kind_weights(K).T
     seen = {"ruled out": 0, "filled": 0}
