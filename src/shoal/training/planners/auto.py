@@ -1460,8 +1460,8 @@ def _resplit(space: Space, sh: Shape, alloc: Allocation, opts: list[list[Option]
     allocation program starts from ``slowest``'s least slowest-replica time). On three kinds
     or more and unless ``cheapest`` (the cost objectives and caps), the allocation is the one
     the program's search met at that bottleneck, not necessarily the cheapest, which takes a
-    MIP per re-split (planner_speed.py's three-type row: 8.0 s against 9.1-9.3 s in one-off
-    runs, and a plan 0.5% faster)."""
+    MIP per re-split (planner_speed.py's three-type row: 1,244 MIPs against 1,934, and a
+    plan 0.5% faster)."""
     # the re-split's shape (or None), kept with the stage options: it depends on the kinds
     # and their TPs, not on the GPU counts; one shape object per split (the bounds keep their
     # parts by shape object)
