@@ -6,7 +6,9 @@ profiles and network curves, on 2 zones x (128 A100-40GB + 128 V100-16GB) (Sailo
 `gpu_trace_2zones_2gpus.csv`). Each change sets one (GPU type, zone) count to a random number of
 whole nodes within [0, 128]. For every change: the `Replanner` time (it has seen the earlier
 pools of the sequence) and a cold `search` of the same pool, both for the best plans only (no
-throughput-cost front, as the `Replanner` searches); the estimated iterations/s of both.
+throughput-cost front, as the `Replanner` searches); the estimated iterations/s of both; which
+path the re-plan took (a pool seen before, a search bounded because a larger pool's best plan
+fits, or a full search), with the count and median time of each.
 
     python benchmarks/replan_speed.py [--changes 100] [--seed 0] [--model gptneo|opt350]
         [--capacity 128] [--budget 600] [--no-cold]
@@ -90,8 +92,11 @@ def main() -> None:
             t = time.perf_counter()
             warm = best_plan(lambda a=avail: rp.plan(a))
             warm_s = time.perf_counter() - t
+            call = rp.calls[-1]
             row = {"change": i, "gpus": sum(avail.values()), "replan_s": warm_s,
-                   "replan_iters_per_s": warm, "remembered": rp.calls[-1].remembered}
+                   "replan_iters_per_s": warm, "remembered": call.remembered,
+                   "path": ("memory" if call.remembered else
+                            "bounded" if call.from_larger else "full")}
             if not args.no_cold:
                 cold_problem = problem.__class__(**{**problem.__dict__, "avail": avail})
                 t = time.perf_counter()
@@ -103,7 +108,12 @@ def main() -> None:
     rs = np.array([r["replan_s"] for r in rows])
     out = {"model": args.model, "capacity": args.capacity, "changes": len(rows),
            "seed": args.seed, "first_search_s": first_s, "first_iters_per_s": first,
-           "replan_median_s": float(np.median(rs)), "replan_max_s": float(rs.max())}
+           "replan_median_s": float(np.median(rs)), "replan_max_s": float(rs.max()),
+           # per path (a pool seen before; a search bounded to a few pairs because a larger
+           # pool's best plan fits; a full search): how many re-plans and their median time
+           "paths": {p: {"count": len(ts), "median_s": float(np.median(ts))}
+                     for p in ("memory", "bounded", "full")
+                     if (ts := [r["replan_s"] for r in rows if r["path"] == p])}}
     if not args.no_cold:
         cs = np.array([r["cold_s"] for r in rows])
         worse = [r for r in rows if r["replan_iters_per_s"] < r["cold_iters_per_s"] * (1 - 1e-9)]
