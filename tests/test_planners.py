@@ -385,6 +385,33 @@ def test_allocations_by_level_beat_allocations_by_compute_on_sailors_gpt_neo_poo
     assert by_level.throughput_iters_per_s > by_compute.throughput_iters_per_s * 1.02
 
 
+def test_a_pair_whose_balanced_split_cannot_win_is_re_split_to_its_gpus():
+    """A pair whose own (balanced) split cannot beat the best plan so far may still win once
+    its layers are re-split to the GPUs its stages get: on 4 A100-40GB and 16 V100-16GB, six
+    stages of one replica, two of A100s at TP 2 then four of V100s at TP 4, take 6.41 s per
+    iteration with 5 layers on each A100 stage and 4 on each V100 stage, 7.22 s on the
+    balanced split (4, 4, 4, 4, 5, 5 layers). ``auto`` finds that plan or a faster one."""
+    pb = problem(model__num_layers=24, model__hidden_size=2560, model__num_heads=40,
+                 model__vocab_size=50257, job__global_batch=64, job__schedule=["1f1b"],
+                 job__zero_stage=[0], job__recompute=[False],
+                 pool__regions={"us-central1": {"zones": {"us-central1-a": {"gpus": {
+                     "A100-40GB": 4, "V100-16GB": 16}}}}})
+    gpus = [("A100-40GB", 2)] * 2 + [("V100-16GB", 4)] * 4
+
+    def plan(edges):  # one replica per stage, running all 32 microbatches of 2
+        return (2, "1f1b", False, 0, tuple(
+            (a, b, ((g, tp, "us-central1-a", 32),))
+            for a, b, (g, tp) in zip(edges, edges[1:], gpus, strict=False)))
+
+    witness, even = plan([0, 5, 10, 14, 18, 22, 26]), plan([0, 4, 8, 12, 16, 21, 26])
+    assert balanced_split(26, 6) == tuple((a, b) for a, b, _ in even[4])
+    out = run_specs(pb, tables_for(pb, mbs_options(pb)), [witness, even])
+    assert not out["oom"].any()
+    assert out["iteration_time_s"][0] < out["iteration_time_s"][1] * 0.9
+    best = search(pb, strategy="auto", objective="max-throughput").ranked[0]
+    assert best.iteration_time_s <= out["iteration_time_s"][0] * (1 + 1e-9)
+
+
 def test_a_tuned_plan_is_not_tuned_again_by_the_next_search():
     """Searches sharing a ``Reuse`` (a re-plan's) remember which plans the boundary tuning has
     settled: the second search of the pool returns the same best plan without their moves."""
