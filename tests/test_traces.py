@@ -265,6 +265,30 @@ def test_native_csv_errors_name_the_line(tmp_path, problem, old, new, where, wor
     assert f": {where}:" in str(err) and words in str(err)
 
 
+def test_native_csv_columns_in_any_order(tmp_path, problem):
+    lines = EVENTS.splitlines()
+    order = [4, 2, 0, 3, 1]  # notice_s, zone, time_s, count, gpu
+    moved = "\n".join(",".join(row.split(",")[i] for i in order) for row in lines) + "\n"
+    assert moved.startswith("notice_s,zone,time_s,count,gpu\n")
+    want = load_trace(_write(tmp_path, "a.csv", EVENTS), problem)
+    got = load_trace(_write(tmp_path, "b.csv", moved), problem)
+    assert got.states == want.states and got.end_s == want.end_s
+
+
+@pytest.mark.parametrize("header, where, words", [
+    ("time_s,gpu,count", "line 1", "missing column zone"),
+    ("time_s,gpu,zone", "line 1", "missing column count"),
+    ("gpu,zone,count", "line 1", "missing column time_s"),
+    ("time_s,gpu", "line 1", "missing columns zone, count"),
+    ("tme_s,gpu,zone,count", "line 1, column tme_s", "did you mean 'time_s'"),
+    ("time_s,gpu,zone,count,zone", "line 1, column zone", "column given twice"),
+])
+def test_native_csv_header_errors(tmp_path, problem, header, where, words):
+    text = header + "\n" + ",".join("0" for _ in header.split(",")) + "\n"
+    err = _spec_error(_write(tmp_path, "h.csv", text), problem)
+    assert f": {where}:" in str(err) and words in str(err), str(err)
+
+
 def test_native_csv_header_only(tmp_path, problem):
     err = _spec_error(_write(tmp_path, "e.csv", "time_s,gpu,zone,count\n"), problem)
     assert ": line 1:" in str(err) and "no events" in str(err)

@@ -39,7 +39,7 @@ CONTROLLER_GPU = "A100-40GB"  # Sailor's controller traces count A100s
 
 _FORMATS = ("a Sailor availability CSV (header ',Timestamp,<GPU>_<zone>,...'), a Sailor controller "
             "JSON list ([{\"Time\": s, \"GPUs\": n}, ...]), shoal events as CSV (header "
-            "'time_s,gpu,zone,count[,notice_s]') or as YAML/JSON with schema: " + NATIVE_SCHEMA)
+            "'time_s,gpu,zone,count[,notice_s]', in any order) or as YAML/JSON with schema: " + NATIVE_SCHEMA)
 _COUNTS = "a whole number of GPUs, 0 or more"
 _CONTROLLER_KEYS = ("Time", "GPUs")  # a controller trace entry's keys
 _EVENT_KEYS = ("time_s", "gpu", "zone", "count", "notice_s")
@@ -120,7 +120,7 @@ def load_trace(path: str | Path, problem: Problem, *, gpu: str | None = None,
                         value=gpu if gpu is not None else zone)
     line, first = next((i, row) for i, row in enumerate(text.splitlines(), 1) if row.strip())
     names = [c.strip() for c in first.split(",")]
-    if tuple(names[:len(NATIVE_HEADER)]) == NATIVE_HEADER:
+    if len(set(names) & set(NATIVE_HEADER)) >= 2:  # shoal events, columns in any order
         return _native_csv(_csv_rows(text, file), file, problem)
     if "timestamp" in (n.lower() for n in names):
         return _sailor_csv(_csv_rows(text, file), file, problem)
@@ -304,15 +304,24 @@ def _line_of(text: str, index: int) -> int:
 
 
 def _native_csv(rows: list[tuple[int, list[str]]], file: str, problem: Problem) -> Trace:
-    """shoal events as CSV: from ``time_s`` on, ``zone`` has ``count`` GPUs of type ``gpu``."""
+    """shoal events as CSV: from ``time_s`` on, ``zone`` has ``count`` GPUs of type ``gpu``
+    (the header names the columns, in any order)."""
     (hline, header), body = rows[0], rows[1:]
     names = [c.strip() for c in header]
-    extra = names[len(NATIVE_HEADER):]
-    if extra not in ([], ["notice_s"]):
-        bad = extra[1] if extra[0] == "notice_s" else extra[0]
-        raise SpecError("unexpected column", file=file, field=f"line {hline}, column {bad}",
-                        value=bad, allowed="time_s,gpu,zone,count and optionally notice_s",
-                        suggestion=close_match(bad, ["notice_s"]))
+    known = (*NATIVE_HEADER, "notice_s")
+    allowed = "time_s, gpu, zone, count and optionally notice_s, in any order"
+    for i, name in enumerate(names):
+        if name not in known:
+            raise SpecError("unexpected column", file=file, field=f"line {hline}, column {name}",
+                            value=name, allowed=allowed,
+                            suggestion=close_match(name, [k for k in known if k not in names]))
+        if name in names[:i]:
+            raise SpecError("column given twice", file=file, field=f"line {hline}, column {name}",
+                            value=name, allowed=allowed)
+    missing = [k for k in NATIVE_HEADER if k not in names]
+    if missing:
+        raise SpecError(f"missing column{'s' if len(missing) > 1 else ''} "
+                        + ", ".join(missing), file=file, field=f"line {hline}", allowed=allowed)
     if not body:
         raise SpecError("no events after the header", file=file, field=f"line {hline}")
     events: list[_Event] = []
