@@ -680,3 +680,46 @@ def test_plans_alike_in_all_a_user_sees_are_ranked_once():
     assert alike.spec != c.spec and alike.plan.summary() == c.plan.summary()
     dearer = replace(c, spec=flipped, cost_egress_usd=c.cost_egress_usd + 1.0)
     assert top([c, alike, dearer], "max-throughput", 3) == [c, dearer]
+
+
+def _sailor_tps(pb, P: int) -> dict[str, set[int]]:
+    """The TPs the `sailor` strategy's options give each GPU type on the stages of the balanced
+    split into P stages, at microbatch size 1."""
+    space = Space(pb, tables_for(pb, [1]), {})
+    out: dict[str, set[int]] = {}
+    for opts in sailor.stage_options(space, balanced_split(pb.n_layers, P), 1, False, 0, 1):
+        for o in opts:
+            out.setdefault(space.kinds[o.kind].gpu, set()).add(o.tp)
+    return out
+
+
+@pytest.mark.parametrize("P", [1, 2])
+def test_sailor_strategy_takes_sailors_tp_per_gpu_type(P):
+    """Sailor's planner (its public code) keeps the first GPU type by name of a mixed pool at
+    its smallest fitting TP and raises every other type's TP while a larger TP runs the stage
+    at least TP_SPEEDUP times faster; a pool of one type raises that type too."""
+    mixed = problem()
+    one = problem(pool__regions={"us-central1": {"zones": {
+        "us-central1-a": {"gpus": {"A100-40GB": 8}}}}})
+    tb = tables_for(mixed, [1])
+    space = Space(mixed, tb, {})
+    split = balanced_split(mixed.n_layers, P)
+    for gpu in ("A100-40GB", "V100-16GB"):  # the premise: TP 1 fits, and TP 2 and 4 scale
+        for s, (a, b) in enumerate(split):
+            assert space.min_tp(gpu, 1, a, b, P - s, False, 0, 1) == 1
+            t = [tb.cum_step(gpu, tp, 1, False) for tp in (1, 2, 4)]
+            t = [c[b] - c[a] for c in t]
+            assert t[0] / t[1] >= sailor.TP_SPEEDUP and t[1] / t[2] >= sailor.TP_SPEEDUP
+    assert _sailor_tps(mixed, P) == {"A100-40GB": {1}, "V100-16GB": {4}}
+    assert _sailor_tps(one, P) == {"A100-40GB": {4}}
+
+
+def test_auto_costs_the_sailor_strategys_plans_at_sailors_tp():
+    """The strategy's plans use Sailor's TPs, and `auto`, which also costs the strategy's
+    allocations, does at least as well."""
+    mixed = problem(job={"global_batch": 32, "seq_len": 2048, "microbatch_sizes": [1]})
+    got = search(mixed, strategy="sailor", objective="max-throughput").ranked[0]
+    assert {(r.gpu, r.tp) for s in got.plan.stages for r in s.replicas} <= {
+        ("A100-40GB", 1), ("V100-16GB", 4)}
+    best = search(mixed, strategy="auto", objective="max-throughput").ranked[0]
+    assert best.throughput_iters_per_s >= got.throughput_iters_per_s

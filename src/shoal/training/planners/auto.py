@@ -13,7 +13,7 @@ The space, beyond the ``sailor`` strategy's:
 - every objective uses every pipeline depth (Sailor's public planner keeps min-cost searches to
   one stage), and activation recompute where the job allows it;
 - each pair of a balanced split also gets the ``sailor`` strategy's own allocation (each kind at
-  its smallest fitting TP), so every plan that strategy costs is costed here;
+  Sailor's TP, ``sailor.sailor_tp``), so every plan that strategy costs is costed here;
 - a pair whose allocation puts stages in more than one region also gets the allocation of each
   region's own GPUs (the program counts no sends), and an allocation in a region of several
   zones is also placed from each of them (``_packings``);
@@ -299,9 +299,9 @@ class Shape:
     split: tuple[tuple[int, int], ...]
     opts: tuple[tuple[Option, ...], ...]
     rebalance: bool
-    # the `sailor` strategy's options for this shape (each kind at its smallest fitting TP), on
-    # the shapes that strategy plans: balanced splits, its recompute setting
-    smallest: tuple[tuple[Option, ...], ...] | None = None
+    # the `sailor` strategy's options for this shape (each kind at Sailor's TP), on the shapes
+    # that strategy plans: balanced splits, its recompute setting
+    sailors: tuple[tuple[Option, ...], ...] | None = None
 
 
 class Bounds:
@@ -975,21 +975,14 @@ def _shapes(space: Space, mbs_values: list[int], max_stages: int | None):
                             and _fits_without_recompute(space, split, mbs, opts)):
                         yield False  # recompute only slows a shape that already fits
                         continue
-                    smallest = None
+                    sailors = None
                     if split == bal and recompute == sailor.recompute_of(problem):
-                        # per stage and kind, its smallest TP (the options list every fitting
-                        # TP from the smallest up)
-                        smallest = tuple(tuple(_first_per_kind(st)) for st in opts)
+                        # per stage and kind, Sailor's TP (one of the fitting TPs listed)
+                        sailors = tuple(tuple(st) for st in sailor.stage_options(
+                            space, split, mbs, recompute, 0, 1))
                     yield Shape(recompute, mbs, split, tuple(tuple(o) for o in opts),
                                 rebalance=P > 1 and split == bal and not every_split(L, P),
-                                smallest=smallest)
-
-
-def _first_per_kind(options) -> list[Option]:
-    first: dict[int, Option] = {}
-    for o in options:
-        first.setdefault(o.kind, o)
-    return list(first.values())
+                                sailors=sailors)
 
 
 def _fits_without_recompute(space: Space, split, mbs: int, opts) -> bool:
@@ -1381,14 +1374,14 @@ def _specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of,
     out = [build_spec(space, a, opts, sh.split, sh.mbs, D, recompute=sh.recompute, packing=pk,
                       home=home)
            for a in allocs if ok(a) for pk, home in _packings(space, a)]
-    if sh.smallest is not None and variants:
-        # the `sailor` strategy's allocation of the pair (each kind at its smallest fitting TP,
-        # H2): the bottleneck program over every TP can choose allocations the estimate ranks
-        # below it, and with it every plan that strategy costs is costed here too
-        o_min = [list(o) for o in sh.smallest]
+    if sh.sailors is not None and variants:
+        # the `sailor` strategy's allocation of the pair (each kind at Sailor's TP): the
+        # bottleneck program over every TP can choose allocations the estimate ranks below
+        # it, and with it every plan that strategy costs is costed here too
+        o_min = [list(o) for o in sh.sailors]
         a_min = fastest(o_min, D, avail, price, region_of, at_least=least,
                         total=total, memo=memo,
-                        key=(sh.split, sh.mbs, sh.recompute, "smallest tp"),
+                        key=(sh.split, sh.mbs, sh.recompute, "sailor's tp"),
                         deadline=deadline)
         if (a_min is not None and all(a_min.per_stage != a.per_stage for a in allocs)
                 and ok(a_min)):
