@@ -2,17 +2,18 @@
 `reference/sailor/sailor_runs.md`, the plan Sailor's planner chose and the plan the `sailor`
 strategy picks on the same pool, job and objective, both estimated by shoal, one run.
 
-For each run: both plans' shapes (stages, microbatch size, pipelines, each stage's GPU mix), whether
-they match, both plans' iterations/s and USD/iteration under shoal's estimator, and Sailor's own
-estimate of its plan. Where the shapes differ, the estimates say why: the `sailor` strategy ranks
-plans by shoal's estimator, so its plan is one shoal estimates at least as good as Sailor's under
-the run's objective (``ours_over_sailors``: iterations/s for max-throughput, USD/iteration for
-min-cost; above 1 means shoal rates its own plan better), unless Sailor's plan is outside the
-strategy's space. Sailor's plans are read from the table in the reference folder; its
-pipelines run equal shares of the microbatches, its replicas ordered in each stage slowest
-first (as the planners build theirs); a replica placed in a zone without GPUs left for it (Sailor's
-planner can over-fill a zone) is moved to the zone of its region with the most left, and the
-row says so.
+For each run: the shapes of the `sailor` strategy's, `auto`'s and Sailor's plans (stages,
+microbatch size, pipelines, each stage's GPU mix), their iterations/s and USD/iteration under
+shoal's estimator, and Sailor's own estimate of its plan. ``ours_over_sailors`` and
+``auto_over_sailors``: iterations/s over Sailor's plan's under max-throughput, its USD/iteration
+over theirs under min-cost (above 1: better). ``verdict`` says why the strategy's shape differs
+from Sailor's, as far as shoal's estimates tell: ``estimates`` (shoal rates the strategy's plan at
+least as good, or Sailor's plan breaks a constraint under shoal's estimator), ``search`` (shoal
+rates Sailor's plan better: the strategy did not reach it) or ``pool`` (Sailor's plan over-fills a
+zone). Sailor's plans are read from the table in the reference folder; its pipelines run equal
+shares of the microbatches, its replicas ordered in each stage slowest first (as the planners
+build theirs); a replica placed in a zone without GPUs left for it is moved to the zone of its
+region with the most left, and the row says so.
 
     python benchmarks/sailor_faithfulness.py [--only RUN]
 """
