@@ -4,12 +4,15 @@ parameter counts match the published sizes, aliases work, and HuggingFace config
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from shoal import catalog
+from shoal.cli import app
 from shoal.errors import SpecError
 from shoal.io.hf import model_from_hf_config
 from shoal.problem import build_problem
@@ -19,6 +22,7 @@ from shoal.specs.scenario import parse_scenario
 REQUIRED_GPUS = [
     "H100-80GB", "H200", "GH200-96GB", "A100-80GB", "A100-40GB", "V100-32GB", "V100-16GB", "L40S",
     "L4", "T4", "A10G", "A6000", "A30", "A4000", "RTX-3090", "RTX-2080", "Titan-RTX", "H100-NVL",
+    "H100-PCIe", "B200", "MI300X", "MI250X",
 ]
 
 # nominal sizes in billions of parameters (the papers' and model cards' figures)
@@ -36,6 +40,31 @@ TOLERANCE = {"OPT-350M": 0.15}  # its nominal 350M is rounded (HF counts 331M wi
 
 def _gpu_yaml() -> dict:
     return yaml.safe_load(resources.files("shoal.catalog").joinpath("gpus.yaml").read_text())["gpus"]
+
+
+def _clouds_yaml() -> dict:
+    return yaml.safe_load(resources.files("shoal.catalog").joinpath("clouds.yaml").read_text())["clouds"]
+
+
+# gpus.yaml key of each number -> the key of its source
+NUMBER_SOURCES = {
+    "memory": "memory", "flops_bf16_dense": "flops", "flops_fp16_dense": "flops",
+    "flops_fp32": "flops", "mem_bandwidth": "mem_bandwidth",
+    "intra_node_bandwidth": "intra_node_bandwidth", "host_link_bandwidth": "host_link_bandwidth",
+    "gpus_per_node": "gpus_per_node", "price_usd_per_h": "price", "sm_count": "sm_count",
+    "flops_tf32_dense": "flops_tf32", "flops_fp8_dense": "flops_fp8",
+    "node_network_bandwidth": "node_network", "nics_per_node": "node_network",
+}
+# architectures with TF32 / FP8 tensor (matrix) cores, as their datasheets give them
+TF32_ARCHS = {"Ampere", "Ada Lovelace", "Hopper", "Blackwell", "CDNA 3"}
+FP8_ARCHS = {"Ada Lovelace", "Hopper", "Blackwell", "CDNA 3"}
+# catalog GPUs that a cloud of clouds.yaml (GCP, AWS, Azure) rents on demand and whose list price
+# the catalog records; the MI300X is rented by Azure (ND MI300X v5) without a recorded price
+RENTED_WITH_PRICE = {
+    "H100-80GB": "gcp", "H200": "aws", "A100-80GB": "gcp", "A100-40GB": "gcp", "V100-32GB": "aws",
+    "V100-16GB": "gcp", "L40S": "aws", "L4": "gcp", "T4": "gcp", "A10G": "aws", "H100-NVL": "azure",
+    "B200": "aws",
+}
 
 
 @pytest.mark.parametrize("name", REQUIRED_GPUS)
@@ -68,10 +97,112 @@ def test_every_gpu_entry_has_a_source(name):
             assert key in src, f"{name}: no source for {key}"
 
 
+@pytest.mark.parametrize("name", list(_gpu_yaml()))
+def test_every_number_has_its_own_source(name):
+    entry = _gpu_yaml()[name]
+    src = entry["source"]
+    assert isinstance(src, dict)
+    for key, src_key in NUMBER_SOURCES.items():
+        if key in entry:
+            assert src.get(src_key, "").strip(), f"{name}: {key} has no source.{src_key}"
+    for text in [*src.values(), entry.get("notes", "")]:  # pages cited, not how they were found
+        assert not re.search(r"search tool|snapshot|transcribed|found through|as read from", text,
+                             re.IGNORECASE), f"{name}: {text[:80]}"
+
+
+@pytest.mark.parametrize("name", list(_gpu_yaml()))
+def test_every_gpu_has_sm_count_vendor_and_architecture(name):
+    g = catalog.gpus().get(name)
+    assert g.vendor in ("NVIDIA", "AMD")
+    assert g.architecture
+    assert isinstance(g.sm_count, int) and 20 <= g.sm_count <= 400
+
+
+@pytest.mark.parametrize("name", list(_gpu_yaml()))
+def test_tf32_and_fp8_peaks_where_the_gpu_has_them(name):
+    g = catalog.gpus().get(name)
+    assert (g.flops_tf32 is not None) == (g.architecture in TF32_ARCHS), name
+    assert (g.flops_fp8 is not None) == (g.architecture in FP8_ARCHS), name
+    # a lower precision is never slower: fp32 vector <= tf32 <= 16-bit <= fp8
+    ladder = [g.flops_32, g.flops_tf32, g.flops_16, g.flops_fp8]
+    ladder = [f for f in ladder if f is not None]
+    assert ladder == sorted(ladder), name
+
+
+def test_datasheet_values_in_si_units():
+    h100 = catalog.gpus().get("H100-80GB")
+    assert (h100.sm_count, h100.flops_tf32, h100.flops_fp8) == (132, 494.5e12, 1979e12)
+    assert h100.node_nic_bw_Bps == 3200e9 / 8 and h100.nics_per_node == 8  # bytes/s, DGX H100
+    a100 = catalog.gpus().get("A100-40GB")
+    assert (a100.sm_count, a100.flops_tf32, a100.flops_fp8) == (108, 156e12, None)
+    assert a100.node_nic_bw_Bps == 1600e9 / 8
+    assert catalog.gpus().get("V100-16GB").flops_tf32 is None
+
+
+@pytest.mark.parametrize("name", list(_gpu_yaml()))
+def test_node_network_comes_with_its_nic_count(name):
+    g = catalog.gpus().get(name)
+    assert (g.node_nic_bw_Bps is None) == (g.nics_per_node is None), name
+    if g.node_nic_bw_Bps is not None:
+        assert 1e9 <= g.node_nic_bw_Bps <= 1e12 and 1 <= g.nics_per_node <= g.gpus_per_node
+    else:  # no usual server or instance: the source says so
+        assert "node_network" in _gpu_yaml()[name]["source"], name
+
+
+@pytest.mark.parametrize(("name", "vendor", "memory_gib", "fp8"), [
+    ("MI300X", "AMD", 192, 2614.9e12), ("MI250X", "AMD", 128, None), ("B200", "NVIDIA", 180, 4.5e15),
+    ("H100-PCIe", "NVIDIA", 80, 1513e12), ("H100-NVL", "NVIDIA", 94, 1670.5e12),
+    ("L40S", "NVIDIA", 48, 733e12), ("A10G", "NVIDIA", 24, None),
+])
+def test_new_and_checked_gpus(name, vendor, memory_gib, fp8):
+    g = catalog.gpus().get(name)
+    assert g.vendor == vendor
+    assert g.memory_bytes == memory_gib * 2**30  # vendor GB of HBM/GDDR are binary
+    assert g.flops_fp8 == (pytest.approx(fp8) if fp8 else None)
+    assert {"flops", "memory", "mem_bandwidth", "sm_count"} <= set(catalog.gpu_sources()[name])
+
+
+@pytest.mark.parametrize(("name", "cloud"), list(RENTED_WITH_PRICE.items()))
+def test_gpus_rented_by_a_listed_cloud_have_a_price(name, cloud):
+    g = catalog.gpus().get(name)
+    assert g.price_usd_per_h and g.price_usd_per_h > 0
+    assert "price" in catalog.gpu_sources()[name]
+    assert name in _clouds_yaml()[cloud]["gpu_prices_usd_per_h"]
+
+
+def test_cloud_prices_are_catalog_gpus_with_a_price():
+    for cloud in _clouds_yaml().values():
+        for name, price in cloud.get("gpu_prices_usd_per_h", {}).items():
+            assert price > 0
+            assert catalog.gpus().get(name).price_usd_per_h is not None, name
+
+
+@pytest.mark.parametrize("name", list(_gpu_yaml()))
+def test_a_gpu_without_a_price_says_why(name):
+    entry = _gpu_yaml()[name]
+    if "price_usd_per_h" not in entry:
+        assert "price" in entry.get("notes", "").lower(), name
+
+
+def test_catalog_gpus_json_lists_new_fields_and_gpus():
+    res = CliRunner().invoke(app, ["catalog", "gpus", "--json"])
+    assert res.exit_code == 0, res.output
+    gpus = {g["name"]: g for g in json.loads(res.stdout)["gpus"]}
+    assert {"MI300X", "MI250X", "B200", "H100-PCIe", "H100-NVL", "L40S", "A10G"} <= set(gpus)
+    mi = gpus["MI300X"]
+    assert (mi["vendor"], mi["architecture"], mi["sm_count"]) == ("AMD", "CDNA 3", 304)
+    assert mi["flops_tf32"] == pytest.approx(653.7e12) and mi["flops_fp8"] == pytest.approx(2614.9e12)
+    assert mi["node_nic_bw_Bps"] == 400e9 and mi["nics_per_node"] == 8
+    assert {"sm_count", "flops_tf32", "flops_fp8", "node_network"} <= set(mi["source"])
+
+
 @pytest.mark.parametrize(("alias", "name"), [
     ("GH-96", "GH200-96GB"), ("A100-40", "A100-40GB"), ("V100-16", "V100-16GB"),
     ("A100-80", "A100-80GB"), ("a100_40gb", "A100-40GB"), ("h100", "H100-80GB"),
     ("Titan-RTX", "Titan-RTX"), ("RTX-2080", "RTX-2080"), ("RTX-3090", "RTX-3090"),
+    ("mi300x", "MI300X"), ("MI300X-192GB", "MI300X"), ("amd_instinct_mi300x", "MI300X"),
+    ("mi250x", "MI250X"), ("B200-180GB", "B200"), ("b200_sxm", "B200"), ("h100_pcie", "H100-PCIe"),
+    ("H100-PCIe-80GB", "H100-PCIe"), ("h100 nvl", "H100-NVL"),
 ])
 def test_gpu_aliases(alias, name):
     assert catalog.gpus().canonical(alias) == name

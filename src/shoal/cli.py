@@ -703,7 +703,7 @@ def catalog_gpus(
                                         for g in entries]}))
         return
     t = _table("GPUs (dense peak FLOP/s, bf16 or else fp16; $/h on demand, '-' where no public "
-               "price; sources: --json)",
+               "price; SMs, TF32/FP8 peaks, node network and sources: --json)",
                ["name", "memory", "16-bit\nTFLOPS", "fp32\nTFLOPS", "mem\nGB/s", "intra-node\nGB/s",
                 "GPUs/\nnode", "$/h"], left=("name",), whole=("name",))
     for g in entries:

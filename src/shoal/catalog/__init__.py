@@ -32,6 +32,15 @@ class GPU:
     # per-GPU FLOPs at which a layer reaches half the best efficiency, where the analytic
     # profile's fitted constant (GPU kernels) does not apply; None: that constant
     f_half_flops: float | None = None
+    vendor: str = ""
+    architecture: str = ""
+    sm_count: int | None = None  # streaming multiprocessors (NVIDIA) / compute units (AMD)
+    flops_tf32: float | None = None  # dense TF32 tensor-core peak; None: no TF32 tensor cores
+    flops_fp8: float | None = None  # dense FP8 tensor-core peak; None: no FP8 tensor cores
+    # inter-node network of one node of the usual server / instance, per direction, and how
+    # many NICs share it (one per GPU on DGX-style servers, 1 for a cloud VM's single limit)
+    node_nic_bw_Bps: float | None = None
+    nics_per_node: int | None = None
 
 
 def _read(name: str) -> dict:
@@ -98,16 +107,29 @@ def gpus() -> Registry:
             price_usd_per_h=e.get("price_usd_per_h"),
             bf16="flops_bf16_dense" in e,
             host_bw_Bps=units.parse_bandwidth(e["host_link_bandwidth"]),
+            vendor=str(e["vendor"]),
+            architecture=str(e["architecture"]),
+            sm_count=int(e["sm_count"]),
+            flops_tf32=_optional(e, "flops_tf32_dense", units.parse_flops),
+            flops_fp8=_optional(e, "flops_fp8_dense", units.parse_flops),
+            node_nic_bw_Bps=_optional(e, "node_network_bandwidth", units.parse_bandwidth),
+            nics_per_node=_optional(e, "nics_per_node", int),
         )
         reg.add(name, gpu, list(e.get("aliases", [])))
     reg.add("cpu", _CPU, ["CPU"])
     return reg
 
 
+def _optional(entry: dict, key: str, parse):
+    value = entry.get(key)
+    return None if value is None else parse(value)
+
+
 # CPU processes for runtime tests: a nominal desktop core (no vendor datasheet applies).
 # A CPU has no kernel launches or waves to fill: its small GEMMs reach half the best rate at
 # about a megaFLOP (the GPUs' fitted 7.85e10 would charge every layer over 2 s here).
-_CPU = GPU("cpu", 8e9, 1e11, 1e11, 2e10, 1e10, 4, None, host_bw_Bps=2e10, f_half_flops=1e6)
+_CPU = GPU("cpu", 8e9, 1e11, 1e11, 2e10, 1e10, 4, None, host_bw_Bps=2e10, f_half_flops=1e6,
+           architecture="CPU")
 
 
 @cache
