@@ -222,6 +222,31 @@ def test_unknown_name_suggests():
     assert catalog.gpus().canonical(ei.value.suggestion) == "A100-40GB"
 
 
+def _suggestion(reg: catalog.Registry, name: str) -> str | None:
+    with pytest.raises(SpecError) as ei:
+        reg.canonical(name, field="f", file="c.yaml")
+    return ei.value.suggestion
+
+
+def test_a_gpu_the_catalog_lacks_gets_no_far_fetched_suggestion():
+    """Before the catalog had AMD GPUs, 'MI300X' was answered with "did you mean 'RTX-3090'?"
+    (difflib ratio 0.6 against the alias '3090'): a wrong suggestion is worse than none."""
+    full = catalog.gpus()
+    without_amd = catalog.Registry("GPU")
+    for alias, name in full.alias.items():
+        if full.entries[name].vendor != "AMD":
+            without_amd.add(name, full.entries[name], [alias])
+    for name in ("MI300X", "MI300X-192GB", "MI250X", "MI325X"):
+        assert _suggestion(without_amd, name) is None, name
+    for name in ("MI210", "Gaudi2", "TPU-v5e", "B100"):
+        assert _suggestion(full, name) is None, name
+    assert _suggestion(full, "MI325X") in (None, "MI300X", "MI250X")  # never an NVIDIA card
+    # a typo of a catalog name still gets it
+    assert _suggestion(full, "MI300") == "MI300X"
+    assert _suggestion(full, "MI-300X") == "MI300X"
+    assert _suggestion(full, "H10O-80GB") == "H100-80GB"
+
+
 def _unique_params(model) -> float:
     """Parameters of the model; the layer list gives the head its own copy of a tied embedding
     (as pipeline stages hold it), which the published sizes count once."""

@@ -81,11 +81,12 @@ class RunFailed(ShoalError, RuntimeError):
     """A run (``shoal train``) failed while it ran: the message says which worker and why."""
 
 
-def close_match(name: str, choices: Iterable[str]) -> str | None:
-    """The closest known name to a misspelt one, compared case-insensitively."""
+def close_match(name: str, choices: Iterable[str], *, cutoff: float = 0.5) -> str | None:
+    """The closest known name to a misspelt one, compared case-insensitively; None when nothing
+    reaches ``cutoff`` (difflib's similarity ratio, 0..1)."""
     choices = list(choices)
     lowered = {c.lower(): c for c in choices}
-    hits = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.5)
+    hits = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=cutoff)
     return lowered[hits[0]] if hits else None
 
 

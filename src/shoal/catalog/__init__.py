@@ -48,6 +48,12 @@ def _read(name: str) -> dict:
     return yaml.safe_load(text)
 
 
+# difflib ratio a misspelt name needs to be offered a catalog name: one typo in a name of five or
+# more characters passes ("A100-40BG" 0.89, "OPT-350N" 0.88); a different product does not
+# ("B100" vs "V100" 0.75, "MI300X" vs "3090" 0.6)
+SUGGEST_CUTOFF = 0.8
+
+
 class Registry:
     """Name -> entry with aliases; rejects duplicate names or aliases when built."""
 
@@ -79,8 +85,10 @@ class Registry:
         return hit
 
     def _suggest(self, name: str) -> str | None:
-        # Match against every alias (normalised), but always suggest the canonical name.
-        hit = close_match(_norm(name), list(self.alias))
+        # Match against every alias (normalised), but always suggest the canonical name. Only a
+        # close match is offered: a name the catalog lacks (MI300X before it was added) scored
+        # 0.6 against "3090", and a wrong suggestion misleads more than none.
+        hit = close_match(_norm(name), list(self.alias), cutoff=SUGGEST_CUTOFF)
         return self.alias[hit] if hit else None
 
     def get(self, name: str, **kw):
