@@ -321,6 +321,9 @@ def test_sharded_sync_ratio_scales_only_the_sync_of_zero_plans(plan, zero, ratio
     data = scenario()
     data["job"]["zero_stage"] = [0, 1, 2]
     problem = build(data)
+    # without overlap, the sync is the whole collective (its exposed part is tested below)
+    problem = problem.with_constants(timing=dataclasses.replace(problem.timing,
+                                                                grad_reduce_overlap=0.0))
     plan = plan.model_copy(update={"zero_stage": zero})
     base = estimate(problem, plan)
     scaled = estimate(problem.with_constants(
@@ -332,3 +335,34 @@ def test_sharded_sync_ratio_scales_only_the_sync_of_zero_plans(plan, zero, ratio
         assert scaled.iteration_time_s == base.iteration_time_s
     else:
         assert scaled.iteration_time_s >= base.iteration_time_s * (1 - REL)
+
+
+@SETTINGS
+@given(plan=plans(), overlap=st.floats(0.0, 1.0))
+def test_overlapping_the_gradient_reduction_never_slows_and_never_hides_more_than_it_has(
+        plan, overlap):
+    """The part of a stage's gradient reduction the stack overlaps with the last backward
+    comes off the iteration: more overlap is never slower, and the exposed sync is never
+    negative nor more than the reduction without overlap."""
+    none = PROBLEM.with_constants(timing=dataclasses.replace(PROBLEM.timing,
+                                                             grad_reduce_overlap=0.0))
+    some = PROBLEM.with_constants(timing=dataclasses.replace(PROBLEM.timing,
+                                                             grad_reduce_overlap=overlap))
+    e0, e1 = estimate(none, plan), estimate(some, plan)
+    assert e1.iteration_time_s <= e0.iteration_time_s * (1 + REL)
+    for a, b in zip(e1.stages, e0.stages, strict=True):
+        assert -1e-12 <= a.gradient_sync_s <= b.gradient_sync_s * (1 + REL) + 1e-12
+
+
+def test_overlap_hides_a_reduction_shorter_than_the_backward():
+    """The property above must be able to fail: a replica whose backward outlasts its ring
+    shows no sync with full overlap, and the whole ring without."""
+    p = TrainingPlan.model_validate({"microbatch_size": 1, "stages": [{"layers": [0, N_LAYERS],
+                                     "replicas": [{"gpu": "A100-40GB", "tp": 1, "zone": ZONES[0],
+                                                   "microbatches": GLOBAL_BATCH // 2}] * 2}]})
+    sync = {}
+    for ov in (0.0, 1.0):
+        pb = PROBLEM.with_constants(timing=dataclasses.replace(PROBLEM.timing,
+                                                               grad_reduce_overlap=ov))
+        sync[ov] = estimate(pb, p).stages[0].gradient_sync_s
+    assert sync[0.0] > 0 and sync[1.0] < sync[0.0]

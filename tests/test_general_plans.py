@@ -49,15 +49,32 @@ def small_tables():
 
 
 def test_simulation_equals_kernel_on_pipelines(het):
+    """Exact where the kernel runs its recurrence over every microbatch (at most
+    ``STEADY_AFTER`` per stage); beyond, it extrapolates at the steady period, never
+    optimistic and at most 0.6% pessimistic (``shoal.estimate.pipeline``)."""
+    from shoal.estimate.pipeline import STEADY_AFTER
+
     pb, plan = het
     plans = [TrainingPlan.model_validate(plan)] + [c.plan for c in search(pb, top_k=4).ranked]
-    for p in plans + [p.model_copy(update={"schedule": "gpipe"}) for p in plans[:2]]:
+    small = [c.plan for c in search(small_het(), top_k=3).ranked]  # few microbatches
+    exact = 0
+    cases = [(pb, p) for p in plans + [p.model_copy(update={"schedule": "gpipe"})
+                                       for p in plans[:2]]]
+    for pb, p in cases + [(small_het(), p) for p in small]:
         tb = tables_for(pb, [p.microbatch_size])
         sp = to_spec(p)
         out = run_kernel(pb, tb, encode_specs(tb, [sp]), detail=True)
         sim = general.apply(pb, tb, sp, out)
-        assert sim["iteration_time_s"][0] == pytest.approx(out["iteration_time_s"][0], rel=1e-9)
+        m = max(r.microbatches for r in p.stages[0].replicas)
+        if m <= STEADY_AFTER * len(p.stages):
+            exact += 1
+            assert sim["iteration_time_s"][0] == pytest.approx(out["iteration_time_s"][0],
+                                                                rel=1e-9)
+        else:
+            assert sim["iteration_time_s"][0] * (1 - 1e-9) <= out["iteration_time_s"][0] \
+                <= sim["iteration_time_s"][0] * 1.006
         assert sim["cost_egress_usd"][0] == pytest.approx(out["cost_egress_usd"][0], rel=1e-9, abs=1e-12)
+    assert exact >= 1
 
 
 @given(shares=st.lists(st.integers(0, 9), min_size=1, max_size=6))
@@ -160,8 +177,8 @@ def test_zero_never_raises_memory(a, n, tp, dp, inflight, recompute):
     b = min(a + n, pb.n_layers)
     totals = []
     for zero in (0, 1, 2, 3):
-        parts = worker_memory(tb, pb.memory, _state_bytes(pb)[1], a, b, tp, 1.0, float(inflight),
-                              np.bool_(recompute), np.int64(zero), float(dp))
+        parts = worker_memory(tb, pb.memory, _state_bytes(pb)[1], 0, a, b, tp, 1.0,
+                              float(inflight), np.bool_(recompute), np.int64(zero), float(dp))
         totals.append(float(sum(parts)))
     assert totals[1] <= totals[0] and totals[2] <= totals[1] and totals[3] <= totals[2]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from shoal.estimate import estimate
-from shoal.estimate.api import run_kernel, tables_for
+from shoal.estimate.api import _state_bytes, run_kernel, tables_for
 from shoal.estimate.encode import encode
 from shoal.estimate.kernel import Batch, _run
 from shoal.problem import build_problem
@@ -55,7 +55,8 @@ def test_bucketed_equals_unbucketed(problem):
     bt = encode(tb, plans)
     assert isinstance(bt, Batch) and bt.size >= 256
     whole = run_kernel(problem, tb, bt)
-    direct = _run(tb, bt, problem.memory, problem.timing, 2.0, (2.0, 2.0, 12.0), False)
+    grad_b, states = _state_bytes(problem)
+    direct = _run(tb, bt, problem.memory, problem.timing, grad_b, states, False)
     for k in ("iteration_time_s", "cost_compute_usd", "cost_egress_usd", "oom", "peak_bytes"):
         np.testing.assert_allclose(whole[k], direct[k], rtol=1e-12)
 

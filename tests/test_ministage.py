@@ -12,7 +12,7 @@ import pytest
 
 from shoal.errors import InfeasibleError, SpecError
 from shoal.estimate import estimate
-from shoal.estimate.api import run_specs, tables_for
+from shoal.estimate.api import _state_bytes, run_specs, tables_for
 from shoal.estimate.encode import parse_schedule, schedule_key, to_spec
 from shoal.estimate.ministage import edges
 from shoal.problem import build_problem
@@ -172,10 +172,11 @@ def test_one_gpu_is_weights_in_compute_and_the_update_by_hand():
     c = pb.timing.compute_scale
     f = (tb.cum_f[g, 0, 0, -1] - tb.cum_f[g, 0, 0, 0]) * c
     b = (tb.cum_b[g, 0, 0, -1] - tb.cum_b[g, 0, 0, 0]) * c + f  # the forward again (recompute)
-    io = (tb.cum_act_rc[0, -1] - tb.cum_act_rc[0, 0]) / host
+    io = (tb.cum_act_rc[g, 0, -1] - tb.cum_act_rc[g, 0, 0]) / host
     params = tb.cum_params[-1]
-    weights_in = params * 2.0 / host  # fp16 weights
-    grads_out = params * (2 * 12.0 + 2.0) / host  # optimizer state in and out, new weights out
+    w_b, _, o_b = _state_bytes(pb)[1]
+    weights_in = params * w_b / host  # 16-bit weights
+    grads_out = params * (2 * o_b + w_b) / host  # optimizer state in and out, new weights out
     upd = tb.cum_u[g, 0, -1] - tb.cum_u[g, 0, 0]
     want = weights_in + 16 * (max(f, io) + max(b, io)) + grads_out + upd
     assert estimate(pb, p).iteration_time_s == pytest.approx(want + pb.timing.step_overhead_s,

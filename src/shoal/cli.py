@@ -745,6 +745,36 @@ def catalog_models(
     _out().print(t)
 
 
+@catalog_app.command("stacks")
+@handles_errors
+def catalog_stacks(
+    as_json: Annotated[bool, typer.Option("--json", help="print the stacks as JSON")] = False,
+) -> None:
+    """Software stacks a scenario's job.stack names: kernels, overlap and memory layout.
+
+    Example: shoal catalog stacks --json
+    """
+    from shoal.catalog.stacks import DEFAULT_STACK, stacks
+
+    docs = {n: s.model_dump(mode="json", by_alias=True, exclude_none=True)
+            for n, s in stacks().items()}
+    if as_json:
+        typer.echo(json.dumps({"default": DEFAULT_STACK, "stacks": list(docs.values())}))
+        return
+    t = _table(f"Software stacks (default: {DEFAULT_STACK}; kernels as shares of the datasheet "
+               "peaks, by GPU architecture)",
+               ["stack", "kernels", "gemm", "attn fwd", "attn bwd", "memory", "attention",
+                "overlap"], left=("stack", "kernels", "attention"), whole=("stack",))
+    for name, spec in stacks().items():
+        for i, (key, k) in enumerate(spec.kernels.items()):
+            eff = spec.kernel_efficiency(key, key)
+            t.add_row(name if i == 0 else "", key, *(f"{eff[f]:.2f}" for f in (
+                "gemm", "attention_fwd", "attention_bwd", "memory")),
+                spec.attention if i == 0 else "",
+                f"{spec.timing.grad_reduce_overlap:g}" if i == 0 else "")
+    _out().print(t)
+
+
 @app.command()
 @handles_errors
 def train(
@@ -1072,6 +1102,15 @@ def _geo_commands() -> None:
 
 
 _geo_commands()
+
+
+def _calibrate_command() -> None:
+    from shoal.cli_calibrate import calibrate_cmd
+
+    app.command("calibrate")(calibrate_cmd)
+
+
+_calibrate_command()
 
 
 def _reflow_help(group: typer.Typer) -> None:

@@ -11,39 +11,43 @@ from pathlib import Path
 
 from shoal import catalog
 from shoal.catalog import GPU
+from shoal.catalog.stacks import resolve_stack
 from shoal.errors import SpecError
-from shoal.profiles.analytic import AnalyticConstants, AnalyticProfile
+from shoal.profiles.analytic import AnalyticProfile, uses_flash
 from shoal.profiles.compute import load_profile
 from shoal.profiles.layers import LayerSizes, layer_sizes
 from shoal.profiles.network import NetworkModel
 from shoal.specs.job import Constraints, JobSpec
 from shoal.specs.model import ModelSpec
 from shoal.specs.scenario import HFModelRef, Scenario, load_scenario
+from shoal.specs.stack import StackSpec
 from shoal.specs.switching import SwitchingSpec
 
 
 @dataclass(frozen=True)
 class MemoryConstants:
-    """Framework constants of the memory model (see shoal.estimate.memory).
-
-    Defaults were fitted to the peak memory measured on Sailor's GH200 runs (OPT-350M) by
-    ``benchmarks/validate_sailor.py --fit`` and are reported there with leave-one-out error.
-    """
+    """A stack's constants of the memory model (``shoal.estimate.kernel.worker_memory``;
+    ``shoal.specs.stack.StackMemory`` documents each). The defaults are the
+    ``sailor-testbed`` stack's, fitted to the peak memory of Sailor's GH200 runs by
+    ``benchmarks/validate_sailor.py --fit``."""
 
     framework_bytes: float = 4.20e9  # CUDA context, NCCL communicators, library workspaces
     state_factor: float = 1.265  # on weights + gradients + optimizer state (fp32 grad copies, buckets)
     activation_factor: float = 1.049  # allocator fragmentation and temporaries over stored activations
     comm_buffer_bytes_per_param: float = 2.0  # fp16 flat gradient buckets for the DP all-reduce
+    mixed_state_bytes: tuple[float, float, float] = (2.0, 2.0, 12.0)  # weights, grads, optimizer
+    logits_bytes: float = 8.0  # per logit, kept by the loss for the backward pass
+
+    @classmethod
+    def of(cls, stack: StackSpec) -> MemoryConstants:
+        return cls(**stack.memory.model_dump())
 
 
 @dataclass(frozen=True)
 class TimeConstants:
-    """Framework constants of the time model (see shoal.estimate.kernel).
-
-    Defaults fitted by ``benchmarks/validate_sailor.py --fit``: ``sync_scale`` is the median
-    ratio of the measured gradient-reduction times of Sailor's GH200 runs to the modelled ring
-    all-reduce; the others minimise the log error of the OPT-350M iteration times.
-    """
+    """A stack's constants of the time model (``shoal.estimate.kernel``;
+    ``shoal.specs.stack.StackTiming`` documents each). The defaults are the ``sailor-testbed``
+    stack's, fitted by ``benchmarks/validate_sailor.py --fit``."""
 
     compute_scale: float = 1.0  # multiplier on profiled layer times inside a running pipeline
     p2p_overhead_s: float = 1.77e-3  # per pipeline transfer: handshake and synchronisation
@@ -55,6 +59,12 @@ class TimeConstants:
     # bounds charge ZeRO plans the all-reduce)
     sharded_sync_ratio: float = 1.0
     step_overhead_s: float = 0.0  # per iteration: scheduler, loss reduction, logging
+    grad_reduce_overlap: float = 0.0  # share of the last backward the gradient reduction hides in
+    param_gather_overlap: float = 0.0  # share of compute ZeRO-3's gathers hide behind
+
+    @classmethod
+    def of(cls, stack: StackSpec) -> TimeConstants:
+        return cls(**stack.timing.model_dump())
 
 
 @dataclass(frozen=True)
@@ -73,15 +83,20 @@ class Problem:
     sizes: LayerSizes
     constraints: Constraints
     objective: str
+    stack: StackSpec | None = None
     memory: MemoryConstants = field(default_factory=MemoryConstants)
     timing: TimeConstants = field(default_factory=TimeConstants)
-    flash_attention: bool = False
     file: str | None = None
     switching: SwitchingSpec = field(default_factory=SwitchingSpec)
 
     @property
     def n_layers(self) -> int:
         return self.model.num_layer_slots
+
+    def flash(self, gpu: str) -> bool:
+        """Whether attention runs as a fused flash kernel on ``gpu`` in this problem."""
+        return self.stack is not None and uses_flash(self.gpus[gpu], self.stack,
+                                                     self.job.attention)
 
     def price_usd_per_h(self, gpu: str, zone: str) -> float:
         return self.prices[(gpu, zone)]
@@ -107,10 +122,12 @@ def resolve_model(ref, file: str | None, base: Path) -> ModelSpec:
 
 
 def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Path | None = None,
-                  analytic_constants: AnalyticConstants | None = None) -> Problem:
+                  stack: StackSpec | None = None) -> Problem:
+    """The scenario resolved; ``stack`` replaces the one ``job.stack`` names (calibration)."""
     base = Path(base_dir) if base_dir else (Path(file).parent if file else Path.cwd())
     model = resolve_model(scn.model, file, base)
     job = scn.job
+    stack = stack or resolve_stack(job.stack, base=base, file=file)
     reg = catalog.gpus()
     geo_of = catalog.zone_geo()
 
@@ -165,10 +182,9 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
                 for gb in in_zone[zb] or [None]:
                     network.link(za, zb, ga, gb)
 
-    flash = False
-    analytic = AnalyticProfile(model, job.seq_len, {**reg.entries, **gpus}, analytic_constants,
+    analytic = AnalyticProfile(model, job.seq_len, {**reg.entries, **gpus}, stack,
                                optimizer=job.optimizer, precision=job.precision,
-                               flash_attention=flash, intra_node=network.intra)
+                               attention=job.attention, intra_node=network.intra)
     profile: object = analytic
     own = None
     if scn.profiles.compute != "analytic":
@@ -177,8 +193,7 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
         profile = own
     if scn.profiles.transfer_from:
         transfer = _load_located(scn.profiles.transfer_from, base, file, "profiles.transfer_from",
-                                 lambda p: _transfer(p, model, job, reg, gpus, analytic,
-                                                     analytic_constants, own))
+                                 lambda p: _transfer(p, model, job, reg, gpus, analytic, own))
         if own is not None:
             own.fallback = transfer
         else:
@@ -187,8 +202,8 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
         model=model, job=job, gpus=gpus, avail=avail, zones=zones, zone_region=zone_region,
         region_geo=region_geo, quotas=quotas, prices=prices, network=network, profile=profile,
         sizes=layer_sizes(model, job.seq_len), constraints=scn.constraints,
-        objective=scn.objective.goal, flash_attention=flash, file=file,
-        switching=scn.switching,
+        objective=scn.objective.goal, stack=stack, memory=MemoryConstants.of(stack),
+        timing=TimeConstants.of(stack), file=file, switching=scn.switching,
     )
 
 
@@ -201,7 +216,7 @@ def _load_located(ref: str, base: Path, file: str | None, field: str, loader):
         raise exc.located(prefix=None if exc.file else field, file=exc.file or file) from None
 
 
-def _transfer(path: Path, model: ModelSpec, job: JobSpec, reg, gpus, analytic, constants, own):
+def _transfer(path: Path, model: ModelSpec, job: JobSpec, reg, gpus, analytic, own):
     """A profile measured on another model, scaled to this one (shoal.profiles.transfer)."""
     import json
 
@@ -218,8 +233,9 @@ def _transfer(path: Path, model: ModelSpec, job: JobSpec, reg, gpus, analytic, c
                                 "`shoal import sailor` writes them")
     src_model = ModelSpec(**spec)
     measured = load_profile(path, src_model.num_layer_slots)
-    src_analytic = AnalyticProfile(src_model, job.seq_len, {**reg.entries, **gpus}, constants,
-                                   optimizer=job.optimizer, precision=job.precision,
+    src_analytic = AnalyticProfile(src_model, job.seq_len, {**reg.entries, **gpus},
+                                   analytic.stack, optimizer=job.optimizer,
+                                   precision=job.precision, attention=job.attention,
                                    intra_node=analytic.intra)
     return TransferProfile(measured, src_analytic, analytic, src_model.name, own)
 

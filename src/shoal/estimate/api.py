@@ -12,6 +12,7 @@ from shoal.estimate.encode import encode_specs, to_spec
 from shoal.estimate.tables import CostTables, build_tables, default_tp_values
 from shoal.estimate.validate import validate_plan
 from shoal.problem import Problem
+from shoal.profiles.analytic import precision_class
 from shoal.specs.plan import TrainingPlan
 
 
@@ -87,11 +88,18 @@ class Estimate:
 
 
 def _state_bytes(problem: Problem) -> tuple[float, tuple[float, float, float]]:
-    fp32 = problem.job.precision == "fp32"
+    """(bytes per gradient element as reduced, (weights, gradients, optimizer state) bytes per
+    parameter): fp32 and tf32 keep everything in fp32; bf16 everything in bf16 (Adam's two
+    moments included); mixed precision as the stack lays it out (fp32 master weights with the
+    optimizer state, or fp32 weights cast to 16-bit as they are used). SGD keeps one moment."""
     sgd = problem.job.optimizer == "sgd"
-    if fp32:
+    cls = precision_class(problem.job.precision)
+    if cls == "fp32":
         return 4.0, (4.0, 4.0, 4.0 if sgd else 8.0)
-    return 2.0, (2.0, 2.0, 8.0 if sgd else 12.0)  # fp32 master (+ momentum | + Adam m, v)
+    if cls == "bf16":
+        return 2.0, (2.0, 2.0, 2.0 if sgd else 4.0)
+    w, gr, opt = problem.memory.mixed_state_bytes
+    return gr, (w, gr, opt - 4.0 if sgd else opt)
 
 
 def tables_for(problem: Problem, mbs_values: list[int]) -> CostTables:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from shoal.estimate.encode import PlanSpec
-from shoal.estimate.kernel import p2p_s
+from shoal.estimate.kernel import exposed_sync, p2p_s
 from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
 from shoal.specs.plan import owners as plan_owners
@@ -173,7 +173,8 @@ def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
     ends, busy = simulate(spec, fwd, bwd, hop, problem.timing.recv_fraction)
     rm = out["capacity_bytes"][0, :S] > 0
     stage_end = np.where(rm, ends, 0.0).max(axis=1)
-    sync = out["sync"][0, :S]
+    sync = exposed_sync(out["ring"][0, :S], ends, bwd, rm, stage_end,
+                        problem.timing.grad_reduce_overlap)
     upd = out["update"][0, :S].max(axis=1)
     T = float((stage_end + sync + upd).max() + problem.timing.step_overhead_s)
     res = dict(out)
@@ -181,6 +182,8 @@ def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
     res["iteration_time_s"] = np.array([T])
     res["stage_end"] = out["stage_end"].copy()
     res["stage_end"][0, :S] = stage_end
+    res["sync"] = out["sync"].copy()
+    res["sync"][0, :S] = sync
     # per-microbatch hand-off seconds of each replica: its busy time beyond compute, averaged
     counts = np.zeros_like(fwd)
     for s, (_, _, reps) in enumerate(spec[4]):
@@ -237,9 +240,9 @@ def memory(problem: Problem, tb: CostTables, spec: PlanSpec, res: dict) -> None:
     for k in keys:
         res[k] = res[k].copy()
     for s, ((a, b, reps), held) in enumerate(zip(spec[4], in_flight(spec), strict=True)):
-        for j, (_, tp, _, _) in enumerate(reps):
+        for j, (gpu, tp, _, _) in enumerate(reps):
             states, buffers, act = worker_memory(
-                tb, mem, _state_bytes(problem)[1], a, b, tb.ti(tp), mbs, float(held[j]),
+                tb, mem, _state_bytes(problem)[1], tb.gi(gpu), a, b, tb.ti(tp), mbs, float(held[j]),
                 np.bool_(rc), np.int64(zero), float(len(reps)))
             peak = mem.framework_bytes + float(states) + float(buffers) + float(act)
             res["inflight"][0, s, j] = held[j]

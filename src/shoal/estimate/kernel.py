@@ -10,8 +10,13 @@ takes ``t[s,r] = fwd + bwd`` plus its sends (activations to s+1, gradients to s-
 and DeepSpeed's pipeline engines. Each pipeline's schedule
 (1F1B or GPipe) gives when every stage ends its last backward (``shoal.estimate.pipeline``: exact
 max-plus recurrence, capped by the closed form ``(m-1) * max_s t[s] + sum_s t[s]``). Each stage
-then all-reduces its gradients over its replicas (ring over the slowest link of the ring:
-2(D-1)/D of the bytes), then updates. The iteration ends when the last stage has updated.
+then reduces its gradients over its replicas (``shoal.profiles.collectives``: a ring over the
+slowest hop of the ring, inside one node over its GPU-to-GPU links when the stage's replicas
+fit one node; ZeRO 1 and 2 reduce-scatter and all-gather instead), the part the stack overlaps
+with the last microbatch's backward hidden there, then updates. ZeRO-3 gathers the stage's
+weights in every microbatch's forward and again in its backward and reduce-scatters its
+gradients in the backward, hidden behind that compute as far as the stack prefetches. The
+iteration ends when the last stage has updated.
 
 Memory (Sailor §4.3, per worker): weights, gradients and optimizer state of the worker's layers at
 its TP degree (ZeRO shards optimizer state, and at stage 2 gradients, over the stage's replicas),
@@ -31,6 +36,7 @@ import numpy as np
 from shoal.estimate import pipeline as _pipeline
 from shoal.estimate.tables import CostTables
 from shoal.problem import MemoryConstants, TimeConstants
+from shoal.profiles import collectives
 from shoal.profiles.network import bandwidth
 
 
@@ -71,9 +77,10 @@ def _take(a: np.ndarray, idx: np.ndarray, axis: int) -> np.ndarray:
 
 
 def worker_memory(tb: CostTables, mem: MemoryConstants, state_bytes: tuple[float, float, float],
-                  ls, le, t, mbs, inflight, recompute, zero, dp):
+                  g, ls, le, t, mbs, inflight, recompute, zero, dp):
     """(weights + gradients + optimizer state, gradient buffers, activations) in bytes of one
-    worker holding layers [ls, le) at TP index t, for broadcastable arrays of those inputs.
+    worker of GPU index g holding layers [ls, le) at TP index t, for broadcastable arrays of
+    those inputs.
 
     ``inflight``: microbatches whose activations the worker holds; ``dp``: the stage's replicas
     (ZeRO 1 shards the optimizer state over them, ZeRO 2 the gradients too, ZeRO 3 the
@@ -90,17 +97,17 @@ def worker_memory(tb: CostTables, mem: MemoryConstants, state_bytes: tuple[float
     per_param = np.where(zero >= 2, g_b / dd, g_b) + np.where(zero >= 1, o_b / dd, o_b)
     states = (weights + params_w * per_param) * mem.state_factor
     buffers = params_w * mem.comm_buffer_bytes_per_param
-    per_mb, once = activation_parts(tb, ls, le, t, mbs, recompute)
+    per_mb, once = activation_parts(tb, g, ls, le, t, mbs, recompute)
     return states, buffers, (per_mb * inflight + once) * mem.activation_factor
 
 
-def activation_parts(tb: CostTables, ls, le, t, mbs, recompute):
+def activation_parts(tb: CostTables, g, ls, le, t, mbs, recompute):
     """A worker's activation bytes before ``MemoryConstants.activation_factor``, as (bytes per
     microbatch in flight, bytes held once: the recomputed layer's work space); broadcasts
     like ``worker_memory``, which adds them as ``per_mb * inflight + once``."""
-    cum_a = np.where(recompute, tb.cum_act_rc[t, le] - tb.cum_act_rc[t, ls],
-                     tb.cum_act[t, le] - tb.cum_act[t, ls])
-    return cum_a * mbs, np.where(recompute, tb.rc_work[t] * mbs, 0.0)
+    cum_a = np.where(recompute, tb.cum_act_rc[g, t, le] - tb.cum_act_rc[g, t, ls],
+                     tb.cum_act[g, t, le] - tb.cum_act[g, t, ls])
+    return cum_a * mbs, np.where(recompute, tb.rc_work[g, t] * mbs, 0.0)
 
 
 def p2p_s(tb: CostTables, tc: TimeConstants, mbs_idx, lid):
@@ -111,9 +118,22 @@ def p2p_s(tb: CostTables, tc: TimeConstants, mbs_idx, lid):
 
 def ring_allreduce_s(tb: CostTables, rid, d, gbytes, sync_scale: float = 1.0):
     """Seconds of a ring all-reduce of ``gbytes`` over ``d`` members whose slowest hop is link
-    ``rid`` (``CostTables.link_id``): 2(d-1)/d of the bytes at the link's bandwidth for that
-    message size, plus 2(d-1) latencies. Broadcasts over array inputs."""
+    ``rid`` (``CostTables.link_id``): ``collectives.ring_allreduce_s`` at the link's bandwidth
+    for that message size. Broadcasts over array inputs."""
     return ring_from_terms(ring_terms(tb, rid, gbytes), d, sync_scale)
+
+
+def intra_ring_allreduce_s(tb: CostTables, g, d, gbytes, sync_scale: float = 1.0):
+    """The same ring over ``d`` members inside one node of GPU index ``g``: its GPU-to-GPU
+    links (each member sends its own share of ``gbytes``: TP ranks' rings run side by side
+    on their own links)."""
+    return ring_from_terms(intra_terms(tb, g, gbytes), d, sync_scale)
+
+
+def intra_terms(tb: CostTables, g, gbytes) -> tuple[np.ndarray, np.ndarray]:
+    """``ring_terms`` of ``gbytes`` over one node's GPU-to-GPU links of GPU index ``g``."""
+    curve = tb.intra_curve[g]
+    return gbytes / bandwidth(curve, gbytes), tb.intra_lat[g]
 
 
 def ring_terms(tb: CostTables, rid, gbytes) -> tuple[np.ndarray, np.ndarray]:
@@ -127,7 +147,53 @@ def ring_terms(tb: CostTables, rid, gbytes) -> tuple[np.ndarray, np.ndarray]:
 def ring_from_terms(terms: tuple[np.ndarray, np.ndarray], d, sync_scale: float = 1.0):
     """``ring_allreduce_s`` over ``d`` members from its ``ring_terms``; broadcasts."""
     move, lat = terms
-    return (2.0 * (d - 1) / d * move + 2.0 * (d - 1) * lat) * sync_scale
+    return collectives.ring_allreduce_s(move, d, 1.0, lat) * sync_scale
+
+
+def ring_bound_terms(tb: CostTables, rid, g, tp, gbytes, same_kind):
+    """``ring_terms`` of a data-parallel ring's hop over links ``rid`` (at the replicas' own
+    TP flows) that bound ``_dp_ring`` from below whatever the placement: the same links at more
+    concurrent flows (replicas sharing a node), and for a hop between replicas of one kind
+    (``same_kind``) one node's GPU-to-GPU links; a column per candidate (``rid``'s last axis,
+    then one node's)."""
+    G, Z, T = tb._dims
+    ti = np.asarray(rid) % T
+    base = np.asarray(rid) - ti
+    more = [np.where(ti <= t, base + t, rid) for t in range(T)]  # at t flows, if t >= ti
+    move, lat = ring_terms(tb, np.concatenate(more, axis=-1), gbytes)
+    if not same_kind:
+        return move, lat
+    share = gbytes / float(tp)
+    m_in, l_in = intra_terms(tb, g, share)
+    shape = move.shape[:-1] + (1,)
+    return (np.concatenate([move, np.broadcast_to(m_in, shape)], axis=-1),
+            np.concatenate([lat, np.broadcast_to(l_in, shape)], axis=-1))
+
+
+def exposed_sync(ring_s, ends, bwd, rm, stage_end, overlap: float):
+    """Seconds a stage's gradient reduction (``ring_s`` per stage) adds after its last
+    backward (``stage_end``): the reduction of a gradient bucket starts once every replica has
+    produced it in its last backward (replica ends ``ends``, backward compute ``bwd``, mask
+    ``rm``: (..., S, R)), so as far as the stack overlaps them the ring runs from the latest
+    start of a replica's last backward; a share ``1 - overlap`` follows the stage's end."""
+    sync = (1.0 - overlap) * ring_s
+    if overlap > 0:
+        started = np.where(rm, ends - overlap * bwd, -np.inf).max(axis=-1)
+        sync = np.maximum(sync, started + ring_s - stage_end)
+    return sync
+
+
+def _dp_ring(tb: CostTables, rid, g, per_node, in_node, d, gbytes, tpv, sync_scale: float):
+    """A stage's data-parallel ring all-reduce of ``gbytes`` (the stage's, over all its TP
+    ranks' rings side by side): inside one node where ``in_node`` (each TP rank's ring on its
+    own GPU-to-GPU links); else over the ring's slowest hop ``rid``, whose curve is that of the
+    node's concurrent flows (``per_node`` replicas of TP ranks each), and where several
+    replicas share a node, no faster than its GPU-to-GPU links (NCCL's rings pipeline both)."""
+    across = ring_allreduce_s(tb, rid, d, gbytes, sync_scale)
+    if not (per_node > 1).any():
+        return across
+    inside = intra_ring_allreduce_s(tb, g, d, gbytes / tpv, sync_scale)
+    return np.where(in_node, inside, np.where(per_node > 1, np.maximum(across, inside), across))
 
 
 def _subset(bt: Batch, idx: np.ndarray, r: int) -> Batch:
@@ -195,16 +261,26 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
     d = np.maximum(stage_d, 1)[:, :, None]
     nxt = (np.arange(R)[None, None, :] + 1) % d  # ring successor inside the stage
     gn, zn = _take(g, nxt, 2), _take(z, nxt, 2)
-    rid = tb.link_id(g, z, gn, zn, t)
     params_stage = tb.cum_params[bt.le] - tb.cum_params[bt.ls]  # (B, S)
-    # ZeRO-3 gathers the stage's weights in every microbatch's forward and again in its backward
-    # (an all-gather moves half an all-reduce's bytes)
+    # replicas of one GPU type in one zone pack into nodes: the ring crosses nodes through
+    # their networks (the flows of every replica of a node sharing it) and runs inside a node
+    # over its GPU-to-GPU links; a stage that fits one node never leaves it
+    same = (((g == g[:, :, :1]) & (z == z[:, :, :1])) | ~rm).all(axis=2, keepdims=True)
+    per_node = np.where(same, np.clip(tb.gpus_per_node[g] // tpv, 1, d), 1.0)
+    in_node = (per_node >= d) & (d > 1) & rm
+    rid = tb.link_id(g, z, gn, zn, tb.tp_pos[(per_node * tpv).astype(np.int64)])
+    # ZeRO-3 gathers the stage's weights in every microbatch's forward and again in its
+    # backward, and reduce-scatters its gradients there: hidden behind the compute as far as
+    # the stack prefetches
     z3 = (bt.zero[:, None, None] >= 3) & (d > 1) & rm
     if z3.any():
-        gather = 0.5 * ring_allreduce_s(tb, rid, d, (params_stage * bytes_per_grad)[:, :, None],
-                                        tc.sync_scale)
-        f = f + np.where(z3, gather, 0.0)
-        bw_ = bw_ + np.where(z3, gather, 0.0)
+        w_bytes = (params_stage * tb.elem_bytes)[:, :, None]
+        g_bytes = (params_stage * bytes_per_grad)[:, :, None]
+        gather = 0.5 * _dp_ring(tb, rid, g, per_node, in_node, d, w_bytes, tpv, tc.sync_scale)
+        scatter = 0.5 * _dp_ring(tb, rid, g, per_node, in_node, d, g_bytes, tpv, tc.sync_scale)
+        hide = tc.param_gather_overlap
+        f = f + np.where(z3, np.maximum(gather - hide * f, 0.0), 0.0)
+        bw_ = bw_ + np.where(z3, np.maximum(gather + scatter - hide * bw_, 0.0), 0.0)
 
     # ---- pipeline sends: stage s -> s+1 on the same pipeline -------------------------------
     msg = tb.boundary_bytes * mbs[:, None, None]  # (B,1,1) bytes per microbatch
@@ -232,14 +308,19 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
 
     stage_end = (ends * rmf).max(axis=2)  # (B, S) last backward of each stage
 
-    # ---- data-parallel gradient sync per stage: ring all-reduce -----------------------------
+    # ---- data-parallel gradient sync per stage ---------------------------------------------
     grad_bytes = params_stage * bytes_per_grad
     gbytes = grad_bytes[:, :, None]
     vol = 2.0 * (d - 1) / d * gbytes
-    ring = ring_allreduce_s(tb, rid, d, gbytes, tc.sync_scale)
+    ring = _dp_ring(tb, rid, g, per_node, in_node, d, gbytes, tpv, tc.sync_scale)
     if tc.sharded_sync_ratio != 1.0:  # ZeRO: reduce-scatter, then all-gather
         ring = np.where((bt.zero >= 1)[:, None, None], ring * tc.sharded_sync_ratio, ring)
-    sync = np.where(rm & (d > 1), ring, 0.0).max(axis=2)  # (B, S)
+    # The reduction of a gradient bucket starts once every replica has produced it during its
+    # last backward: as far as the stack overlaps it, the ring runs from the latest start of a
+    # replica's last backward; a share (1 - overlap) of it follows the stage's last backward
+    # whatever. ZeRO-3 reduced its gradients in every backward already.
+    ring_s = np.where(rm & (d > 1) & ~z3, ring, 0.0).max(axis=2)  # (B, S)
+    sync = exposed_sync(ring_s, ends, bw_, rm, stage_end, tc.grad_reduce_overlap)
 
     upd_stage = (upd * rmf).max(axis=2)
     iter_T = (stage_end + sync + upd_stage).max(axis=1) + tc.step_overhead_s  # (B,)
@@ -250,7 +331,7 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
     s_idx = np.arange(S)[None, :, None]
     inflight = np.where(bt.gpipe[:, None, None], m_rep, np.minimum(n_stages - s_idx, m_rep))
     states, buffers, act = worker_memory(
-        tb, mem, state_bytes, ls, le, t, mbs[:, None, None], inflight,
+        tb, mem, state_bytes, g, ls, le, t, mbs[:, None, None], inflight,
         bt.recompute[:, None, None], bt.zero[:, None, None], np.maximum(stage_d, 1)[:, :, None])
     peak = (mem.framework_bytes + states + buffers + act) * rmf
     cap = tb.mem_capacity[g]
@@ -267,7 +348,9 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
         pair = (rm[:, :-1] & rm[:, 1:]).astype(float)
         eg += (2.0 * msg * m_pipe[:, None, :] * per_b * pair).sum(axis=(1, 2))
     ring_b = tb.egress_per_byte[z, zn]
-    eg_ring = (np.where(rm & (d > 1), vol * ring_b, 0.0)).sum(axis=(1, 2))
+    # (ZeRO-3 moves a ring's bytes in every microbatch)
+    n_rings = np.where(z3, 1.5 * m_pipe[:, None, :], 1.0)
+    eg_ring = (np.where(rm & (d > 1), vol * ring_b * n_rings, 0.0)).sum(axis=(1, 2))
     eg += eg_ring
 
     out = {"iteration_time_s": iter_T, "cost_compute_usd": cost_compute, "cost_egress_usd": eg,
@@ -276,7 +359,8 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
         out.update(fwd=f * rmf, bwd=bw_ * rmf,
                    send_fwd=(send_fwd + tc.recv_fraction * recv_fwd) * rmf,
                    send_bwd=(send_bwd + tc.recv_fraction * recv_bwd) * rmf,
-                   t_mb=t_mb, pipe_T=pipe_T, stage_end=stage_end, sync=sync, update=upd * rmf,
+                   t_mb=t_mb, pipe_T=pipe_T, stage_end=stage_end, sync=sync, ring=ring_s,
+                   update=upd * rmf,
                    states=states * rmf, buffers=buffers * rmf, activations=act * rmf,
                    oom_workers=oom_w, inflight=inflight * rmf, egress=eg, egress_ring=eg_ring,
                    gpu_usd_per_s=gpu_s)

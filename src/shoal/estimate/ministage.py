@@ -91,7 +91,7 @@ def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
                 ff = (tb.cum_f[gi, ti, mi, e1] - tb.cum_f[gi, ti, mi, e0]) * tc.compute_scale
                 bb = (tb.cum_b[gi, ti, mi, e1] - tb.cum_b[gi, ti, mi, e0]) * tc.compute_scale
                 f[s][j, k], bw[s][j, k] = ff, bb + ff  # every layer boundary is a checkpoint
-                act_io[s][j, k] = ((tb.cum_act_rc[ti, e1] - tb.cum_act_rc[ti, e0]) * mbs
+                act_io[s][j, k] = ((tb.cum_act_rc[gi, ti, e1] - tb.cum_act_rc[gi, ti, e0]) * mbs
                                    / host[s][j])
     # hand-offs: stage s -> s + 1 inside a round, the last stage -> stage 0 between rounds
     nxt_hop = [hop(problem, tb, mbs, stages[s][2], stages[(s + 1) % S][2]) if S > 1
@@ -242,14 +242,14 @@ def memory(problem: Problem, tb: CostTables, spec: PlanSpec, res: dict) -> None:
         d = len(reps)
         cut = edges(a, b, V)
         p_ms = max(float(tb.cum_params[cut[k + 1]] - tb.cum_params[cut[k]]) for k in range(V))
-        for j, (_, tp, _, m) in enumerate(reps):
-            ti = tb.ti(tp)
+        for j, (gpu, tp, _, m) in enumerate(reps):
+            gi, ti = tb.gi(gpu), tb.ti(tp)
             states = (2.0 * p_ms / tp * w_b + p_ms / tp * g_b + p_ms / tp / d * o_b) \
                 * mem.state_factor
             buffers = p_ms / tp * mem.comm_buffer_bytes_per_param
-            a_ms = max(float(tb.cum_act_rc[ti, cut[k + 1]] - tb.cum_act_rc[ti, cut[k]])
+            a_ms = max(float(tb.cum_act_rc[gi, ti, cut[k + 1]] - tb.cum_act_rc[gi, ti, cut[k]])
                        for k in range(V))
-            act = (2.0 * a_ms * mbs + tb.rc_work[ti] * mbs) * mem.activation_factor
+            act = (2.0 * a_ms * mbs + tb.rc_work[gi, ti] * mbs) * mem.activation_factor
             peak = mem.framework_bytes + states + buffers + act
             res["states"][0, s, j], res["buffers"][0, s, j] = states, buffers
             res["activations"][0, s, j] = act

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shoal.problem import Problem
+from shoal.profiles.analytic import architecture, element_bytes, peak_flops
 from shoal.profiles.layers import activation_bytes, recompute_working_bytes
 
 
@@ -33,9 +34,9 @@ class CostTables:
     cum_b: np.ndarray
     cum_u: np.ndarray  # (G, T, L+1)
     cum_params: np.ndarray  # (L+1,)
-    cum_act: np.ndarray  # (T, L+1) bytes per sample, no recompute
-    cum_act_rc: np.ndarray  # (T, L+1) with full recompute
-    rc_work: np.ndarray  # (T,) bytes per sample of one block rebuilt in backward
+    cum_act: np.ndarray  # (G, T, L+1) bytes per sample, no recompute
+    cum_act_rc: np.ndarray  # (G, T, L+1) with full recompute
+    rc_work: np.ndarray  # (G, T) bytes per sample of one block rebuilt in backward
     boundary_bytes: float  # per sample
     link_curve: np.ndarray  # (G, Z, G, Z, T, 5) aggregate curve for k = tps[t] flows
     link_div: np.ndarray  # (G, Z, G, Z, T) size divisor (k when built from the single flow)
@@ -45,6 +46,10 @@ class CostTables:
     mem_capacity: np.ndarray  # (G,)
     peak_flops: np.ndarray  # (G,)
     sources: dict[tuple[str, int], str]
+    intra_curve: np.ndarray  # (G, 5) one GPU's link to the others of its node (collectives)
+    intra_lat: np.ndarray  # (G,)
+    gpus_per_node: np.ndarray  # (G,)
+    elem_bytes: float  # bytes of one activation or compute-precision weight element
 
     def __post_init__(self) -> None:
         # largest single layer's parameters in [a, b): ZeRO-3 materialises one layer at a time
@@ -56,6 +61,12 @@ class CostTables:
         self.range_max_params = rng
         G, Z, _, _, T, _ = self.link_curve.shape
         self._dims = (G, Z, T)
+        # TP index of k concurrent flows from a node (k a TP degree); others: the largest below
+        top = max(self.tps)
+        self.tp_pos = np.zeros(top * 64 + 1, dtype=np.int64)
+        for k in range(1, len(self.tp_pos)):
+            below = [i for i, t in enumerate(self.tps) if t <= k]
+            self.tp_pos[k] = below[-1] if below else 0
         self.flat_curve = self.link_curve.reshape(-1, 5)
         self.flat_div = self.link_div.ravel()
         self.flat_lat = np.broadcast_to(self.link_lat[..., None], self.link_div.shape).ravel().copy()
@@ -108,16 +119,7 @@ def build_tables(problem: Problem, mbs_values: list[int], tp_values: list[int] |
                 f[gi, ti, mi] = lt[:, 0]
                 b[gi, ti, mi] = lt[:, 1]
             u[gi, ti] = lt[:, 2]
-    model, s = problem.model, problem.job.seq_len
-    fa = problem.flash_attention
-    # activations are counted in 16-bit (Korthikanti et al.); fp32 training stores twice that
-    act_scale = 2.0 if problem.job.precision == "fp32" else 1.0
-    act = np.stack([activation_bytes(model, s, t, recompute=False, flash_attention=fa) for t in tps])
-    act_rc = np.stack([activation_bytes(model, s, t, recompute=True, flash_attention=fa) for t in tps])
-    # With recompute, embedding and head keep their full activations (only blocks recompute).
-    act_rc[:, 0], act_rc[:, -1] = act[:, 0], act[:, -1]
-    work = np.array([recompute_working_bytes(model, s, t, fa) for t in tps]) * act_scale
-    act, act_rc = act * act_scale, act_rc * act_scale
+    act, act_rc, work = _activations(problem, gpus, tps)
 
     curve = np.zeros((G, Z, G, Z, T, 5))
     div = np.ones((G, Z, G, Z, T))
@@ -134,15 +136,58 @@ def build_tables(problem: Problem, mbs_values: list[int], tp_values: list[int] |
                         div[a, za_i, c, zb_i, ti] = d
     price = np.array([[problem.prices.get((g, z), np.nan) / 3600.0 for z in zones] for g in gpus])
     egress = np.array([[problem.network.egress_usd_per_byte(za, zb) for zb in zones] for za in zones])
-    fp32 = problem.job.precision == "fp32"
+    intra_curve, intra_lat = _intra_links(problem, gpus)
     return CostTables(
         gpus=gpus, zones=zones, tps=tps, mbs=mbs_values,
         cum_f=_prefix(f), cum_b=_prefix(b), cum_u=_prefix(u),
-        cum_params=_prefix(problem.sizes.params), cum_act=_prefix(act), cum_act_rc=_prefix(act_rc),
-        rc_work=work, boundary_bytes=problem.sizes.boundary_bytes * (2.0 if fp32 else 1.0),
+        cum_params=_prefix(problem.sizes.params), cum_act=act, cum_act_rc=act_rc,
+        rc_work=work,
+        boundary_bytes=problem.sizes.boundary_bytes * element_bytes(problem.job.precision) / 2.0,
         link_curve=curve, link_div=div, link_lat=lat, price_per_s=price, egress_per_byte=egress,
         mem_capacity=np.array([problem.gpus[g].memory_bytes for g in gpus]),
-        peak_flops=np.array([problem.gpus[g].flops_32 if fp32 else problem.gpus[g].flops_16
-                             for g in gpus]),
-        sources=sources,
+        peak_flops=np.array([peak_flops(problem.gpus[g], problem.job.precision) for g in gpus]),
+        sources=sources, intra_curve=intra_curve, intra_lat=intra_lat,
+        gpus_per_node=np.array([problem.gpus[g].gpus_per_node for g in gpus], dtype=float),
+        elem_bytes=element_bytes(problem.job.precision),
     )
+
+
+def _activations(problem: Problem, gpus: list[str], tps: list[int]):
+    """Prefix sums over the layer list of activation bytes per sample, per (GPU, TP), without
+    and with full recompute, and one rebuilt block's bytes per (GPU, TP): attention differs
+    by GPU (flash or not)."""
+    model, s = problem.model, problem.job.seq_len
+    e = element_bytes(problem.job.precision)
+    lb = problem.memory.logits_bytes
+    G, T, L = len(gpus), len(tps), problem.n_layers
+    act, act_rc, work = np.zeros((G, T, L)), np.zeros((G, T, L)), np.zeros((G, T))
+    for gi, g in enumerate(gpus):
+        fa = problem.flash(g)
+        for ti, t in enumerate(tps):
+            act[gi, ti] = activation_bytes(model, s, t, recompute=False, flash_attention=fa,
+                                           elem_bytes=e, logits_bytes=lb)
+            act_rc[gi, ti] = activation_bytes(model, s, t, recompute=True, flash_attention=fa,
+                                              elem_bytes=e, logits_bytes=lb)
+            work[gi, ti] = recompute_working_bytes(model, s, t, fa, e)
+    # with recompute, embedding and head keep their full activations (only blocks recompute)
+    act_rc[..., 0], act_rc[..., -1] = act[..., 0], act[..., -1]
+    return _prefix(act), _prefix(act_rc), work
+
+
+def _intra_links(problem: Problem, gpus: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per GPU type, the curve and latency of its link to the other GPUs of its node: the
+    scenario's measured ``network.intra_node`` link, else the datasheet's bandwidth at the
+    stack's share of it."""
+    curve, lat = np.zeros((len(gpus), 5)), np.zeros(len(gpus))
+    for gi, g in enumerate(gpus):
+        link = problem.network.intra.get(g)
+        if link is not None:
+            curve[gi], lat[gi] = link.single, link.latency_s
+            continue
+        gpu = problem.gpus[g]
+        share = 1.0
+        if problem.stack is not None:
+            share = problem.stack.kernel_efficiency(g, architecture(gpu))["link"]
+        bw = gpu.intra_node_bw_Bps * share
+        curve[gi] = [0.0, 0.0, bw / 1e9, bw, bw]
+    return curve, lat

@@ -23,6 +23,53 @@ _KEYS = {
 }
 
 
+# families that rotate queries and keys (RoPE), whatever keys their configs write
+ROTARY_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                   "gemma", "gemma2", "gemma3", "gpt_neox", "phi3", "deepseek_v2", "deepseek_v3",
+                   "olmo", "olmo2", "olmoe", "falcon", "starcoder2", "internlm2", "cohere")
+
+
+def _position(cfg: dict, mtype: str) -> str:
+    """rotary (RoPE, by family or by a rope/rotary key at any depth: current transformers
+    write ``rope_parameters``, older ones a top-level ``rope_theta``), alibi, or learned."""
+    text = json.dumps(cfg).lower()
+    if cfg.get("alibi") or "alibi" in text and mtype in ("mpt", "bloom", "falcon"):
+        return "alibi"
+    if mtype in ROTARY_FAMILIES or "rope" in text or "rotary" in text:
+        return "rotary"
+    return "learned"
+
+
+def _dropout(cfg: dict) -> float:
+    """The largest training dropout the config sets on hidden states or attention."""
+    keys = ("dropout", "hidden_dropout", "hidden_dropout_prob", "resid_pdrop", "resid_dropout",
+            "attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "embd_pdrop")
+    vals = [cfg[k] for k in keys if isinstance(cfg.get(k), int | float)]
+    return float(max(vals, default=0.0))
+
+
+def _experts(cfg: dict, p: Path) -> dict:
+    """Mixture-of-experts fields (Mixtral, Qwen-MoE, DeepSeek, OLMoE configs), or none."""
+    n = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts")
+    if not n:
+        return {}
+    out = {"num_experts": int(n),
+           "experts_per_token": int(cfg.get("num_experts_per_tok") or cfg.get("top_k") or 2)}
+    width = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+    if width:
+        out["moe_ffn_hidden_size"] = int(width)
+    shared = cfg.get("n_shared_experts")
+    if shared is None and cfg.get("shared_expert_intermediate_size") and width:
+        # one shared expert of that width counts as that many experts of the routed width
+        shared = -(-int(cfg["shared_expert_intermediate_size"]) // int(width))
+    if shared:
+        out["shared_experts"] = int(shared)
+    dense = cfg.get("first_k_dense_replace")
+    if dense:
+        out["dense_layers"] = int(dense)
+    return out
+
+
 def model_from_hf_config(path: str | Path) -> ModelSpec:
     p = Path(path)
     cfg = read_json(p, "HuggingFace config")
@@ -45,7 +92,9 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     mtype = str(cfg.get("model_type", "")).lower()
     out["mlp"] = "swiglu" if act in ("silu", "swiglu") else ("relu" if act == "relu" else "gelu")
     out["norm"] = "rmsnorm" if "rms_norm_eps" in cfg else "layernorm"
-    out["position"] = "rotary" if ("rope_theta" in cfg or "rotary" in json.dumps(cfg)) else "learned"
+    out["position"] = _position(cfg, mtype)
+    out["dropout"] = _dropout(cfg)
+    out.update(_experts(cfg, p))
     out["tied_embeddings"] = bool(cfg.get("tie_word_embeddings", mtype in ("opt", "gpt2", "gpt_neo")))
     out["family"] = mtype or None
     try:

@@ -51,6 +51,9 @@ def _model_from_training_config(cfg: dict, file: Path) -> dict:
         "mlp": "gelu",
         "norm": "layernorm",
         "position": "learned",
+        # Sailor's runs train GPT-style models as Megatron-LM does, whose hidden and attention
+        # dropout default to 0.1 (its masks are kept for the backward pass)
+        "dropout": 0.1,
         "source": f"Sailor training config {file.name}",
     }
     if cfg.get("head_dim") and int(cfg["head_dim"]) * out["num_heads"] != out["hidden_size"]:
@@ -287,7 +290,9 @@ def import_sailor(*, training_config: Path, cluster_config: Path | None = None, 
     try:
         job = {"global_batch": int(tcfg.get("global_batch_size", 1)),
                "seq_len": int(tcfg.get("sequence_length", 2048)),
-               "optimizer": optimizer, "precision": "mixed-fp16"}
+               "optimizer": optimizer, "precision": "mixed-fp16",
+               # the constants fitted to the runs of Sailor's own training software
+               "stack": "sailor-testbed"}
     except (TypeError, ValueError):
         raise SpecError("expected integers", file=str(training_config),
                         field="global_batch_size / sequence_length") from None

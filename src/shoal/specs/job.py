@@ -16,9 +16,22 @@ class JobSpec(BaseModel):
     seq_len: PositiveInt = Field(default=2048, description="tokens per sequence")
     optimizer: Literal["adam", "adamw", "sgd"] = Field(
         default="adam", description="sets optimizer-state memory and update time")
-    precision: Literal["mixed-fp16", "mixed-bf16", "fp32"] = Field(
-        default="mixed-fp16", description="mixed precision keeps fp32 master weights; mixed-bf16 "
-                                          "needs GPUs with bf16 tensor cores")
+    precision: Literal["mixed-fp16", "mixed-bf16", "mixed-fp8", "bf16", "tf32", "fp32"] = Field(
+        default="mixed-fp16",
+        description="mixed-*: 16-bit (or fp8) matrix multiplies with fp32 master weights "
+                    "(mixed-bf16 needs bf16 tensor cores; mixed-fp8 runs fp8 multiplies where the "
+                    "GPU has them, 16-bit elsewhere); bf16: weights, gradients and optimizer "
+                    "state all in bf16; tf32: fp32 weights with tf32 multiplies; fp32: no "
+                    "tensor cores")
+    stack: str = Field(
+        default="megatron",
+        description="the software that runs the plans: a built-in stack (`shoal catalog "
+                    "stacks`) or a stack file `shoal calibrate` wrote (path relative to this "
+                    "file)")
+    attention: Literal["auto", "flash", "eager"] = Field(
+        default="auto",
+        description="attention kernel: auto (the stack's: flash attention where the GPU "
+                    "supports it), flash (where supported) or eager (scores materialised)")
     recompute: list[Flag] = Field(json_schema_extra=one_or_list,
         default=[False], description="activation-recompute settings the planner may choose (one value or "
                                    "a list)"

@@ -42,6 +42,23 @@ class ModelSpec(BaseModel):
                                    "Sailor's measured runs did)")
     head_dim: PositiveInt | None = Field(
         default=None, description="per-head width; default hidden_size / num_heads")
+    dropout: float = Field(
+        default=0.0, ge=0, lt=1,
+        description="dropout probability of the hidden states (and attention) in training: "
+                    "masks kept for the backward pass and their kernels; most recent models "
+                    "train without it")
+    num_experts: PositiveInt | None = Field(
+        default=None, description="mixture of experts: routed experts per MoE block (none: "
+                                  "a dense model)")
+    experts_per_token: PositiveInt = Field(
+        default=2, description="mixture of experts: routed experts each token goes through")
+    shared_experts: int = Field(
+        default=0, ge=0, description="mixture of experts: experts every token goes through")
+    moe_ffn_hidden_size: PositiveInt | None = Field(
+        default=None, description="mixture of experts: one expert's MLP width; default "
+                                  "ffn_hidden_size")
+    dense_layers: int = Field(
+        default=0, ge=0, description="mixture of experts: the first blocks that are dense")
     family: str | None = Field(default=None, description="label: the model family (e.g. opt)")
     source: str | None = Field(default=None, description="label: where the architecture comes from")
 
@@ -52,6 +69,13 @@ class ModelSpec(BaseModel):
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({kv})"
             )
+        if self.num_experts is not None:
+            if self.experts_per_token > self.num_experts:
+                raise ValueError(f"experts_per_token ({self.experts_per_token}) must not exceed "
+                                 f"num_experts ({self.num_experts})")
+            if self.dense_layers > self.num_layers:
+                raise ValueError(f"dense_layers ({self.dense_layers}) must not exceed "
+                                 f"num_layers ({self.num_layers})")
         if self.head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be divisible by num_heads "
@@ -70,6 +94,19 @@ class ModelSpec(BaseModel):
     @property
     def dhead(self) -> int:
         return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def moe(self) -> bool:
+        """Whether some blocks are mixtures of experts."""
+        return self.num_experts is not None and self.dense_layers < self.num_layers
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn
+
+    def is_moe_block(self, i: int) -> bool:
+        """Whether block ``i`` (0-based) is a mixture of experts."""
+        return self.moe and i >= self.dense_layers
 
     @property
     def num_layer_slots(self) -> int:

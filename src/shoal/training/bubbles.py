@@ -78,7 +78,7 @@ def prefill_model(model_name: str, gpu: str, link_bw: float = INTRA_DC_BPS) -> P
 
     def profile_for(n: int):
         if n not in profiles:
-            profiles[n] = AnalyticProfile(spec, n, gpus, flash_attention=True)
+            profiles[n] = AnalyticProfile(spec, n, gpus, attention="flash")
         return profiles[n]
 
     return PrefillModel(profile_for=profile_for, gpu=catalog.gpus().canonical(gpu),

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shoal.estimate.kernel import ring_from_terms, ring_terms
+from shoal.estimate.kernel import intra_terms, ring_bound_terms, ring_from_terms
 from shoal.estimate.pipeline import stage_span, stage_spans
 from shoal.jit import compiled
 from shoal.profiles.network import bandwidth
@@ -148,21 +148,28 @@ def _min_max_cuts(cum, L, arg):
 
 
 @compiled
-def _refined_level(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync_scale, one_f1b):
+def _refined_level(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync, one_f1b):
     """``Bounds.refined``'s levels per option (``_refine_parts``' arrays, one row per set of
     option times: ``fpre``, ``t``, ``f``, ``post`` (rows, options) and ``bsum`` (rows,
-    stages); ``move``, ``lat``: its ring terms, as ``kernel.ring_from_terms`` combines them),
-    compiled: each option's own least ring over D members and update; per row and stage the
-    least of those; and L(s, o) per row (``one_f1b``: the plans run 1F1B, ``stage_span``)."""
-    own = upd.copy()
+    stages); ``move``, ``lat``: its ring terms, as ``kernel.ring_from_terms`` combines them;
+    ``sync``: ``Bounds.sync_terms``), compiled: each option's own least exposed ring over D
+    members and update; per row and stage the least of those; and L(s, o) per row
+    (``one_f1b``: the plans run 1F1B, ``stage_span``)."""
+    sync_scale, overlap, sync_on, upd_div = sync[0], sync[1], sync[2], sync[3]
+    own = upd / upd_div
     if D > 1:
+        # the ring hides behind the backward of the replica that ends its stage last: of
+        # any option of the stage (the most time per microbatch bounds it)
+        busy = np.zeros(P)
+        for i in range(len(own)):
+            busy[stage[i]] = max(busy[stage[i]], t[0, i])
         d = float(D)
         c_move, c_lat = 2.0 * (d - 1) / d, 2.0 * (d - 1)
         for i in range(len(own)):
             best = np.inf
             for j in range(move.shape[1]):
                 best = min(best, (c_move * move[i, j] + c_lat * lat[i, j]) * sync_scale)
-            own[i] = upd[i] + best
+            own[i] += sync_on * max(best - overlap * busy[stage[i]], 0.0)
     least = np.full(P, np.inf)  # per stage, its least ring and update
     for i in range(len(own)):
         least[stage[i]] = min(least[stage[i]], own[i])
@@ -347,6 +354,13 @@ class Bounds:
         self.p2p_tp = (tb.p2p_time.reshape(M, -1, T).min(axis=1) * self.tc.p2p_scale
                        + self.tc.p2p_overhead_s)  # (M, T)
         self.p2p_min = self.p2p_tp.min(axis=1)
+        # the kernel's gradient sync: hidden behind a replica's backward as far as the stack
+        # overlaps it; none after the backward under ZeRO-3; the update sharded under ZeRO 1+
+        zeros = pb.job.zero_stage
+        self.sync_on = 0.0 if 3 in zeros else 1.0
+        self.upd_div_on = any(z >= 1 for z in zeros)
+        self.overlap = self.tc.grad_reduce_overlap
+        self.lat_min = min(self.lat_min, float(tb.intra_lat.min()))
         # link classes by where the two ends are: 0 same zone, 1 same region, 2 across regions
         G, Z, _, _, T = tb.link_div.shape
         _, za, _, zb, _ = np.indices((G, Z, G, Z, T)).reshape(5, -1)
@@ -391,7 +405,9 @@ class Bounds:
     def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
         """(3, TPs): seconds per 2(D-1)/D of a stage's gradients over the fastest link of each
         class (same zone, same region, across regions; no faster class counts for the slower
-        ones), per TP degree of the replicas (a TP group sends over that many flows)."""
+        ones), per TP degree of the replicas (a TP group sends over that many flows, or more
+        where replicas share a node); inside one zone also over one node's GPU-to-GPU links
+        (``kernel._dp_ring``)."""
         key = (a, b)
         if key not in self._sync:
             tb = self.space.tb
@@ -403,11 +419,28 @@ class Bounds:
             out = np.full((3, T), np.inf)
             for c in range(3):
                 for ti in range(T):
-                    sel = (self.link_class >= c) & (tpi == ti)
+                    sel = (self.link_class >= c) & (tpi >= ti)
                     if sel.any():
                         out[c, ti] = t[sel].min()
+            for ti, tp in enumerate(tb.tps):
+                inside = intra_terms(tb, np.arange(len(tb.gpus)), nbytes / tp)[0].min()
+                out[0, ti] = min(out[0, ti], inside)
             self._sync[key] = out
         return self._sync[key]
+
+    @property
+    def sync_terms(self) -> np.ndarray:
+        """(sync scale, overlap, whether the sync follows the backward, the update's divisor
+        under ZeRO) as ``_refined_level`` takes them; the divisor is 1 here, the caller's D
+        where ZeRO shards the update (``refined_level``)."""
+        return np.array([self.tc.sync_scale, self.overlap, self.sync_on, 1.0])
+
+    def _exposed(self, ring: np.ndarray, busy: np.ndarray) -> np.ndarray:
+        """A stage's least exposed gradient sync from its least ring and the most compute
+        time per microbatch of its replicas (their backward is shorter): what the stack
+        hides behind the last backward comes off; nothing follows the backward under
+        ZeRO-3."""
+        return self.sync_on * np.maximum(ring - self.overlap * busy, 0.0)
 
     def __call__(self, sh: Shape, Ds: np.ndarray, total: int):
         """(time, cost, slowest replica's compute time) lower bounds for each degree in ``Ds``;
@@ -421,7 +454,8 @@ class Bounds:
         D = Ds.astype(float)
         n_hi, n_lo = np.ceil(total / D), np.floor(total / D)
         (tmin, fmin, bmin, upd, busy_w, idle_w, busy_c, rate, ring_s, y, t_all, full_all, tps_,
-         kinds_, stage_) = self._shape_parts(sh)
+         kinds_, stage_, tmax) = self._shape_parts(sh)
+        upd = upd[:, None] / D[None, :] if self.upd_div_on else upd[:, None]  # ZeRO shards it
         pre = np.concatenate([[0.0], np.cumsum(tmin)[:-1]])  # forward and backward before s
         fpre = np.concatenate([[0.0], np.cumsum(fmin)[:-1]])  # forwards before s
         post = np.concatenate([np.cumsum(tmin[::-1])[::-1][1:], [0.0]])  # stages after s
@@ -436,7 +470,7 @@ class Bounds:
         if not loose:
             sync = np.maximum(sync, np.array([self._option_sync(ab, opts, Ds)
                                               for ab, opts in zip(sh.split, sh.opts, strict=True)]))
-        tail = sync + upd[:, None]  # (P, nD)
+        tail = self._exposed(sync, tmax[:, None]) + upd  # (P, nD)
         tail_min = tail.min(axis=0)
         work = (total * busy_w.sum() + D * (pre * idle_w).sum()) / max(float(y @ self.avail), 1e-300)
         tau = self._tau(t_all, tps_, kinds_, stage_, P, Ds)
@@ -502,6 +536,8 @@ class Bounds:
         def least(x: np.ndarray) -> np.ndarray:
             return np.minimum.reduceat(x, starts)
 
+        tmax = np.maximum.reduceat(t_c, starts)  # the most compute per microbatch
+
         tmin, fmin, bmin = least(t), least(f + f_extra), least(t_c - f + b_extra)
         upd = least(tb.cum_u[g, ti, b] - tb.cum_u[g, ti, a])
         busy_w = least(y[k] * t * tp)  # weighted GPU-seconds per microbatch
@@ -513,7 +549,7 @@ class Bounds:
                                              strict=True)):
             ring_s[s] = self._ring_bytes_time(*ab)[:, np.unique(ti[lo:hi])].min(axis=1)
         got = self._memo[key] = (tmin, fmin, bmin, upd, busy_w, idle_w, busy_c, rate, ring_s, y,
-                                 t_c, t, tp, k, st)
+                                 t_c, t, tp, k, st, tmax)
         self._by_shape[("shape", id(sh))] = (sh, got)
         return got
 
@@ -569,7 +605,7 @@ class Bounds:
         (``option_levels``)."""
         fpre, t, f, post, upd, ring, tp, kind, stage, bsum = self._refine_parts(sh)
         P = len(sh.split)
-        rest = (P, total // D, D, self.tc.sync_scale, self.one_f1b)
+        rest = (P, total // D, D, self._sync_at(D), self.one_f1b)
         pool = (tp, kind, stage, P, np.array([D], dtype=np.int64), self.avail, self.region_of,
                 self.region_N, self._weights_grid)
         base = _refined_level(fpre[None, :], t[None, :], f[None, :], post[None, :], upd,
@@ -591,6 +627,13 @@ class Bounds:
                            self.tc.step_overhead_s) if np.isfinite(least) else np.inf
         return least + self.tc.step_overhead_s, cost * D, any_region
 
+    def _sync_at(self, D: int) -> np.ndarray:
+        """``sync_terms`` for D pipelines."""
+        terms = self.sync_terms
+        if self.upd_div_on:
+            terms[3] = float(D)
+        return terms
+
     def option_levels(self, sh: Shape, D: int, total: int) -> list[list[Option]]:
         """Per stage of ``sh``'s own split, its options with their levels L(s, o) at D
         pipelines (``refined``) as their times: a plan of that split that gives stage s a
@@ -606,7 +649,7 @@ class Bounds:
             P = len(sh.split)
             level = _refined_level(fpre[None, :], t[None, :], f[None, :], post[None, :], upd,
                                    ring[0], ring[1], stage, bsum[None, :], P, total // D, D,
-                                   self.tc.sync_scale, self.one_f1b)[0]
+                                   self._sync_at(D), self.one_f1b)[0]
             per: list[list[Option]] = [[] for _ in range(P)]
             for s, k, g, lv in zip(stage.tolist(), kind.tolist(), tp.tolist(), level.tolist(),
                                    strict=True):
@@ -762,10 +805,13 @@ class Bounds:
             for i, r in enumerate(rows):
                 rid[i, :len(r)] = r
                 rid[i, len(r):] = r[-1]
+            nbytes = self.space.grad_bytes(a, b)
+            move, lat = zip(*(ring_bound_terms(tb, rid[i:i + 1], g[i], o.tp, nbytes, True)
+                              for i, o in enumerate(opts)), strict=True)
             got = self._stages[key] = (
                 float((f + f_extra).min()), tb.cum_u[g, ti, b] - tb.cum_u[g, ti, a],
                 np.array([o.time_s for o in opts]) + f_extra + b_extra,
-                ring_terms(tb, rid, self.space.grad_bytes(a, b)),
+                (np.concatenate(move), np.concatenate(lat)),
                 np.array([o.tp for o in opts], dtype=float), k.astype(np.int64),
                 f + f_extra)
         return got
@@ -822,33 +868,42 @@ class Bounds:
             self._rings_of[key] = got
         return got
 
-    def tails(self, split: tuple[tuple[int, int], ...], per_stage, D: int) -> np.ndarray:
+    def tails(self, split: tuple[tuple[int, int], ...], per_stage, D: int,
+              compute: list[dict[tuple[int, int], float]]) -> np.ndarray:
         """Per stage of an allocation (``Allocation.per_stage``, D replicas a stage) on the
-        layer ranges ``split``: the least seconds its gradient ring all-reduce and then its
-        slowest replica's update take, whatever zones the replicas get. The ring joins
+        layer ranges ``split``: the least seconds its exposed gradient ring all-reduce and then
+        its slowest replica's update take, whatever zones the replicas get. The ring joins
         consecutive replicas, each option's together (``build_spec``): a hop from each option
         to another (any, when the stage mixes more than two), and one inside an option of two
         replicas or more. A hop takes at least its fastest link between any zones of its two kinds,
-        and the ring is as slow as its slowest hop (``kernel.ring_allreduce_s``)."""
+        and the ring is as slow as its slowest hop (``kernel.ring_allreduce_s``); it hides
+        behind the backward of the replica that ends the stage last as far as the stack
+        overlaps them (the most compute per microbatch of the stage's options, ``compute``'s
+        (kind, TP) entries, bounds that)."""
         tb = self.space.tb
         out = np.empty(len(split))
+        div = float(D) if self.upd_div_on else 1.0
         for s, ((a, b), st) in enumerate(zip(split, per_stage, strict=True)):
-            key = (a, b, D, st)
+            key = (a, b, D, st, self.overlap and tuple(compute[s].get((k, tp), 0.0)
+                                                       for k, tp, _ in st))
             got = self._tails.get(key)
             if got is None:
                 upd = max(float(tb.cum_u[self.gi[k], tb.ti(tp), b] - tb.cum_u[self.gi[k],
                                                                               tb.ti(tp), a])
-                          for k, tp, _ in st)
-                sync = 0.0
+                          for k, tp, _ in st) / div
+                ring = 0.0
                 for k, tp, n in st if D > 1 else ():
                     # the hop out of this option's last replica, to another option's, and
                     # between its own replicas
                     out_s = [self._hop_s(a, b, D, k, tp, k2) for k2, tp2, _ in st
                              if (k2, tp2) != (k, tp)]
                     if out_s:
-                        sync = max(sync, min(out_s))
+                        ring = max(ring, min(out_s))
                     if n > 1 or not out_s:
-                        sync = max(sync, self._hop_s(a, b, D, k, tp, k))
+                        ring = max(ring, self._hop_s(a, b, D, k, tp, k))
+                # hidden behind the backward of whichever replica ends the stage last
+                busy = max(compute[s].get((k, tp), np.inf) for k, tp, _ in st)
+                sync = float(self._exposed(np.array(ring), np.array(busy)))
                 got = self._tails[key] = sync + upd
             out[s] = got
         return out
@@ -867,7 +922,8 @@ class Bounds:
         if terms is None:
             tb = self.space.tb
             nbytes = self.space.grad_bytes(a, b)
-            terms = self._hop_terms[key] = ring_terms(tb, self._links(k, tp, k2), nbytes)
+            terms = self._hop_terms[key] = ring_bound_terms(
+                tb, self._links(k, tp, k2), self.gi[k], tp, nbytes, k == k2)
         d = np.asarray(D, dtype=float)[..., None]
         return ring_from_terms(terms, d, self.tc.sync_scale).min(axis=-1)
 
@@ -1202,9 +1258,9 @@ class Worth:
     price_h: np.ndarray
     shape: _OptionTimes
     beaten: Callable[[float, float], bool] = lambda t, usd: False
-    # per stage of an allocation on layer ranges (split, per_stage): its least sync and
-    # update (Bounds.tails at the pair's degree)
-    tails: Callable[[tuple, tuple], np.ndarray] | None = None
+    # per stage of an allocation on layer ranges (split, per_stage) and option compute times:
+    # its least sync and update (Bounds.tails at the pair's degree)
+    tails: Callable[..., np.ndarray] | None = None
     # the option times of an allocation whose stages are in more than one region, with the
     # sends across (Bounds.crossed_times; None: as given)
     crossed: Callable[..., list | None] | None = None
@@ -1245,7 +1301,8 @@ class Worth:
             t = float(ends[0]) + self.overhead_s
             split = other.split
         if self.tails is not None:
-            t = max(t, float((ends + self.tails(split, a.per_stage)).max()) + self.overhead_s)
+            t = max(t, float((ends + self.tails(split, a.per_stage, compute=own.compute)).max())
+                    + self.overhead_s)
         usd_s = sum(self.price_h[k] * tp * n for st in a.per_stage for k, tp, n in st) / 3600
         return t, t * usd_s
 

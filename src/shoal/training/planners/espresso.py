@@ -101,10 +101,11 @@ class _Tree:
             price = tp * min(p.prices[(kind.gpu, z)] for z, _ in space.zones_of[kind]) / 3600.0
             self.units.append(Unit(ki, kind.gpu, tp, 1.0 / (float(cum[-1]) * p.timing.compute_scale),
                                    price, tp * p.gpus[kind.gpu].memory_bytes))
+        # the least over GPU types (attention, flash or not, differs by GPU)
         states, buffers, act = worker_memory(
-            tb, p.memory, space.state_b, 0, self.L, 0, float(mbs), 1.0, np.bool_(recompute),
-            np.int64(zero), float(d))
-        self.mem_lower = float(states + buffers + act) + k * p.memory.framework_bytes
+            tb, p.memory, space.state_b, np.arange(len(tb.gpus)), 0, self.L, 0, float(mbs), 1.0,
+            np.bool_(recompute), np.int64(zero), float(d))
+        self.mem_lower = float(np.min(states + buffers + act)) + k * p.memory.framework_bytes
         self._lm: dict = {}
         self._ring: dict = {}
         self._handoff: dict = {}
@@ -138,7 +139,7 @@ class _Tree:
             sp, p = self.space, self.space.problem
             b = np.arange(a + 1, self.L + 1)
             states, buffers, act = worker_memory(
-                sp.tb, p.memory, sp.state_b, a, b, sp.tb.ti(u.tp), float(self.mbs),
+                sp.tb, p.memory, sp.state_b, sp.tb.gi(u.gpu), a, b, sp.tb.ti(u.tp), float(self.mbs),
                 float(min(self.k - s, self.m)), np.bool_(self.recompute), np.int64(self.zero),
                 float(self.d))
             fit = p.memory.framework_bytes + states + buffers + act <= p.gpus[u.gpu].memory_bytes

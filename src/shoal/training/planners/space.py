@@ -171,10 +171,11 @@ class Space:
         ls, le = np.indices((L + 1, L + 1))
         ls, le = ls[..., None], le[..., None]
         t = np.array([tb.ti(tp) for tp in self.tps[gpu]])
+        gi = tb.gi(gpu)
         states, buffers, _ = worker_memory(
-            tb, mem, self.state_b, ls, le, t, float(mbs), 0.0, np.bool_(recompute),
+            tb, mem, self.state_b, gi, ls, le, t, float(mbs), 0.0, np.bool_(recompute),
             np.int64(zero), float(max(dp, 1)))
-        per_mb, once = activation_parts(tb, ls, le, t, float(mbs), np.bool_(recompute))
+        per_mb, once = activation_parts(tb, gi, ls, le, t, float(mbs), np.bool_(recompute))
         return mem.framework_bytes + states + buffers, per_mb, once
 
     def free(self, kind: Kind, zone: str, used: dict[tuple[str, str], int]) -> int:
