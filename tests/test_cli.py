@@ -544,3 +544,126 @@ def test_a_plan_saved_with_a_byte_order_mark_is_read(tmp_path):
     plan.write_bytes(b"\xef\xbb\xbf" + PLAN.read_bytes())
     r = run("estimate", SCENARIO, "--plan", plan, "--json")
     assert r.exit_code == 0, r.output
+
+
+# ---- hostile numbers and documents (issue 61, defect 7) ------------------------------------------
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("same_zone: 0,", "same_zone: .inf,", "network.egress_usd_per_gb.same_zone"),
+    ("A100-40GB: 3.673385", "A100-40GB: .inf", "prices.gpu_usd_per_h.A100-40GB"),
+    ("V100-16GB: 2.859998", "V100-16GB: .nan", "prices.gpu_usd_per_h.V100-16GB"),
+    ("same_zone: {bandwidth: 32Gbps", "same_zone: {bandwidth: 1e308TB/s",
+     "network.defaults.same_zone.bandwidth"),
+])
+def test_an_infinite_or_nan_number_in_a_scenario_is_bad_input_naming_the_field(tmp_path, old, new,
+                                                                               field):
+    """An infinite egress price used to be accepted (exit 0, bare Infinity in --json, the cost
+    cap ignored), an infinite GPU price silently dropped those GPUs, a bandwidth scaled past the
+    largest float became infinity: each is refused, naming the field."""
+    text = SCENARIO.read_text()
+    assert old in text
+    bad = tmp_path / "s.yaml"
+    bad.write_text(text.replace(old, new))
+    res = run("estimate", bad, "--plan", PLAN, "--json")
+    assert res.exit_code == 2, res.output
+    err = json.loads(res.stdout, parse_constant=pytest.fail)["error"]  # no bare Infinity/NaN
+    assert err["field"] == field
+    assert "finite" in err["message"] or "too large" in err["message"]
+
+
+@pytest.mark.parametrize("args, option", [
+    (["serve", "plan", "SERVING", "--time-limit", "inf"], "--time-limit"),
+    (["serve", "simulate", "SERVING", "--mode", "online", "--warmup", "inf", "--requests", "5"],
+     "--warmup"),
+])
+def test_an_infinite_or_nan_command_line_number_is_bad_input_naming_the_option(tmp_path, args,
+                                                                               option):
+    """click reads 'inf' and 'nan' as floats and a NaN passes every min= bound: every command
+    refuses them, naming the option."""
+    serving = ROOT / "examples" / "llama2-70b-mixed.serving.yaml"
+    res = run(*[str(serving) if a == "SERVING" else a for a in args], "--json")
+    assert res.exit_code == 2, res.output
+    assert json.loads(res.stdout)["error"]["field"] == option
+
+
+def _deep(kind: str, levels: int) -> str:
+    """A scenario whose model is a list nested ``levels`` deep."""
+    inner = "[" * levels + "]" * levels
+    return ('{"model": ' + inner + "}") if kind == "json" else f"model: {inner}\n"
+
+
+@pytest.mark.parametrize("kind", ["yaml", "json"])
+def test_a_deeply_nested_document_exits_2_with_one_line_and_the_json_error(tmp_path, kind):
+    """A scenario nested 5,000 levels deep used to exit 1 with a 3,000-line traceback and no
+    JSON under --json: the reader stops at its depth limit."""
+    import subprocess
+    import sys
+
+    deep = tmp_path / f"deep.{kind}"
+    deep.write_text(_deep(kind, 5000))
+    proc = subprocess.run([sys.executable, "-m", "shoal", "plan", str(deep), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    err = json.loads(proc.stdout)["error"]
+    assert err["exit_code"] == 2 and "nested more than 64 levels" in err["message"]
+    assert err["file"] == str(deep)
+
+
+def test_recursion_anywhere_under_a_command_is_bad_input_in_one_line(tmp_path):
+    """Python's recursion limit reached by any reader (here a Sailor controller trace, a JSON
+    list nested 100,000 deep) is exit 2 with one line, and under --json the error object."""
+    trace = tmp_path / "trace.json"
+    trace.write_text("[" * 100_000 + "]" * 100_000)
+    scenario = ROOT / "examples" / "opt350m-two-zones.yaml"
+    res = run("replay", scenario, "--trace", trace, "--json")
+    assert res.exit_code == 2, res.output
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert "nested too deeply" in json.loads(res.stdout)["error"]["message"]
+
+
+BOMB = "".join(f"  - &{a} [" + ", ".join([f"*{p}"] * 9 if p else ['"lol"'] * 9) + "]\n"
+               for p, a in zip(["", *"abcdefgh"], "abcdefghi", strict=True))
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    """Nine aliases of nine aliases ... in a field that is not a string: a few hundred bytes
+    that expand to 9^9 values. It used to hang and grow to gigabytes; it is refused when read.
+    Run in a process with a memory limit, so that a regression fails rather than swaps."""
+    import resource
+    import subprocess
+    import sys
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("schema: shoal/scenario@1\nname:\n" + BOMB + "model: OPT-350M\n"
+                    "job: {global_batch: 16}\n"
+                    "pool: {regions: {r: {zones: {z: {gpus: {A100-40GB: 8}}}}}}\n")
+    assert len(bomb.read_bytes()) < 1000
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+
+    try:
+        proc = subprocess.run([sys.executable, "-m", "shoal", "plan", str(bomb), "--json"],
+                              capture_output=True, text=True, timeout=240, preexec_fn=limit)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the alias bomb was not refused within 240 s")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "aliases expand to" in json.loads(proc.stdout)["error"]["message"]
+
+
+def test_an_error_caps_the_value_it_repeats(tmp_path):
+    """A bad value is repeated in the message at most ~200 characters, with an ellipsis; it
+    used to be echoed whole (here a model name of 100,000 characters, and a bandwidth)."""
+    text = SCENARIO.read_text()
+    for old, new in (("model: GPT-Neo-2.7B", "model: " + "A" * 100_000),
+                     ("bandwidth: 32Gbps", "bandwidth: " + "9" * 100_000 + "x")):
+        bad = tmp_path / "s.yaml"
+        bad.write_text(text.replace(old, new))
+        res = run("estimate", bad, "--plan", PLAN, "--json")
+        assert res.exit_code == 2, res.output[:2000]
+        err = json.loads(res.stdout)["error"]
+        assert len(err["message"]) < 1500 and "\u2026" in err["message"], err["message"][:3000]
+        assert len(res.stderr) < 2000
+        assert len(json.dumps(err.get("value", ""))) < 400

@@ -83,12 +83,12 @@ def _kill_later(srv, names, delay):
 
 @pytest.mark.slow
 def test_a_killed_worker_is_routed_around(setup):
-    """SIGKILL one worker mid-run: its requests run again from the prompt on the other chain and
-    give the same tokens; none hangs."""
+    """SIGKILL one worker mid-run (not started again): its requests run again from the prompt
+    on the other chain and give the same tokens; none hangs."""
     _, cl, pl, fl = setup
     reqs = requests_from(workload(TINY, 60, rate=40, max_new=8, seed=1), TINY)
     ref = reference_generate(TINY, [r.prompt for r in reqs], 8, dtype="float64")
-    with LiveServer(cl, pl, fl, TINY, dtype="float64") as srv:
+    with LiveServer(cl, pl, fl, TINY, dtype="float64", restarts=0) as srv:
         th = _kill_later(srv, ["a"], 0.5)
         t0 = time.perf_counter()
         srv.run(reqs, timeout_s=120)
@@ -105,7 +105,7 @@ def test_a_killed_worker_is_routed_around(setup):
 def test_no_chain_left_rejects_with_a_reason(setup):
     _, cl, pl, fl = setup
     reqs = requests_from(workload(TINY, 40, rate=20, max_new=8, seed=2), TINY)
-    with LiveServer(cl, pl, fl, TINY) as srv:
+    with LiveServer(cl, pl, fl, TINY, restarts=0) as srv:
         th = _kill_later(srv, ["a", "c"], 0.5)
         srv.run(reqs, timeout_s=120)
         th.join()
@@ -129,6 +129,9 @@ def test_cli_serve_run_json(setup):
         assert set(doc[k]) >= {"mean", "p50", "p95"}
     assert doc["decode_throughput_tokens_per_s"] > 0
     assert len(doc["generated"]) == 8
+    assert doc["dropped_messages"] == 0
+    assert {n: (w["state"], w["restarts"]) for n, w in doc["workers"].items()} == {
+        n: ("live", 0) for n in "abcd"}
 
 
 def test_cli_serve_run_model_must_match_the_placement(setup):
@@ -431,3 +434,252 @@ def test_an_interrupted_worker_with_no_coordinator_exits_at_once(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+# ---- hostile frames, dead workers, health (issue 61, defect 6) ------------------------------------
+
+
+def _push(addr: str, messages: list[list[bytes]]) -> None:
+    """Send raw multipart messages to a ZeroMQ PULL socket at ``addr``, as any peer could."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(addr)
+    for frames in messages:
+        sock.send_multipart(frames)
+    sock.close(linger=10_000)
+    ctx.term()
+
+
+def _crafted(hidden: int) -> list[list[bytes]]:
+    """Frames that are not a message of the protocol, or one that makes no sense to the
+    coordinator: not JSON, the wrong shape, a header announcing an array its bytes do not
+    match, an unknown kind, missing keys, a kind only workers take, too deep, too many
+    frames."""
+    def j(doc) -> bytes:
+        return json.dumps(doc).encode()
+
+    step = {"kind": "step", "key": [0, 0], "chain": ["a", "b", "coord"], "hop": 2, "at": 4}
+    return [
+        [b"\xff not json"], [j([1, 2])], [j({"kind": "step"})], [j({"kind": "nope"})],
+        [j(step | {"x": ["<f4", [1, 1, hidden]]}), b"123"],  # 3 bytes for 1 x 64 floats
+        [j(step | {"key": [[1], [2]], "x": ["<f4", [1, 1, hidden]]}), bytes(4 * hidden)],
+        [j(step | {"x": ["|O", [1, 1, 1]]}), bytes(8)],  # object dtype
+        [j(step)],  # no hidden states
+        [j({"kind": "hello", "worker": "a", "spawned": True, "addr": "nowhere"})],
+        [j({"kind": "ready", "worker": "zz"})], [j({"kind": "config", "spec": "{}", "a": 0,
+                                                    "b": 1, "seed": 0, "dtype": "float32"})],
+        [b"[" * 100_000 + b"]" * 100_000], [j({"kind": "ping"}), b"", b""],
+    ]
+
+
+def test_every_crafted_frame_is_a_bad_message_and_a_real_one_decodes():
+    import numpy as np
+
+    from shoal.serving.live import BadMessage, decode
+
+    for frames in _crafted(TINY.hidden_size)[:9] + _crafted(TINY.hidden_size)[11:]:
+        with pytest.raises(BadMessage):
+            decode(frames)
+    x = np.arange(2 * 64, dtype="<f4").reshape(1, 2, 64)
+    head = {"kind": "step", "key": [3, 1], "chain": ["a", "coord"], "hop": 1, "at": 2,
+            "extra": "dropped", "x": ["<f4", [1, 2, 64]]}
+    msg = decode([json.dumps(head).encode(), x.tobytes()])
+    assert msg["key"] == (3, 1) and "extra" not in msg and (msg["x"] == x).all()
+    for bad in ({"kind": ["step"]}, {"kind": "hello", "worker": "a", "spawned": True,
+                                     "addr": "tcp://h:70000"},
+                {"kind": "pong", "worker": "a", "dropped": -1},
+                {"kind": "step", "key": [1, 2], "chain": [], "hop": 0, "at": 0}):
+        with pytest.raises(BadMessage):
+            decode([json.dumps(bad).encode()])
+
+
+def _http(port: int, method: str, path: str, body=None, timeout: float = 120.0):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, None if body is None else json.dumps(body))
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_crafted_frames_on_the_coordinators_port_are_dropped_and_counted(setup):
+    """One crafted frame on the coordinator's port used to kill its loop (every request then
+    waited --timeout + 5 s for a 503, while /v1/models answered 200): each is dropped and
+    counted, and requests are served as before."""
+    from shoal.serving.http import Endpoint
+
+    _, cl, pl, fl = setup
+    crafted = _crafted(TINY.hidden_size)
+    reqs = requests_from(workload(TINY, 4, max_new=5, seed=6), TINY)
+    ref = reference_generate(TINY, [r.prompt for r in reqs], 5)
+    with LiveServer(cl, pl, fl, TINY) as srv:
+        ep = Endpoint(srv, port=0, timeout_s=60)
+        try:
+            _push(srv.addr["coord"], crafted)
+            for r, want in zip(reqs, ref, strict=True):
+                status, doc = _http(ep.port, "POST", "/v1/completions",
+                                    {"prompt": r.prompt, "max_tokens": 5})
+                assert status == 200, doc
+                assert doc["choices"][0]["tokens"] == want[:5]
+            deadline = time.monotonic() + 60
+            while True:  # the loop counts them as it reads them, among the workers' messages
+                status, health = _http(ep.port, "GET", "/health")
+                assert status == 200, health
+                if health["dropped_messages"] >= len(crafted) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert health["dropped_messages"] == len(crafted), health
+        finally:
+            ep.close()
+
+
+def test_crafted_frames_to_a_worker_are_dropped_and_it_keeps_serving(setup):
+    """A non-JSON frame to a worker used to end it for good: a worker drops every malformed
+    message (and ones that make no sense to it: steps of the wrong width or leading to no
+    known worker, a second configuration), counts them, and keeps serving."""
+    _, cl, pl, fl = setup
+    step = {"kind": "step", "key": [7, 0], "chain": ["a", "b", "coord"], "hop": 0, "at": 0}
+    wrong = [
+        [b"\x00\x01 not json"], [b'{"kind": "free"}'],
+        [json.dumps(step | {"x": ["<f4", [1, 1, 3]]}).encode(), bytes(12)],  # width 3, not 64
+        [json.dumps(step | {"chain": ["a", "zz"], "x": ["<f4", [1, 1, 64]]}).encode(),
+         bytes(256)],
+        [json.dumps({"kind": "config", "spec": TINY.model_dump_json(), "a": 0, "b": 4,
+                     "seed": 1, "dtype": "float32"}).encode()],
+        [json.dumps({"kind": "peers", "peers": {"b": "not an address"}, "round": 9}).encode()],
+    ]
+    reqs = requests_from(workload(TINY, 12, max_new=6, seed=3), TINY)
+    ref = reference_generate(TINY, [r.prompt for r in reqs], 6)
+    with LiveServer(cl, pl, fl, TINY) as srv:
+        pid = srv.procs["a"].pid
+        _push(srv.addr["a"], wrong)
+        srv.run(reqs, timeout_s=120)
+        assert srv.procs["a"].pid == pid and srv.procs["a"].is_alive()
+        for r, want in zip(reqs, ref, strict=True):
+            assert r.rejected is None and r.tokens == want[:6]
+        assert any(r.chain[0] == "a" for r in reqs)
+        deadline = time.monotonic() + 60  # its count comes back with its answer to a ping
+        while srv.health["workers"]["a"]["dropped_messages"] < len(wrong):
+            assert time.monotonic() < deadline, srv.health["workers"]["a"]
+            srv.run(requests_from(workload(TINY, 1, max_new=1, seed=4), TINY), timeout_s=60)
+        assert srv.health["workers"]["a"]["dropped_messages"] == len(wrong)
+
+
+def test_killed_workers_are_started_again_and_routed_to(setup):
+    """Killed workers used to stay dead: both chains' first workers (a and c) killed, no chain
+    is left, and requests used to be rejected. Each is started again; the requests wait for
+    them, run again from the prompt, and give the same tokens; later requests use both
+    chains again."""
+    _, cl, pl, fl = setup
+    reqs = requests_from(workload(TINY, 16, max_new=6, seed=7), TINY)
+    ref = reference_generate(TINY, [r.prompt for r in reqs], 6)
+    with LiveServer(cl, pl, fl, TINY) as srv:
+        old = {n: srv.procs[n].pid for n in ("a", "c")}
+        for n in old:
+            srv.procs[n].kill()
+        srv.run(reqs, timeout_s=300)
+        for r, want in zip(reqs, ref, strict=True):
+            assert r.rejected is None and r.tokens == want[:6]
+        assert all(srv.procs[n].pid != pid and srv.procs[n].is_alive()
+                   for n, pid in old.items())
+        assert {n: w["restarts"] for n, w in srv.health["workers"].items()} == {
+            "a": 1, "b": 0, "c": 1, "d": 0}
+        deadline = time.monotonic() + 300  # the one started last may still be starting
+        while any(w["state"] != "live" for w in srv.health["workers"].values()):
+            assert time.monotonic() < deadline, srv.health["workers"]
+            srv.run(requests_from(workload(TINY, 1, max_new=1, seed=4), TINY), timeout_s=60)
+        later = requests_from(workload(TINY, 8, max_new=4, seed=8), TINY)
+        srv.run(later, timeout_s=120)
+        assert all(r.rejected is None for r in later)
+    # whichever came back first took the requests that waited; iwrr then sends the later
+    # ones to the other, whose edge has carried less
+    assert {tuple(r.chain) for r in reqs + later} == {("a", "b", "coord"), ("c", "d", "coord")}
+
+
+def test_health_and_models_tell_whether_anything_can_be_served(setup):
+    """/health: 200 with the live workers; with no chain of live workers left (restarts off),
+    503 with the reason, as /v1/models (which used to answer 200 whatever the state) and a
+    completion request, at once."""
+    from shoal.serving.http import Endpoint
+
+    _, cl, pl, fl = setup
+    with LiveServer(cl, pl, fl, TINY, restarts=0) as srv:
+        ep = Endpoint(srv, port=0, timeout_s=120)
+        try:
+            status, doc = _http(ep.port, "GET", "/health")
+            assert status == 200 and sorted(doc["live_workers"]) == ["a", "b", "c", "d"]
+            assert _http(ep.port, "GET", "/v1/models")[0] == 200
+            srv.procs["a"].kill()
+            srv.procs["d"].kill()
+            deadline = time.monotonic() + 60
+            while _http(ep.port, "GET", "/health")[0] == 200:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            status, doc = _http(ep.port, "GET", "/health")
+            assert status == 503 and doc["live_workers"] == ["b", "c"]
+            assert "no chain of live workers" in doc["reason"]
+            assert {doc["workers"][n]["state"] for n in "ad"} == {"dead"}
+            status, doc = _http(ep.port, "GET", "/v1/models")
+            assert status == 503 and "no chain" in doc["error"]["message"]
+            t0 = time.monotonic()
+            status, doc = _http(ep.port, "POST", "/v1/completions", {"prompt": [1, 2]})
+            assert status == 503 and "no chain" in doc["error"]["message"]
+            assert time.monotonic() - t0 < 60
+        finally:
+            ep.close()
+
+
+@pytest.mark.slow
+def test_a_burst_over_http_with_a_worker_killed_midway(setup):
+    """The issue's acceptance: 300 requests at 64 concurrent on 127.0.0.1, each on its own
+    connection, worker a SIGKILLed a third of the way: no connection is reset, and every
+    request gets its tokens or a 503 with the reason (the coordinator rejects what it has not
+    finished within --timeout, 30 s). The completed ones equal a one-process run."""
+    import http.client
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shoal.serving.http import Endpoint
+
+    _, cl, pl, fl = setup
+    reqs = requests_from(workload(TINY, 300, max_new=6, seed=9), TINY)
+    ref = reference_generate(TINY, [r.prompt for r in reqs], 6)
+    done = threading.Semaphore(0)
+    with LiveServer(cl, pl, fl, TINY) as srv:
+        ep = Endpoint(srv, port=0, timeout_s=30)
+
+        def one(i):
+            t0 = time.monotonic()
+            try:
+                status, doc = _http(ep.port, "POST", "/v1/completions",
+                                    {"prompt": reqs[i].prompt, "max_tokens": 6}, timeout=300)
+            except (ConnectionError, http.client.RemoteDisconnected) as exc:
+                status, doc = type(exc).__name__, {}
+            done.release()
+            return status, doc, time.monotonic() - t0
+
+        def kill():
+            for _ in range(100):
+                done.acquire()
+            srv.procs["a"].kill()
+
+        killer = threading.Thread(target=kill)
+        killer.start()
+        try:
+            with ThreadPoolExecutor(64) as pool:
+                got = list(pool.map(one, range(300)))
+        finally:
+            killer.join()
+            ep.close()
+    statuses = [s for s, _, _ in got]
+    assert set(statuses) <= {200, 503}, {s: statuses.count(s) for s in set(statuses)}
+    for i, (status, doc, _) in enumerate(got):
+        if status == 200:
+            assert doc["choices"][0]["tokens"] == ref[i][:6]
+        else:
+            assert doc["error"]["message"]
+    assert statuses.count(200) >= 200

@@ -504,3 +504,42 @@ def test_settings_the_job_rules_out_are_spelt_as_in_the_files(scenario_dict):
     with pytest.raises(SpecError) as e:
         validate_plan(pb, plan)
     assert "(got false); allowed: true" in str(e.value)
+
+
+# ---- documents a reader must not be made to blow up on (issue 61) --------------------------------
+
+
+def test_reading_bounds_nesting_and_alias_expansion_but_not_ordinary_documents(tmp_path):
+    """A few anchors and aliases and nesting up to the limit read as before; past the limit,
+    a value that expands beyond MAX_ALIAS_NODES, an alias inside its own anchor, and a JSON
+    number past the largest float are SpecErrors naming the file."""
+    from shoal.files import MAX_ALIAS_NODES, MAX_DEPTH, read_document
+
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("link: &l {bandwidth: 10Gbps}\na: *l\nb: *l\n"
+                  f"deep: {'[' * (MAX_DEPTH - 1)}{']' * (MAX_DEPTH - 1)}\n")
+    doc = read_document(ok)
+    assert doc["a"] == doc["b"] == {"bandwidth": "10Gbps"}
+    wide = tmp_path / "wide.yaml"  # one alias of a list of 1,000 values, used 200 times
+    wide.write_text("a: &a [" + ", ".join(["1"] * 1000) + "]\nb: [" + ", ".join(["*a"] * 200)
+                    + "]\n")
+    cases = {
+        "deep.yaml": (f"a: {'[' * (MAX_DEPTH + 1)}{']' * (MAX_DEPTH + 1)}\n", "nested more than"),
+        "deep.json": ('{"a": ' + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "}",
+                      "nested more than"),
+        "self.yaml": ("a: &a [1, *a]\n", "its own anchor"),
+        "big.json": ('{"a": 1e400}', "1e400 is not a JSON number"),
+        "wide.yaml": (wide.read_text(), f"at most {MAX_ALIAS_NODES:,}"),
+    }
+    for name, (text, words) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(SpecError, match=words) as ei:
+            read_document(tmp_path / name)
+        assert ei.value.file == str(tmp_path / name)
+
+
+def test_a_string_deep_in_brackets_is_not_nesting():
+    from shoal.files import json_depth
+
+    assert json_depth('{"a": "[[[[[[[[", "b": [1, {"c": "]]]\\"[["}]}', 10) == 3
+    assert json_depth("[" * 500, 10) == 11  # counted only to the limit and one past it

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from shoal.errors import InfeasibleError, RunFailed, ShoalError, SpecError
+from shoal.errors import SHOWN_CHARS, InfeasibleError, RunFailed, ShoalError, SpecError, shown
 
 EXIT_RUN_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -90,11 +90,52 @@ def _fail(exc: Exception | str, code: int, as_json: bool = False) -> typer.Exit:
         for name in ("file", "field", "value", "allowed", "suggestion", "binding", "relaxation"):
             v = getattr(exc, name, None)
             if v is not None:
-                plain = isinstance(v, (str, int, bool)) or (isinstance(v, float)
-                                                            and math.isfinite(v))
-                doc[name] = v if plain else repr(v)  # JSON has no inf or nan
+                doc[name] = _plain(v) if name == "value" else v
         typer.echo(json.dumps({"error": doc}))
     return typer.Exit(code)
+
+
+def _plain(v: object) -> object:
+    """A bad value as the JSON error's ``value``: a short string, a number or a boolean as it
+    is; anything else, an infinity or NaN (JSON has none) or a long string as its capped repr."""
+    if isinstance(v, bool) or (isinstance(v, int) and abs(v) < 2**53) or (
+            isinstance(v, float) and math.isfinite(v)):
+        return v
+    if isinstance(v, str) and len(v) <= SHOWN_CHARS:
+        return v
+    return shown(v)
+
+
+# Python's recursion limit reached anywhere under a command: some input nested past what a
+# reader bounds (files.MAX_DEPTH guards shoal's own readers; this, everything else)
+_TOO_DEEP = "the input is nested too deeply to read (Python's recursion limit was reached)"
+
+
+def _finite_options(fn, kwargs: dict) -> None:
+    """A SpecError naming the first option given an infinity or NaN (click reads 'inf' and
+    'nan' as floats, and a NaN passes every min= bound)."""
+    names = _option_names(fn)
+    for key, v in kwargs.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SpecError("must be a finite number (not infinity or NaN)",
+                            field=names.get(key, key), value=v)
+
+
+@functools.cache
+def _option_names(fn) -> dict[str, str]:
+    """Parameter name -> how the command line spells it (its first long option)."""
+    out = {}
+    for name, hint in typing.get_type_hints(fn, include_extras=True).items():
+        for meta in getattr(hint, "__metadata__", ()):
+            if isinstance(meta, typer.models.OptionInfo):
+                # under Annotated, typer takes a first argument like "--json" as a declaration
+                decls = [meta.default, *(meta.param_decls or ())]
+                longs = [d.split("/")[0] for d in decls
+                         if isinstance(d, str) and d.startswith("--")]
+                out[name] = longs[0] if longs else "--" + name.replace("_", "-")
+            elif isinstance(meta, typer.models.ArgumentInfo):
+                out[name] = meta.metavar or name.upper()
+    return out
 
 
 def handles_errors(fn):
@@ -108,6 +149,7 @@ def handles_errors(fn):
         QUIET["on"] = bool(kwargs.get("quiet") if own_quiet else kwargs.pop("quiet", False))
         as_json = kwargs.get("as_json") is True
         try:
+            _finite_options(fn, kwargs)
             return fn(*args, **kwargs)
         except InfeasibleError as exc:
             raise _fail(exc, EXIT_INFEASIBLE, as_json) from None
@@ -117,6 +159,8 @@ def handles_errors(fn):
             raise _fail(exc, EXIT_BAD_INPUT, as_json) from None
         except ValidationError as exc:
             raise _fail(_spec_error(exc, None), EXIT_BAD_INPUT, as_json) from None
+        except RecursionError:
+            raise _fail(_TOO_DEEP, EXIT_BAD_INPUT, as_json) from None
         finally:
             QUIET["on"] = False
 

@@ -384,6 +384,9 @@ def run_cmd(
     start_timeout: Annotated[float, typer.Option(
         "--start-timeout", min=1, help="seconds to wait for every worker, here and on the "
                                        "hosts the serving file names, to start")] = 120.0,
+    restarts: Annotated[int, typer.Option(
+        "--restarts", min=0, help="times a worker this machine started is started again after "
+                                  "it dies (0: never; it is routed around)")] = 3,
     http: Annotated[str | None, typer.Option(
         "--http", metavar="[HOST:]PORT",
         help="serve an OpenAI-style /v1/completions endpoint here until interrupted "
@@ -442,7 +445,7 @@ def run_cmd(
             + (f"; waiting for {len(far)} on other hosts (shoal serve worker {serving} --node "
                f"NAME): {', '.join(far)}" if far else "")) if not as_json else _null():
         server = live.LiveServer(cluster, placed.placement, placed.flow, spec, seed=seed,
-                                 dtype=dtype, start_timeout_s=start_timeout)
+                                 dtype=dtype, start_timeout_s=start_timeout, restarts=restarts)
     if port is not None:
         _serve_http(server, host, port, spec, timeout, as_json)
         return
@@ -451,8 +454,12 @@ def run_cmd(
             server.run(reqs, timeout_s=timeout)
     finally:
         server.close()
+    health = server.health
     doc = live.summary(reqs, server.wall_s) | {
         "model": spec.name, "max_flow_tokens_per_s": placed.flow.value,
+        "workers": {n: {k: w[k] for k in ("state", "restarts", "dropped_messages")}
+                    for n, w in health["workers"].items()},
+        "dropped_messages": health["dropped_messages"],
         "generated": [{"request": r.rid, "tokens": r.tokens, "chain": r.chain[:-1],
                        "runs": r.attempt + 1, "rejected": r.rejected} for r in reqs]}
     if output is not None:
@@ -482,6 +489,13 @@ def run_cmd(
     _cli._out().print(t)
     for why, n in doc["requests"]["rejected_why"].items():
         _cli._out().print(f"rejected ({n}): {why}")
+    again = [f"{n} ({w['restarts']}x, now {w['state']})" for n, w in doc["workers"].items()
+             if w["restarts"]]
+    if again:
+        _cli._out().print("workers started again after they died: " + ", ".join(again))
+    dropped = doc["dropped_messages"] + sum(w["dropped_messages"] for w in doc["workers"].values())
+    if dropped:
+        _cli._out().print(f"{dropped} malformed messages dropped (coordinator and workers)")
     if output is not None:
         _cli._out().print(f"result written to {output}")
 
@@ -613,8 +627,13 @@ def _serve_http(server, host: str, port: int, spec, timeout: float, as_json: boo
                                    "workers": len(server.workers)}))
             sys.stdout.flush()
         try:
+            told = False
             while True:
                 time.sleep(1)
+                if ep.failure is not None and not told:  # /health says it too, with a 503
+                    _cli._err().print(f"error: {ep.failure}; every request is answered 503",
+                                      soft_wrap=True)
+                    told = True
         except KeyboardInterrupt:
             pass
         ep.close()

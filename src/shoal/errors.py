@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import reprlib
 from collections.abc import Iterable
+
+SHOWN_CHARS = 200  # the most of a bad value a message repeats: input may be any size
 
 
 class ShoalError(Exception):
@@ -40,7 +43,7 @@ class SpecError(ShoalError):
         head = ": ".join(where)
         text = f"{head}: {self.reason}" if head else self.reason
         if self.value is not None:
-            text += f" (got {spelt(self.value) if isinstance(self.value, bool) else repr(self.value)})"
+            text += f" (got {spelt(self.value) if isinstance(self.value, bool) else shown(self.value)})"
         if self.allowed:
             text += f"; allowed: {self.allowed}"
         if self.suggestion:
@@ -93,3 +96,30 @@ def close_match(name: str, choices: Iterable[str], *, cutoff: float = 0.5) -> st
 def spelt(value: object) -> str:
     """A setting as YAML and JSON files spell it: true/false, not Python's True/False."""
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+class _Repr(reprlib.Repr):
+    def repr_str(self, x: str, level: int) -> str:
+        # the start of a long string, cut with an ellipsis (reprlib elides its middle)
+        return shorten(repr(x[:SHOWN_CHARS + 1]))
+
+
+_REPR = _Repr()
+_REPR.maxlevel = 3
+_REPR.maxdict = _REPR.maxlist = _REPR.maxtuple = _REPR.maxset = 8
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = SHOWN_CHARS
+
+
+def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text``, cut to ``limit`` characters with an ellipsis when longer."""
+    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
+
+
+def shown(value: object) -> str:
+    """A bad value as a message repeats it: its repr, at most ``SHOWN_CHARS`` characters
+    (built in bounded time even for a huge or deeply nested value)."""
+    try:
+        return shorten(_REPR.repr(value))
+    except ValueError:  # an integer past Python's digit limit for str()
+        return f"<an integer of about {int(value.bit_length() * 0.30103)} digits>" \
+            if isinstance(value, int) else f"<a {type(value).__name__}>"

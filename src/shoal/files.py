@@ -4,21 +4,36 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
 import yaml
 
-from shoal.errors import SpecError
+from shoal.errors import SpecError, shorten, shown
+
+# Bounds on what a document may make the reader do, whoever wrote it: its size, how deep its
+# lists and mappings nest (a parser recurses once per level), and how many nodes YAML aliases
+# may add (each alias repeats its anchor's whole subtree: nine aliases of nine aliases of ...
+# are billions of values from a few hundred bytes). Shoal's own documents nest under ten
+# levels and the largest reference file is a quarter of a megabyte.
+MAX_DOCUMENT_BYTES = 64 * 2**20
+MAX_DEPTH = 64
+MAX_ALIAS_NODES = 100_000
 
 
-def read_text(path: str | Path, what: str = "file", expected: str = "UTF-8 text") -> str:
+def read_text(path: str | Path, what: str = "file", expected: str = "UTF-8 text",
+              limit_bytes: int | None = None) -> str:
     """A text file's contents (a leading byte-order mark dropped), or a SpecError naming the file:
-    a folder, missing, or not UTF-8 (``expected`` says what it should be)."""
+    a folder, missing, larger than ``limit_bytes``, or not UTF-8 (``expected`` says what it
+    should be)."""
     p = Path(path)
     if p.is_dir():
         raise SpecError(f"a folder, not a {what}", file=str(p))
     try:
+        if limit_bytes is not None and p.is_file() and p.stat().st_size > limit_bytes:
+            raise SpecError(f"{what} too large ({p.stat().st_size:,} bytes)", file=str(p),
+                            allowed=f"at most {limit_bytes:,} bytes")
         return p.read_text(encoding="utf-8-sig")
     except (FileNotFoundError, NotADirectoryError):  # the second: a file on the way to it
         raise SpecError(f"{what} not found", file=str(p)) from None
@@ -31,7 +46,7 @@ def read_text(path: str | Path, what: str = "file", expected: str = "UTF-8 text"
 def read_json(path: str | Path, what: str = "file") -> dict:
     """A JSON document, or a SpecError naming the file (and line) when it is missing or broken."""
     p = Path(path)
-    text = read_text(p, what, "UTF-8 JSON")
+    text = read_text(p, what, "UTF-8 JSON", MAX_DOCUMENT_BYTES)
     try:
         data = _loads_json(text, p)
     except json.JSONDecodeError as exc:
@@ -58,16 +73,22 @@ def _unique_keys(pairs: list[tuple]) -> dict:
 
 
 def _loads_json(text: str, p: Path):
+    depth = json_depth(text, MAX_DEPTH)
+    if depth > MAX_DEPTH:
+        raise SpecError(f"lists and objects nested more than {MAX_DEPTH} levels deep",
+                        file=str(p), allowed=f"at most {MAX_DEPTH} levels")
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant,
+                          parse_float=finite_float)
     except _KeyTwice as exc:
-        raise SpecError(f"key {exc.args[0]!r} given twice in one object", file=str(p)) from None
-    except _NotJson as exc:
-        raise SpecError(f"{exc.args[0]} is not a JSON number (JSON has no NaN or infinity)",
+        raise SpecError(f"key {shown(exc.args[0])} given twice in one object",
                         file=str(p)) from None
+    except _NotJson as exc:
+        raise SpecError(f"{shorten(exc.args[0])} is not a JSON number (JSON has no NaN or "
+                        "infinity; a float holds up to about 1.8e308)", file=str(p)) from None
 
 
-class _NotJson(Exception):
+class _NotJson(ValueError):
     pass
 
 
@@ -75,9 +96,66 @@ def _no_constant(name: str):
     raise _NotJson(name)
 
 
+def finite_float(text: str) -> float:
+    """A JSON number as a float; one past the largest float (1e400) is refused rather than read
+    as infinity (``json.loads``' ``parse_float``)."""
+    x = float(text)
+    if x in (float("inf"), float("-inf")):
+        raise _NotJson(text)
+    return x
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def json_depth(text: str | bytes, limit: int) -> int:
+    """How deep the lists and objects of a JSON text nest, counted up to ``limit + 1`` (a
+    deeper text: more than ``limit``, however deep): checked before ``json.loads``, which
+    recurses once per level. Brackets inside strings do not count; a malformed text gives
+    some depth and fails in the parser."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    depth = top = 0
+    for c in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        depth += 1 if c in "[{" else -1
+        if depth > top:
+            top = depth
+            if top > limit:
+                break
+    return top
+
+
+class _OverLimit(yaml.composer.ComposerError):
+    """A well-formed YAML document past what the reader takes (``MAX_DEPTH``,
+    ``MAX_ALIAS_NODES``)."""
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, but a key given twice in one mapping is an error (the plain loader
-    keeps the last silently: a zone listed twice would lose the GPUs of the first)."""
+    keeps the last silently: a zone listed twice would lose the GPUs of the first); nesting
+    deeper than ``MAX_DEPTH`` and aliases that add more than ``MAX_ALIAS_NODES`` nodes are
+    errors too."""
+
+    def compose_node(self, parent, index):
+        # the composer recurses once per level: stop it at the limit, not at Python's
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _OverLimit(None, None, f"lists and mappings nested more than {MAX_DEPTH} "
+                                 "levels deep", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_document(self):
+        node = super().compose_document()
+        unique: dict[int, int | None] = {}
+        added = _expanded(node, unique) - len(unique)
+        if added > MAX_ALIAS_NODES:
+            raise _OverLimit(None, None, f"aliases expand to {added:,} more values (at most "
+                             f"{MAX_ALIAS_NODES:,})")
+        return node
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
@@ -95,10 +173,30 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _expanded(node, sizes: dict[int, int | None]) -> int:
+    """Nodes in ``node``'s tree with every alias expanded, each distinct node counted once in
+    ``sizes`` (an alias is the anchored node itself in the composed tree). An alias inside its
+    own anchor is an error: it would expand forever."""
+    key = id(node)
+    if key in sizes:
+        if sizes[key] is None:
+            raise _OverLimit(None, None, "an alias inside its own anchor", node.start_mark)
+        return sizes[key]
+    sizes[key] = None
+    if isinstance(node, yaml.SequenceNode):
+        n = 1 + sum(_expanded(x, sizes) for x in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        n = 1 + sum(_expanded(k, sizes) + _expanded(v, sizes) for k, v in node.value)
+    else:
+        n = 1
+    sizes[key] = n
+    return n
+
+
 def read_document(path: str | Path) -> dict:
     """Read a YAML or JSON file into a mapping, or raise SpecError naming the file and line."""
     p = Path(path)
-    text = read_text(p, "file", "UTF-8 YAML or JSON")
+    text = read_text(p, "file", "UTF-8 YAML or JSON", MAX_DOCUMENT_BYTES)
     if not text.strip():
         raise SpecError("empty file: no YAML or JSON document", file=str(p))
     try:
@@ -111,7 +209,8 @@ def read_document(path: str | Path) -> dict:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(f"malformed YAML{where}: {problem}", file=str(p)) from None
+        what = "YAML" if isinstance(exc, _OverLimit) else "malformed YAML"
+        raise SpecError(f"{what}{where}: {problem}", file=str(p)) from None
     if data is None and not any(ln.strip() and not ln.strip().startswith("#")
                                 for ln in text.splitlines()):  # blank, or comments only
         raise SpecError("empty file: no YAML or JSON document", file=str(p))

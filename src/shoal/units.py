@@ -6,8 +6,11 @@ are bits per second and are divided by 8; ``GB/s`` and ``GBps`` are bytes per se
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+
+from shoal.errors import shown
 
 _DEC = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BIN = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
@@ -28,10 +31,10 @@ def _split(text: object, kind: str) -> tuple[float, str]:
     else:
         m = re.fullmatch(_NUM + r"([A-Za-z/%]*)\s*", text)
         if not m:
-            raise UnitError(f"cannot read {text!r} as a {kind}; write it like {_EXAMPLES[kind]}")
+            raise UnitError(f"cannot read {shown(text)} as a {kind}; write it like {_EXAMPLES[kind]}")
         value, unit = float(m.group(1)), m.group(2)
     if not math.isfinite(value):
-        raise UnitError(f"{text!r} is not a finite {kind}")
+        raise UnitError(f"{shown(text)} is not a finite {kind}")
     return value, unit
 
 
@@ -54,6 +57,20 @@ def _prefix(unit: str, tail: str) -> float | None:
     return None
 
 
+def _finite(fn):
+    """``fn``'s result, or a UnitError when the prefix took a finite number past the largest
+    float ('1e308TB')."""
+    @functools.wraps(fn)
+    def parse(text: object) -> float:
+        x = fn(text)
+        if not math.isfinite(x):
+            raise UnitError(f"{shown(text)} is too large a number")
+        return x
+
+    return parse
+
+
+@_finite
 def parse_bytes(text: object) -> float:
     """'40GB' -> 40e9, '80GiB' -> 80 * 2**30, '1.5TB' -> 1.5e12; a bare number is bytes."""
     value, unit = _split(text, "size")
@@ -63,20 +80,22 @@ def parse_bytes(text: object) -> float:
         f = _prefix(unit, tail)
         if f is not None:
             if tail == "b":
-                raise UnitError(f"{text!r} is in bits; sizes are written in bytes (B)")
+                raise UnitError(f"{shown(text)} is in bits; sizes are written in bytes (B)")
             return value * f
-    raise UnitError(f"unknown size unit in {text!r}; write it like {_EXAMPLES['size']}")
+    raise UnitError(f"unknown size unit in {shown(text)}; write it like {_EXAMPLES['size']}")
 
 
+@_finite
 def parse_seconds(text: object) -> float:
     value, unit = _split(text, "time")
     scale = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0,
              "d": 86400.0}
     if unit not in scale:
-        raise UnitError(f"unknown time unit in {text!r}; write it like {_EXAMPLES['time']}")
+        raise UnitError(f"unknown time unit in {shown(text)}; write it like {_EXAMPLES['time']}")
     return value * scale[unit]
 
 
+@_finite
 def parse_bandwidth(text: object) -> float:
     """Bytes per second. 'Gbps'/'Gbit/s' are bits; 'GB/s'/'GBps' are bytes."""
     value, unit = _split(text, "bandwidth")
@@ -86,9 +105,10 @@ def parse_bandwidth(text: object) -> float:
         f = _prefix(unit, tail)
         if f is not None:
             return value * f * per_byte
-    raise UnitError(f"unknown bandwidth unit in {text!r}; write it like {_EXAMPLES['bandwidth']}")
+    raise UnitError(f"unknown bandwidth unit in {shown(text)}; write it like {_EXAMPLES['bandwidth']}")
 
 
+@_finite
 def parse_flops(text: object) -> float:
     value, unit = _split(text, "flops")
     if unit in ("", "FLOPS", "FLOP/s"):
@@ -97,7 +117,7 @@ def parse_flops(text: object) -> float:
         f = _prefix(unit, tail)
         if f is not None and not unit.startswith(tuple(_BIN)):
             return value * f
-    raise UnitError(f"unknown FLOP/s unit in {text!r}; write it like {_EXAMPLES['flops']}")
+    raise UnitError(f"unknown FLOP/s unit in {shown(text)}; write it like {_EXAMPLES['flops']}")
 
 
 def fmt_bytes(n: float) -> str:

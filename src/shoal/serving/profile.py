@@ -238,13 +238,14 @@ def _echo(addr_out: str) -> None:
     first message is the address it listens on."""
     import zmq
 
-    from shoal.serving.live import STOP, recv, send
+    from shoal.serving.live import HELLO, STOP, recv, send
 
     ctx = zmq.Context()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
     push.connect(addr_out)
-    send(push, {"kind": "ready", "addr": f"tcp://127.0.0.1:{port}"})
+    send(push, {"kind": HELLO, "worker": "echo", "spawned": True,
+                "addr": f"tcp://127.0.0.1:{port}"})
     while True:
         msg = recv(pull)
         if msg["kind"] == STOP:

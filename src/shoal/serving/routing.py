@@ -168,3 +168,18 @@ class KVCache:
     def release(self, chain: list[int], prompt: int) -> None:
         for v in chain:
             self.used[v] -= self.need(v, prompt)
+
+
+def reachable(R: Router, n: int, exclude: set[int] | frozenset = frozenset()) -> bool:
+    """Whether some chain from the coordinator (vertex ``n``) back to it (``n + 1``) avoids the
+    nodes ``exclude`` (workers that died): whether a request can be served at all, KV room
+    aside."""
+    seen, todo = set(), [n]
+    while todo:
+        for v in R.cand.get(todo.pop(), ()):
+            if v == n + 1:
+                return True
+            if v not in exclude and v not in seen:
+                seen.add(v)
+                todo.append(v)
+    return False

@@ -63,7 +63,9 @@ PositiveInt = Annotated[int, BeforeValidator(_whole), Field(gt=0)]
 NonNegInt = Annotated[int, BeforeValidator(_whole), Field(ge=0)]
 Flag = Annotated[bool, BeforeValidator(_flag)]
 
-STRICT = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+# allow_inf_nan: YAML reads .inf and .nan as numbers, and an infinite price or bandwidth would
+# pass every bound (ge=0) and then turn sums into inf and nan far from the file
+STRICT = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
 
 def one_or_list(schema: dict) -> None:

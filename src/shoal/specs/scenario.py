@@ -96,6 +96,8 @@ def spec_error_from_validation(exc: ValidationError, file: str | None,
                                      e["type"] != "extra_forbidden", e["type"] == "literal_error"))
     loc = _field_path(err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "finite_number":
+        msg = "must be a finite number (not infinity or NaN)"
     # the keywords the field also takes ("auto"), said with the value's own error
     keywords = [e for e in errors if e is not err and e["type"] == "literal_error"
                 and _field_path(e["loc"]) == loc]
