@@ -93,12 +93,14 @@ def estimate(
 
         draw_timeline_doc(tl_doc, timeline)
     if as_json:
-        typer.echo(json.dumps(est.to_json() | ({"timeline": tl_doc} if tl_doc else {})))
+        typer.echo(json.dumps(est.to_json() | {"stack": problem.stack.name}
+                              | ({"timeline": tl_doc} if tl_doc else {})))
         return
     out = _out()
     out.print(_stage_table(est))
     out.print(_worker_table(est))
     out.print(_summary_table(est))
+    out.print(f"software stack: {problem.stack.name} (job.stack; `shoal catalog stacks`)")
     if timeline is not None:
         out.print(f"timeline written to {timeline}")
 
