@@ -768,7 +768,7 @@ def catalog_stacks(
                ["stack", "kernels", "gemm", "attn fwd", "attn bwd", "memory", "attention",
                 "overlap"], left=("stack", "kernels", "attention"), whole=("stack",))
     for name, spec in stacks().items():
-        for i, (key, k) in enumerate(spec.kernels.items()):
+        for i, key in enumerate(spec.kernels):
             eff = spec.kernel_efficiency(key, key)
             t.add_row(name if i == 0 else "", key, *(f"{eff[f]:.2f}" for f in (
                 "gemm", "attention_fwd", "attention_bwd", "memory")),
