@@ -29,6 +29,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from shoal.estimate.pipeline import stage_order
+from shoal.profiles import collectives
 
 SCHEDULES = ("gpipe", "1f1b", "varuna", "atlas")
 INTRA_DC_BPS = 100e9 / 8  # Atlas testbed: 100 Gbit/s between nodes of one datacenter (§6.1)
@@ -117,8 +118,9 @@ class GeoTimeline:
 
 
 def ring_allreduce_s(nbytes: float, n: int, bw: float) -> float:
-    """Ring all-reduce of ``nbytes`` over n peers: 2 (n-1)/n x bytes / bandwidth (Atlas fn. 1)."""
-    return 0.0 if n <= 1 else 2.0 * (n - 1) / n * nbytes / bw
+    """Ring all-reduce of ``nbytes`` over n peers (Atlas fn. 1: 2 (n-1)/n x bytes / bandwidth),
+    as every estimate computes it (``shoal.profiles.collectives``)."""
+    return float(collectives.ring_allreduce_s(nbytes, n, bw))
 
 
 def allreduce_s(job: GeoJob) -> tuple[float, ...]:
