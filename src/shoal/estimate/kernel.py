@@ -30,6 +30,7 @@ for pipeline and gradient traffic.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -150,24 +151,49 @@ def ring_from_terms(terms: tuple[np.ndarray, np.ndarray], d, sync_scale: float =
     return collectives.ring_allreduce_s(move, d, 1.0, lat) * sync_scale
 
 
-def ring_bound_terms(tb: CostTables, rid, g, tp, gbytes, same_kind):
-    """``ring_terms`` of a data-parallel ring's hop over links ``rid`` (at the replicas' own
-    TP flows) that bound ``_dp_ring`` from below whatever the placement: the same links at more
-    concurrent flows (replicas sharing a node), and for a hop between replicas of one kind
-    (``same_kind``) one node's GPU-to-GPU links; a column per candidate (``rid``'s last axis,
-    then one node's)."""
-    G, Z, T = tb._dims
-    ti = np.asarray(rid) % T
-    base = np.asarray(rid) - ti
-    more = [np.where(ti <= t, base + t, rid) for t in range(T)]  # at t flows, if t >= ti
-    move, lat = ring_terms(tb, np.concatenate(more, axis=-1), gbytes)
+class RingBound(NamedTuple):
+    """``ring_terms`` (move, latency; last axis: candidate links) of a data-parallel ring's hop
+    over links at the replicas' own TP flows (``own``), at a whole node's flows (``node``), and
+    inside one node (``inside``), with the most replicas of that TP one node holds
+    (``per_node``): what ``_dp_ring`` can take, by the ring's member count
+    (``ring_bound_at``)."""
+
+    own: tuple[np.ndarray, np.ndarray]
+    node: tuple[np.ndarray, np.ndarray] | None  # None: a hop between two kinds
+    inside: tuple[np.ndarray, np.ndarray] | None
+    per_node: int
+
+
+def ring_bound_terms(tb: CostTables, rid, g: int, tp: int, gbytes, same_kind: bool) -> RingBound:
+    """The candidates of a data-parallel ring's hop from a replica of GPU index ``g`` at TP
+    ``tp`` over links ``rid`` (at ``tp`` flows) to another of the same kind or not
+    (``same_kind``; replicas of one kind may share a node and then ring inside it)."""
+    own = ring_terms(tb, rid, gbytes)
     if not same_kind:
+        return RingBound(own, None, None, 1)
+    gpn = int(tb.gpus_per_node[g])
+    per_node = max(gpn // tp, 1)
+    T = tb._dims[2]
+    ti = np.asarray(rid) % T
+    node_rid = np.asarray(rid) - ti + tb.tp_pos[per_node * tp]
+    return RingBound(own, ring_terms(tb, node_rid, gbytes), intra_terms(tb, g, gbytes / tp),
+                     per_node)
+
+
+def ring_bound_at(bound: RingBound, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """``bound``'s candidates for a ring of ``d`` members: its own links, and for a ring of
+    one kind, one node's GPU-to-GPU links when the members fit one node, else the links at a
+    node's flows (replicas packed into nodes; such a ring is no faster than that)."""
+    move, lat = bound.own
+    if bound.node is None:
         return move, lat
-    share = gbytes / float(tp)
-    m_in, l_in = intra_terms(tb, g, share)
-    shape = move.shape[:-1] + (1,)
-    return (np.concatenate([move, np.broadcast_to(m_in, shape)], axis=-1),
-            np.concatenate([lat, np.broadcast_to(l_in, shape)], axis=-1))
+    if d <= bound.per_node:
+        m_in, l_in = bound.inside
+        col = move.shape[:-1] + (1,)
+        return (np.concatenate([move, np.broadcast_to(m_in, col)], axis=-1),
+                np.concatenate([lat, np.broadcast_to(l_in, col)], axis=-1))
+    return (np.concatenate([move, bound.node[0]], axis=-1),
+            np.concatenate([lat, bound.node[1]], axis=-1))
 
 
 def exposed_sync(ring_s, ends, bwd, rm, stage_end, overlap: float):

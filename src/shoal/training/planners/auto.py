@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shoal.estimate.kernel import intra_terms, ring_bound_terms, ring_from_terms
+from shoal.estimate.kernel import intra_terms, ring_bound_at, ring_bound_terms, ring_from_terms
 from shoal.estimate.pipeline import stage_span, stage_spans
 from shoal.jit import compiled
 from shoal.profiles.network import bandwidth
@@ -358,6 +358,7 @@ class Bounds:
         # overlaps it; none after the backward under ZeRO-3; the update sharded under ZeRO 1+
         zeros = pb.job.zero_stage
         self.sync_on = 0.0 if 3 in zeros else 1.0
+        self.gpn_most = float(tb.gpus_per_node.max())
         self.upd_div_on = any(z >= 1 for z in zeros)
         self.overlap = self.tc.grad_reduce_overlap
         self.lat_min = min(self.lat_min, float(tb.intra_lat.min()))
@@ -402,12 +403,12 @@ class Bounds:
         self._times: dict[int, tuple[Shape, _OptionTimes]] = memo.setdefault("times", {})
         self._weights_grid = kind_weights(len(self.avail))
 
-    def _ring_bytes_time(self, a: int, b: int) -> np.ndarray:
-        """(3, TPs): seconds per 2(D-1)/D of a stage's gradients over the fastest link of each
-        class (same zone, same region, across regions; no faster class counts for the slower
-        ones), per TP degree of the replicas (a TP group sends over that many flows, or more
-        where replicas share a node); inside one zone also over one node's GPU-to-GPU links
-        (``kernel._dp_ring``)."""
+    def _ring_bytes_time(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds per 2(D-1)/D of a stage's gradients: (3, TPs) over the fastest link of
+        each class (same zone, same region, across regions; no faster class counts for the
+        slower ones), per TP degree of the replicas (a TP group sends over that many flows, or
+        more where replicas share a node); and (TPs,) over one node's GPU-to-GPU links, for
+        rings whose members fit one node (``kernel._dp_ring``)."""
         key = (a, b)
         if key not in self._sync:
             tb = self.space.tb
@@ -422,10 +423,9 @@ class Bounds:
                     sel = (self.link_class >= c) & (tpi >= ti)
                     if sel.any():
                         out[c, ti] = t[sel].min()
-            for ti, tp in enumerate(tb.tps):
-                inside = intra_terms(tb, np.arange(len(tb.gpus)), nbytes / tp)[0].min()
-                out[0, ti] = min(out[0, ti], inside)
-            self._sync[key] = out
+            inside = np.array([intra_terms(tb, np.arange(len(tb.gpus)), nbytes / tp)[0].min()
+                               for tp in tb.tps])
+            self._sync[key] = (out, inside)
         return self._sync[key]
 
     @property
@@ -464,7 +464,10 @@ class Bounds:
         min_tp = np.array([min(o.tp for o in opts) for opts in sh.opts], dtype=float)
         span = ((D[None, :] * min_tp[:, None] > self.zone_most).astype(int)
                 + (D[None, :] * min_tp[:, None] > self.region_most))
-        ring = np.take_along_axis(ring_s, span, axis=1)  # (P, nD)
+        ring = np.take_along_axis(ring_s[:, :3], span, axis=1)  # (P, nD)
+        # a stage whose D replicas fit one node may ring inside it
+        fits = D[None, :] * min_tp[:, None] <= self.gpn_most
+        ring = np.where(fits, np.minimum(ring, ring_s[:, 3:]), ring)
         sync = np.where(D[None, :] > 1, ((2 * (D - 1) / D)[None, :] * ring
                                          + 2 * (D - 1)[None, :] * self.lat_min) * tc.sync_scale, 0.0)
         if not loose:
@@ -544,10 +547,13 @@ class Bounds:
         idle_w = least(y[k] * tp)  # weighted GPUs per replica
         busy_c = least(self.price_s[k] * t * tp)  # USD per microbatch
         rate = least(self.price_s[k] * tp)  # USD/s per replica
-        ring_s = np.empty((P, 3))
+        ring_s = np.empty((P, 4))  # per class, and inside one node
         for s, (ab, lo, hi) in enumerate(zip(sh.split, starts, [*starts[1:], len(st)],
                                              strict=True)):
-            ring_s[s] = self._ring_bytes_time(*ab)[:, np.unique(ti[lo:hi])].min(axis=1)
+            spread, inside = self._ring_bytes_time(*ab)
+            tis = np.unique(ti[lo:hi])
+            ring_s[s, :3] = spread[:, tis].min(axis=1)
+            ring_s[s, 3] = min(inside[tis].min(), ring_s[s, 0])
         got = self._memo[key] = (tmin, fmin, bmin, upd, busy_w, idle_w, busy_c, rate, ring_s, y,
                                  t_c, t, tp, k, st, tmax)
         self._by_shape[("shape", id(sh))] = (sh, got)
@@ -603,7 +609,8 @@ class Bounds:
         every pipeline. Third: the least level over any regions without those sends, a lower
         bound on the least largest level of the options any allocation of the pool takes
         (``option_levels``)."""
-        fpre, t, f, post, upd, ring, tp, kind, stage, bsum = self._refine_parts(sh)
+        fpre, t, f, post, upd, _, tp, kind, stage, bsum = self._refine_parts(sh)
+        ring = self._ring_rows(sh, D)
         P = len(sh.split)
         rest = (P, total // D, D, self._sync_at(D), self.one_f1b)
         pool = (tp, kind, stage, P, np.array([D], dtype=np.int64), self.avail, self.region_of,
@@ -645,7 +652,8 @@ class Bounds:
         key = (id(sh), D, total)
         got = self._levels.get(key)
         if got is None or got[0] is not sh:
-            fpre, t, f, post, upd, ring, tp, kind, stage, bsum = self._refine_parts(sh)
+            fpre, t, f, post, upd, _, tp, kind, stage, bsum = self._refine_parts(sh)
+            ring = self._ring_rows(sh, D)
             P = len(sh.split)
             level = _refined_level(fpre[None, :], t[None, :], f[None, :], post[None, :], upd,
                                    ring[0], ring[1], stage, bsum[None, :], P, total // D, D,
@@ -767,10 +775,7 @@ class Bounds:
             bmin = np.array([(x[2] - x[6]).min() for x in stages])
             fpre = np.concatenate([[0.0], np.cumsum(fmin)[:-1]])
             post = np.concatenate([np.cumsum(tmin[::-1])[::-1][1:], [0.0]])
-            # the stages' ring terms, each row padded with its own last link's
-            width = max(x[3][0].shape[1] for x in stages)
-            ring = tuple(np.concatenate([_pad_last(x[3][i], width) for x in stages])
-                         for i in range(2))
+            ring = [b for x in stages for b in x[3]]  # per option, its ring's candidates
             got = self._refined[key] = (
                 np.repeat(fpre, per), np.concatenate([x[2] for x in stages]),
                 np.concatenate([x[6] for x in stages]), np.repeat(post, per),
@@ -779,6 +784,19 @@ class Bounds:
                 np.repeat(np.arange(P), per), np.concatenate([[0.0], np.cumsum(bmin)[:-1]]))
         self._by_shape[("refine", id(sh))] = (sh, got)
         return got
+
+    def _ring_rows(self, sh: Shape, D: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per option of ``sh`` (a row each, padded with its own last link's), the ring terms
+        of its stage's gradients that bound a ring of D members (``kernel.ring_bound_at``)."""
+        key = ("rings", id(sh), D)
+        got = self._by_shape.get(key)
+        if got is None or got[0] is not sh:
+            rows = [ring_bound_at(b, D) for b in self._refine_parts(sh)[5]]
+            width = max(m.shape[-1] for m, _ in rows)
+            got = self._by_shape[key] = (sh, tuple(
+                np.concatenate([_pad_last(np.atleast_2d(x[i]), width) for x in rows])
+                for i in range(2)))
+        return got[1]
 
     def _stage_parts(self, ab: tuple[int, int], mi: int, first: bool, last: bool,
                      opts: tuple[Option, ...]):
@@ -806,12 +824,11 @@ class Bounds:
                 rid[i, :len(r)] = r
                 rid[i, len(r):] = r[-1]
             nbytes = self.space.grad_bytes(a, b)
-            move, lat = zip(*(ring_bound_terms(tb, rid[i:i + 1], g[i], o.tp, nbytes, True)
-                              for i, o in enumerate(opts)), strict=True)
             got = self._stages[key] = (
                 float((f + f_extra).min()), tb.cum_u[g, ti, b] - tb.cum_u[g, ti, a],
                 np.array([o.time_s for o in opts]) + f_extra + b_extra,
-                (np.concatenate(move), np.concatenate(lat)),
+                [ring_bound_terms(tb, rid[i], int(g[i]), o.tp, nbytes, True)
+                 for i, o in enumerate(opts)],
                 np.array([o.tp for o in opts], dtype=float), k.astype(np.int64),
                 f + f_extra)
         return got
@@ -918,14 +935,21 @@ class Bounds:
             if got is None:
                 got = self._hop_times[one] = self._hop_s(a, b, np.array([D]), k, tp, k2)[0]
             return float(got)
-        terms = self._hop_terms.get(key := (a, b, k, tp, k2))
-        if terms is None:
+        bound = self._hop_terms.get(key := (a, b, k, tp, k2))
+        if bound is None:
             tb = self.space.tb
             nbytes = self.space.grad_bytes(a, b)
-            terms = self._hop_terms[key] = ring_bound_terms(
-                tb, self._links(k, tp, k2), self.gi[k], tp, nbytes, k == k2)
-        d = np.asarray(D, dtype=float)[..., None]
-        return ring_from_terms(terms, d, self.tc.sync_scale).min(axis=-1)
+            bound = self._hop_terms[key] = ring_bound_terms(
+                tb, self._links(k, tp, k2), int(self.gi[k]), tp, nbytes, k == k2)
+        d = np.asarray(D, dtype=float)
+        sc = self.tc.sync_scale
+        own = ring_from_terms(bound.own, d[..., None], sc).min(axis=-1)
+        if bound.node is None:
+            return own
+        inside = ring_from_terms(bound.inside, d, sc)
+        node = ring_from_terms(bound.node, d[..., None], sc).min(axis=-1)
+        # (``kernel.ring_bound_at``: one node's links while the members fit one)
+        return np.minimum(own, np.where(d <= bound.per_node, inside, node))
 
     def _links(self, k: int, tp: int, k2: int) -> np.ndarray:
         """Link ids from a replica of kind ``k`` at TP ``tp`` to one of kind ``k2``, between
