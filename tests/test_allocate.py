@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from tests.test_planners import small_problem
 
-from shoal.training.planners import allocate, auto, search
+from shoal.training.planners import allocate, search
 from shoal.training.planners.allocate import Option, OutOfTime, PoolMemo, fastest
+from shoal.training.planners.auto import branch
 
 
 def random_stages(rng, K: int, P: int) -> list[list[Option]]:
@@ -459,7 +460,7 @@ def test_a_budget_that_runs_out_inside_an_allocation_returns_the_plans_found(mon
     pb = small_problem({"us-central1-a": (4, 4)}, 6, 1024, 32, 4)
     full = search(pb, strategy="auto", objective="max-throughput")
     calls = []
-    real = auto._specs
+    real = branch.pair_specs
 
     def specs(*args):
         if calls:  # the budget runs out in the second pair's allocation
@@ -467,7 +468,7 @@ def test_a_budget_that_runs_out_inside_an_allocation_returns_the_plans_found(mon
         calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr(auto, "_specs", specs)
+    monkeypatch.setattr(branch, "pair_specs", specs)
     cut = search(pb, strategy="auto", objective="max-throughput")
     assert cut.stats.truncated and not full.stats.truncated
     assert cut.ranked and cut.ranked[0].iteration_time_s >= full.ranked[0].iteration_time_s

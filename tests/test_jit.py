@@ -9,7 +9,8 @@ import pytest
 from tests.test_allocate import random_stages
 
 from shoal.estimate import pipeline
-from shoal.training.planners import allocate, auto, zorse
+from shoal.training.planners import allocate, zorse
+from shoal.training.planners.auto import kernels
 
 
 def both(fn, *args):
@@ -88,7 +89,7 @@ def test_the_layer_split_and_the_min_cut():
         L, P = int(rng.integers(2, 20)), int(rng.integers(1, 6))
         cum = np.concatenate([np.zeros((P, 1)), np.cumsum(rng.choice([1.0, 2.0, 0.5], (P, L)),
                                                            axis=1)], axis=1)
-        compiled, python = both(auto._min_max_cuts, cum, L, np.zeros((P, L + 1), np.int64))
+        compiled, python = both(kernels.min_max_cuts, cum, L, np.zeros((P, L + 1), np.int64))
         assert_same(compiled, python)
         n = int(rng.integers(2, 9))
         W = np.triu(rng.choice([0.0, 1.0, 3.0, np.inf], (n, n)), 1)
@@ -118,17 +119,17 @@ def test_the_least_level():
         pool = (2.0 ** rng.integers(0, 4, O), rng.integers(0, K, O), stage, P)
         grid = (avail, region_of, region_N, allocate.kind_weights(K))
         args = (levels, one_region, floor, best, *pool, Ds, *grid)
-        compiled, python = both(auto._least_level, *args)
+        compiled, python = both(kernels.least_level, *args)
         np.testing.assert_array_equal(compiled[0], python[0])
         # each degree alone: starting a degree's search where the one before ended is exact
-        alone = [auto._least_level.py_func(levels, one_region, floor[i:i + 1], best[i:i + 1],
+        alone = [kernels.least_level.py_func(levels, one_region, floor[i:i + 1], best[i:i + 1],
                                            *pool, Ds[i:i + 1], *grid)[0]
                  for i in range(len(Ds))]
         np.testing.assert_array_equal(compiled[0], alone)
         # each row alone, no floor: the least over the rows, where under best; the floor
         # only stops the search once an answer is down to it
         for i in range(len(Ds)):
-            rows = [auto._least_level.py_func(levels[v:v + 1], one_region[v:v + 1],
+            rows = [kernels.least_level.py_func(levels[v:v + 1], one_region[v:v + 1],
                                               np.array([-np.inf]), np.array([np.inf]), *pool,
                                               Ds[i:i + 1], *grid)[0] for v in range(V)]
             least = min([best[i], *rows])
@@ -146,7 +147,7 @@ def test_the_least_cost():
         stage = np.concatenate([np.arange(P), rng.integers(0, P, O - P)])
         level = np.round(rng.random(O) * 10, 1)  # ties on purpose
         args = (level, rng.random(O), stage, P, float(rng.random() * 10), 0.5)
-        compiled, python = both(auto._least_cost, *args)
+        compiled, python = both(kernels.least_cost, *args)
         assert compiled[0] == python[0]
         # against every threshold by brute force
         want = min((max(th, args[4]) + 0.5) * sum(args[1][(stage == s_) & (level <= th)].min()

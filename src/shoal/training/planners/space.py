@@ -88,7 +88,7 @@ class Space:
         self.prices = tuple(min(problem.prices[(k.gpu, z)] for z, _ in self.zones_of[k])
                             for k in self.kinds)
         memos = memos if memos is not None else {}
-        # layer re-splits by the stages' slowest (GPU, TP) (``auto.rebalanced``): by GPU type,
+        # layer re-splits by the stages' slowest (GPU, TP) (``auto.shapes.rebalanced``): by GPU type,
         # not by pool
         self.resplits: dict = memos.setdefault("re-splits", {})
         self.alloc_memo, self.spec_memo = memos.setdefault(

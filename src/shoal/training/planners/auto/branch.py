@@ -1,0 +1,183 @@
+"""The branch and bound over (shape, degree) pairs (the package's docstring)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from shoal.training.planners import sailor
+from shoal.training.planners.allocate import (
+    OutOfTime,
+)
+from shoal.training.planners.auto.bounds import Bounds
+from shoal.training.planners.auto.pairs import pair_specs
+from shoal.training.planners.auto.shapes import (
+    Shape,
+    shapes_of,
+)
+from shoal.training.planners.auto.worth import Worth, rank_key
+from shoal.training.planners.common import Evaluator, cannot_beat, score
+from shoal.training.planners.space import Space
+
+BATCH = 12  # (shape, degree) pairs allocated and costed per estimator call
+
+
+def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
+           max_stages: int | None = None) -> None:
+    problem = space.problem
+    gbs = problem.job.global_batch
+    avail, price, region_of = sailor.arrays(space)
+    bounds = Bounds(space, avail, price, region_of)
+    cons = ev.constraints
+    shapes: list[Shape] = []
+    rows = []  # per shape: degrees, time bounds, cost bounds, slowest-replica bounds
+    # the shapes depend on the kinds and their TPs, not on the GPU counts: kept with the
+    # stage options for every pool of the same kinds
+    key = ("shapes", tuple(mbs_values), max_stages)
+    if key not in space.stage_opts:
+        space.stage_opts[key] = list(shapes_of(space, mbs_values, max_stages))
+    for sh in space.stage_opts[key]:
+        if sh is None:
+            ev.stats.no_fit += 1
+            continue
+        if sh is False:
+            ev.stats.pruned += 1
+            continue
+        total = gbs // sh.mbs
+        Dmax = sailor.max_dp(space, [list(o) for o in sh.opts], total)
+        Ds = np.arange(1, Dmax + 1, dtype=np.int64)
+        if len(Ds) == 0:
+            ev.stats.pruned += 1
+            continue
+        T, C, tau, after = bounds(sh, Ds, total)
+        ok = np.isfinite(T)
+        ev.stats.pruned += int((~ok).sum())
+        shapes.append(sh)
+        rows.append((np.full(int(ok.sum()), len(shapes) - 1), Ds[ok], T[ok], C[ok], tau[ok],
+                     after[ok]))
+    if not shapes:
+        return
+    sid, Ds, T, C, tau, after = (np.concatenate(x) for x in zip(*rows, strict=True))
+    keep = np.ones(len(sid), dtype=bool)  # the constraints, on the bounds
+    if cons.min_iters_per_s is not None:
+        keep &= 1.0 / cons.min_iters_per_s >= T
+    if cons.max_cost_per_iteration_usd is not None:
+        keep &= cons.max_cost_per_iteration_usd >= C
+    if cons.max_gpus is not None:
+        fewest = np.array([sum(min(o.tp for o in st) for st in sh.opts) for sh in shapes])
+        keep &= Ds * fewest[sid] <= cons.max_gpus
+    ev.stats.pruned += int((~keep).sum())
+    if objective == "min-cost":
+        # Sailor's walk up the data-parallel degree of single-stage plans is quick and lands
+        # near the cheapest plan: an incumbent that prunes most of the cost bounds at once
+        sailor.search(ev, space, objective, mbs_values, max_stages)
+    run = BranchAndBound(ev, space, bounds, shapes, sid, Ds, tau, after, avail, price,
+                          region_of)
+    most_s = min(1.0 / cons.min_iters_per_s if cons.min_iters_per_s else np.inf,
+                 cons.deadline.within / cons.deadline.iterations if cons.deadline else np.inf)
+    limits = (most_s, cons.max_cost_per_iteration_usd
+              if cons.max_cost_per_iteration_usd is not None else np.inf)
+    run(keep, rank_key(T, C, objective), T, objective, lambda: ev.incumbent, limits)
+    if not ev.feasible and (not keep.all() or np.isfinite(limits).any()):
+        # the constraints cut every plan: cost the fastest (cheapest) plans anyway, so the
+        # error can tell a constraint from memory (``planners._nearest`` then finds how far
+        # to relax it)
+        if cons.max_cost_per_iteration_usd is not None:
+            run(np.ones(len(sid), dtype=bool), C, T, "min-cost", lambda: ev.cheapest)
+        if cons.min_iters_per_s is not None or cons.max_gpus is not None:
+            run(np.ones(len(sid), dtype=bool), T, T, "max-throughput", lambda: ev.fastest)
+
+
+class BranchAndBound:
+    """Takes (shape, degree) pairs by increasing bound, allocates and costs them in batches,
+    and stops when the next bound cannot beat the best plan so far."""
+
+    def __init__(self, ev, space, bounds, shapes, sid, Ds, tau, after, avail, price, region_of):
+        self.ev, self.space, self.bounds, self.shapes = ev, space, bounds, shapes
+        self.sid, self.Ds, self.tau, self.after = sid, Ds, tau, after
+        self.avail, self.price, self.region_of = avail, price, region_of
+
+    def __call__(self, mask: np.ndarray, key: np.ndarray, times: np.ndarray, objective: str,
+                 best, limits: tuple[float, float] = (np.inf, np.inf)) -> None:
+        """Takes the pairs of ``mask`` by ``key`` under ``objective`` (``times``: their time
+        bounds; ``best``: the plan to beat); ``limits``: the most seconds and USD an
+        iteration may take (the constraints), beyond which no allocation is worth building.
+        Taken by key, a pair that cannot beat the incumbent is followed by none that can;
+        but against a free incumbent (``cannot_beat``) only the times tell, pair by pair."""
+        ev = self.ev
+        idx = np.nonzero(mask)[0]
+        idx = idx[np.argsort(key[idx], kind="stable")]
+        # the fastest allocation of a pair, or under a cost or GPU cap (which may rule the
+        # fastest out while a cheaper one fits) and the cost objectives, the cheapest under
+        # several bottleneck bounds
+        cons = ev.constraints
+        capped = cons.max_cost_per_iteration_usd is not None or cons.max_gpus is not None
+        levels = 1 if objective == "max-throughput" and not capped else 4
+        L = self.space.problem.n_layers
+        i = 0
+        while i < len(idx):
+            if ev.out_of_time():
+                return
+            if ev.max_pairs is not None and i >= ev.max_pairs:
+                ev.stats.truncated = True
+                ev.stats.pruned += len(idx) - i
+                return
+            inc = best()
+            bar = score(inc, objective)[0] if inc is not None else np.inf
+            bar_t = inc.iteration_time_s if inc is not None else np.inf
+
+            def hopeless(e: int, bar=bar, bar_t=bar_t) -> bool:
+                return cannot_beat(key[e], times[e], bar, bar_t)
+
+            if bar > 0 and hopeless(idx[i]):
+                ev.stats.pruned += len(idx) - i
+                return
+            if bar == 0:
+                while i < len(idx) and hopeless(idx[i]):
+                    ev.stats.pruned += 1
+                    i += 1
+                if i == len(idx):
+                    return
+            specs = []
+            j = i
+            cut = False  # the budget ran out inside an allocation: cost what is built, stop
+            try:
+                while (j < len(idx) and j < i + BATCH and not hopeless(idx[j])
+                       and (j == i or not ev.out_of_time())):
+                    e = idx[j]
+                    sh = self.shapes[self.sid[e]]
+                    D = int(self.Ds[e])
+                    worth = Worth(objective, bar, bar_t, float(self.after[e]),
+                                  self.space.problem.timing.step_overhead_s, self.price,
+                                  self.bounds.option_times(sh), ev.beaten,
+                                  functools.partial(self.bounds.tails, D=D),
+                                  functools.partial(self.bounds.crossed_times, sh), limits,
+                                  sh.split, self.bounds.option_times, self.bounds.one_f1b)
+                    total = self.space.problem.job.global_batch // sh.mbs
+
+                    def reach(s: Shape, D=D, total=total, worth=worth) -> bool:
+                        return not worth.out_of_reach(*self.bounds.refined(s, D, total))
+
+                    # the pair's own split may beat the incumbent
+                    refined_t, refined_usd, least_level = self.bounds.refined_level(sh, D, total)
+                    own = not worth.out_of_reach(refined_t, refined_usd)
+                    if not sh.rebalance and not own:
+                        ev.stats.pruned += 1  # its refined bound cannot beat the incumbent
+                    else:
+                        specs += pair_specs(self.space, sh, D, float(self.tau[e]), self.avail,
+                                        self.price, self.region_of, levels, L,
+                                        functools.partial(self.bounds.option_levels, D=D,
+                                                          total=total),
+                                        ev.allocation_deadline(), worth, reach,
+                                        functools.partial(self.bounds.slowest, D=D), own,
+                                        least_level,
+                                        refined_t - self.space.problem.timing.step_overhead_s)
+                    j += 1
+            except OutOfTime:
+                cut = ev.stats.truncated = ev.stats.timed_out = True
+                ev.stats.pruned += len(idx) - j
+            i = j
+            ev.cost([s for s in dict.fromkeys(specs) if s not in ev.feasible])
+            if cut:
+                return

@@ -1,0 +1,204 @@
+"""The planner's compiled loops: the stage split's dynamic program, the refined levels and
+costs per option, the least level a pool allows, and the pipelines' floors."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shoal.estimate.pipeline import stage_span
+from shoal.jit import compiled
+
+ANY_REGIONS = np.zeros(1, dtype=bool)  # least_level's one-region flags of one row
+NO_FLOOR, NONE_YET = np.full(1, -np.inf), np.full(1, np.inf)  # its floor, best of one degree
+
+
+@compiled
+def min_max_cuts(cum, L, arg):
+    """``linear_partition``'s dynamic program over cuts, compiled: best[i, j], the smallest
+    slowest stage placing layers [0, j) on stages 0..i (``cum[i]``: stage i's cumulative layer
+    times), and in ``arg[i, j]`` where stage i starts in it (of equal ones, the first)."""
+    P = cum.shape[0]
+    best = np.full((P, L + 1), np.inf)
+    for j in range(1, L + 1):
+        best[0, j] = cum[0, j] - cum[0, 0]
+    for i in range(1, P):
+        for j in range(i + 1, L + 1):
+            q = i
+            for c in range(i, j):
+                v = max(best[i - 1, c], cum[i, j] - cum[i, c])
+                if c == i or v < best[i, j]:
+                    best[i, j], q = v, c
+            arg[i, j] = q
+
+
+@compiled
+def refined_levels(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync, one_f1b):
+    """``Bounds.refined``'s levels per option (``_refine_parts``' arrays, one row per set of
+    option times: ``fpre``, ``t``, ``f``, ``post`` (rows, options) and ``bsum`` (rows,
+    stages); ``move``, ``lat``: its ring terms, as ``kernel.ring_from_terms`` combines them;
+    ``sync``: ``Bounds.sync_terms``), compiled: each option's own least exposed ring over D
+    members and update; per row and stage the least of those; and L(s, o) per row
+    (``one_f1b``: the plans run 1F1B, ``stage_span``)."""
+    sync_scale, overlap, sync_on, upd_div = sync[0], sync[1], sync[2], sync[3]
+    own = upd / upd_div
+    if D > 1:
+        # the ring hides behind the backward of the replica that ends its stage last: of
+        # any option of the stage (the most time per microbatch bounds it)
+        busy = np.zeros(P)
+        for i in range(len(own)):
+            busy[stage[i]] = max(busy[stage[i]], t[0, i])
+        d = float(D)
+        c_move, c_lat = 2.0 * (d - 1) / d, 2.0 * (d - 1)
+        for i in range(len(own)):
+            best = np.inf
+            for j in range(move.shape[1]):
+                best = min(best, (c_move * move[i, j] + c_lat * lat[i, j]) * sync_scale)
+            own[i] += sync_on * max(best - overlap * busy[stage[i]], 0.0)
+    least = np.full(P, np.inf)  # per stage, its least ring and update
+    for i in range(len(own)):
+        least[stage[i]] = min(least[stage[i]], own[i])
+    level = np.empty(t.shape)
+    earlier = np.empty(P)
+    for r in range(t.shape[0]):
+        # per stage s, the most max_{s' < s} (bsum[s] - bsum[s'] + least[s']) (none for s = 0)
+        most = -np.inf
+        for s in range(P):
+            earlier[s] = most + bsum[r, s]
+            most = max(most, least[s] - bsum[r, s])
+        for i in range(len(own)):
+            span = stage_span(n, min(P - 1 - stage[i], n), f[r, i], t[r, i] - f[r, i],
+                              post[r, i], one_f1b)
+            level[r, i] = fpre[r, i] + span + max(own[i], earlier[stage[i]])
+    return level
+
+
+@compiled
+def least_cost(level, rate, stage, P, least, overhead):
+    """``Bounds.refined``'s cost per pipeline: a plan whose options (stage by stage, at
+    ``level`` each) are all at or under theta takes at least max(theta, ``least``) +
+    ``overhead`` seconds and pays each stage's replica at least the least ``rate`` (USD/s)
+    of that stage's options at or under theta; the least such cost over theta (inf when no
+    theta holds an option of every stage)."""
+    order = np.argsort(level)
+    low = np.full(P, np.inf)  # per stage, its least rate so far
+    best = np.inf
+    i = 0
+    while i < len(order):
+        theta = level[order[i]]
+        while i < len(order) and level[order[i]] == theta:  # options at theta join together
+            o = order[i]
+            low[stage[o]] = min(low[stage[o]], rate[o])
+            i += 1
+        total = 0.0
+        for s in range(P):
+            total += low[s]
+        if total < np.inf:
+            best = min(best, (max(theta, least) + overhead) * total)
+    return best
+
+
+@compiled
+def least_level(levels, one_region, floor, best, tp, kind, stage, P, Ds, avail, region_of,
+                 region_N, W):
+    """Per degree D in ``Ds``, ``Bounds.refined``'s level: over the rows of ``levels`` (each
+    a level per option), the smallest level at which the pool holds D replicas of each of
+    the P stages among the options at or under it in that row, by the conditions of
+    ``Bounds._tau`` (per stage in one region, the stages per region, and the GPUs all stages
+    take from each kind together: LP dual bounds at weights ``W``; on the rows where
+    ``one_region`` is set, also all stages in one region), when under ``best`` (a degree's
+    answer so far; inf: none). Once a degree's answer is down to its ``floor`` the later rows
+    are not searched. Feasibility only grows with the level, so a bisection over a row's
+    sorted levels finds it; it only shrinks as D grows, so a degree at least the one before
+    starts where that one's answer is in the row."""
+    K, R = len(avail), len(region_N)
+    out = best.copy()
+    for v in range(levels.shape[0]):
+        level = levels[v]
+        order = np.argsort(level)
+        ranked = level[order]
+        start = 0
+        for i in range(len(Ds)):
+            D = Ds[i]
+            lo = start if i > 0 and Ds[i - 1] <= D else 0
+            if out[i] <= floor[i]:
+                start = lo
+                continue
+            # only levels under the best answer so far can improve on it
+            hi = max(lo, np.searchsorted(ranked, out[i]))
+            end = hi
+            while lo < hi:
+                mid = (lo + hi) // 2
+                theta = level[order[mid]]
+                c = np.full((P, K), np.inf)  # fewest GPUs per replica of stage s from kind k
+                for o in range(len(level)):
+                    if level[o] <= theta and tp[o] < c[stage[o], kind[o]]:
+                        c[stage[o], kind[o]] = tp[o]
+                # per stage and region: the replicas it can hold, the fewest GPUs of one
+                cap = np.zeros((P, R))
+                low = np.full((P, R), np.inf)
+                for s in range(P):
+                    for k in range(K):
+                        if c[s, k] < np.inf:
+                            cap[s, region_of[k]] += np.floor(avail[k] / c[s, k])
+                            low[s, region_of[k]] = min(low[s, region_of[k]], c[s, k])
+                ok = True
+                for s in range(P):
+                    if cap[s].max() < D:
+                        ok = False
+                if ok:
+                    stages = 0.0
+                    for r in range(R):
+                        gmin = low[:, r].min()
+                        if gmin < np.inf:
+                            stages += np.floor(region_N[r] / (gmin * D))
+                    ok = stages >= P
+                if ok and one_region[v]:
+                    ok = False
+                    for r in range(R):
+                        need = 0.0  # GPUs of region r that D replicas of every stage take
+                        for s in range(P):
+                            need += D * low[s, r] if cap[s, r] >= D else np.inf
+                        if need <= region_N[r]:
+                            ok = True
+                m = 0
+                while ok and m < W.shape[0]:
+                    den, have = 0.0, 0.0
+                    for k in range(K):
+                        have += W[m, k] * avail[k]
+                    for s in range(P):
+                        fewest = np.inf  # the stage's fewest weighted GPUs per replica
+                        for k in range(K):
+                            if c[s, k] < np.inf:
+                                fewest = min(fewest, W[m, k] * c[s, k])
+                        den += fewest
+                    ok = not (den > 0 and D * den > have)
+                    m += 1
+                if ok:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            if lo < end:
+                out[i] = level[order[lo]]
+            start = lo
+    return out
+
+
+@compiled
+def pipeline_ends(f, b, m, one_f1b):
+    """``stage_floors_s``' ends over the pipelines (columns of ``f``, ``b``: forward and
+    backward per microbatch per stage; ``m``: their microbatches), compiled."""
+    P, D = f.shape
+    out = np.zeros(P)
+    for j in range(D):
+        later = 0.0
+        end = 0.0
+        before = np.zeros(P + 1)
+        for s in range(P):
+            before[s + 1] = before[s] + f[s, j]
+        for s in range(P - 1, -1, -1):
+            w = min(P - 1 - s, m[j])
+            own = before[s] + stage_span(m[j], w, f[s, j], b[s, j], later, one_f1b)
+            end = own if s == P - 1 else max(own, end + b[s, j])
+            out[s] = max(out[s], end)
+            later += f[s, j] + b[s, j]
+    return out

@@ -1,0 +1,203 @@
+"""The plans of one (shape, degree) pair: its allocations, their zone packings, variants
+and re-split."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+
+from shoal.training.planners import sailor
+from shoal.training.planners.allocate import (
+    Allocation,
+    Option,
+    fastest,
+    slots,
+    tradeoffs,
+    upgraded,
+)
+from shoal.training.planners.auto.shapes import (
+    PERMUTE_UP_TO,
+    Shape,
+    every_split,
+    rebalanced,
+)
+from shoal.training.planners.auto.worth import Worth
+from shoal.training.planners.build import build_spec
+from shoal.training.planners.space import Space
+
+PACKINGS = ("stage", "chain", "pipeline")  # zone placements tried for each allocation
+
+
+def pair_specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of, levels: int,
+           L: int, levels_of: Callable[[Shape], list[list[Option]]],
+           deadline: float | None = None, worth: Worth | None = None,
+           reach: Callable[[Shape], bool] | None = None,
+           slowest: Callable[[Shape], float] | None = None, own: bool | None = None,
+           least_level: float = 0.0, floor_level: float = 0.0) -> list:
+    """Plans of one (shape, degree) pair: its allocations of least level (the allocation
+    program over ``levels_of``'s option levels, ``Bounds.option_levels``), each in every zone
+    packing, and their variants; allocations ``worth`` says cannot beat the incumbent are
+    not built, nor plans of a split whose shape ``reach`` says cannot (``Bounds.refined``;
+    ``own``: what it says of ``sh``, when the caller has asked); a re-split's allocation
+    program starts from ``slowest`` (``Bounds.slowest``), and the program over the levels
+    from ``least_level``, a lower bound on its least level (``Bounds.refined_level``'s third);
+    ``floor_level``: a lower bound on any plan's time before the step overhead (the refined
+    bound's). Raises OutOfTime once an allocation passes ``deadline``."""
+    opts = [list(o) for o in sh.opts]
+    total = space.problem.job.global_batch // sh.mbs
+    memo, key = space.alloc_memo, (sh.split, sh.mbs, sh.recompute)
+    if own is None and reach is not None:
+        own = reach(sh)
+    if own is not None and not own:
+        if not sh.rebalance:
+            return []
+        # only the re-split may beat the incumbent: the slowest replicas of an allocation at
+        # the least bottleneck give its layers (any such allocation: its own plans are not
+        # built, and on three kinds or more the cheapest takes a MIP). Not the allocation of
+        # least level that a pair whose own plans are built re-splits to: here that program is
+        # the slower, and its re-splits found no better plan on planner_speed.py's pools
+        a = fastest(opts, D, avail, price, region_of, at_least=tau / slots(D, total)[0],
+                    total=total, memo=memo, key=key, deadline=deadline, cheapest=False)
+        return [] if a is None else resplit(space, sh, a, opts, D, L, total, avail, price,
+                                             region_of, deadline, worth, reach, slowest,
+                                             cheapest=levels > 1)
+    # the allocations of least level (``levels_of``: each option's least cost to the whole
+    # iteration, its stage's gradient ring and update included), and for cost objectives
+    # the cheapest under several levels, with their slowest replicas' compute times
+    least = tau / slots(D, total)[0]  # the least slowest-replica time of any allocation
+    by_level = tradeoffs(levels_of(sh), D, avail, price, region_of, levels=levels,
+                         at_least=least_level, total=None, memo=memo,
+                         key=(*key, "levels", space.zone_sets), deadline=deadline)
+    allocs = [Allocation(a.per_stage, a.usage, slowest_s(a, opts)) for a in by_level]
+    if allocs:
+        # the same kinds at larger TPs, and faster kinds where GPUs are left
+        for up in (upgraded(allocs[0], opts, avail), upgraded(allocs[0], opts, avail, region_of)):
+            if all(up.per_stage != a.per_stage for a in allocs):
+                allocs = [*allocs, up]
+
+    def ok(a: Allocation) -> bool:
+        return worth is None or worth(a, D, total)
+
+    # the program's allocations on some of the options or fewer GPUs take no less than the
+    # least level on all of them: none where it has none, none worth building beyond the bar
+    variants = bool(allocs) and (worth is None or not worth.beyond_level(
+        max(by_level[0].bottleneck_s, floor_level), D))
+
+    out = [build_spec(space, a, opts, sh.split, sh.mbs, D, recompute=sh.recompute, packing=pk,
+                      home=home)
+           for a in allocs if ok(a) for pk, home in packings(space, a)]
+    if sh.sailors is not None and variants:
+        # the `sailor` strategy's allocation of the pair (each kind at Sailor's TP): the
+        # bottleneck program over every TP can choose allocations the estimate ranks below
+        # it, and with it every plan that strategy costs is costed here too
+        o_min = [list(o) for o in sh.sailors]
+        a_min = fastest(o_min, D, avail, price, region_of, at_least=least,
+                        total=total, memo=memo,
+                        key=(sh.split, sh.mbs, sh.recompute, "sailor's tp"),
+                        deadline=deadline)
+        if (a_min is not None and all(a_min.per_stage != a.per_stage for a in allocs)
+                and ok(a_min)):
+            out.append(build_spec(space, a_min, o_min, sh.split, sh.mbs, D,
+                                  recompute=sh.recompute))  # as that strategy packs it
+    if allocs and len(sh.split) <= PERMUTE_UP_TO and every_split(L, len(sh.split)):
+        # shallow pipelines of a short model: the same GPUs with the stages' replica mixes in
+        # every other order (the bottleneck program ranks by compute; the sends, the fill and
+        # drain and the optimizer steps may prefer another order)
+        fits = [{(o.kind, o.tp) for o in oo} for oo in opts]
+        for a in dict.fromkeys((allocs[0], allocs[-1])):
+            for perm in dict.fromkeys(itertools.permutations(a.per_stage)):
+                if perm != a.per_stage and all({(k, tp) for k, tp, _ in mix} <= f
+                                               for mix, f in zip(perm, fits, strict=True)):
+                    ap = Allocation(perm, a.usage, a.bottleneck_s)
+                    if ok(ap):
+                        out.append(build_spec(space, ap, opts, sh.split, sh.mbs, D,
+                                              recompute=sh.recompute))
+    if sh.rebalance and allocs:
+        out += resplit(space, sh, allocs[0], opts, D, L, total, avail, price, region_of,
+                        deadline, worth, reach, slowest, cheapest=levels > 1)
+    # the allocation pools the zones of a region (H6) and counts no sends between zones, so
+    # on a pool spread over zones it may take a faster GPU in another zone where the estimate,
+    # with the sends and egress across zones, prefers the same plan inside one zone; and where
+    # its stages are in more than one region, the same pair on one region's GPUs may be faster
+    need = D * sum(min(o.tp for o in st) for st in opts)
+    subpools: list[tuple[str | None, np.ndarray]] = []
+    if variants and len({region_of[st[0][0]] for st in allocs[0].per_stage}) > 1:
+        regions = np.asarray(region_of)
+        subpools += [(None, np.where(regions == r, avail, 0)) for r in np.unique(regions)]
+    subpools += space.zone_pools() if variants else []
+    for z, sub in subpools:
+        if sub.sum() < need:
+            continue
+        a3 = fastest(opts, D, sub, price, region_of, at_least=least, total=total,
+                     memo=memo, key=key, deadline=deadline)
+        a3 = None if a3 is None else upgraded(a3, opts, sub)
+        if a3 is not None and ok(a3):
+            out += [build_spec(space, a3, opts, sh.split, sh.mbs, D, recompute=sh.recompute,
+                               packing=pk, home=home)
+                    for pk, home in (packings(space, a3) if z is None else [("chain", z)])]
+    return [s for s in out if s is not None]
+
+
+def slowest_s(a: Allocation, opts: list[list[Option]]) -> float:
+    """The compute time per microbatch of allocation ``a``'s slowest replica (over
+    ``opts``)."""
+    return max(o.time_s for st, oo in zip(a.per_stage, opts, strict=True) for o in oo
+               if any((o.kind, o.tp) == (k, tp) for k, tp, _ in st))
+
+
+def packings(space: Space, a: Allocation) -> list[tuple[str, str | None]]:
+    """(packing, home) pairs to place allocation ``a`` with: each of ``PACKINGS`` from the
+    zone with most free GPUs, and when its first stage's region has several zones, the
+    chain of stages from each of them (starting in the largest zone can leave a later stage
+    no room beside the stage before it)."""
+    zones = space.zones_of[space.kinds[a.per_stage[0][0][0]]]
+    return [(pk, None) for pk in PACKINGS] + (
+        [("chain", z) for z, _ in zones] if len(zones) > 1 else [])
+
+
+def resplit(space: Space, sh: Shape, alloc: Allocation, opts: list[list[Option]], D: int, L: int,
+             total: int, avail, price, region_of, deadline: float | None, worth: Worth | None,
+             reach: Callable[[Shape], bool] | None,
+             slowest: Callable[[Shape], float] | None, cheapest: bool = True) -> list:
+    """The plan of the layers re-split to allocation ``alloc``'s slowest replica types
+    (``rebalanced``) given the fastest allocation of the new split: none when the split is
+    the same, some stage would get no layer, or ``reach`` or ``worth`` rules it out (the
+    allocation program starts from ``slowest``'s least slowest-replica time). On three kinds
+    or more and unless ``cheapest`` (the cost objectives and caps), the allocation is the one
+    the program's search met at that bottleneck, not necessarily the cheapest, which takes a
+    MIP per re-split (planner_speed.py's three-type row: 1,244 MIPs against 1,934, and a
+    plan 0.5% faster)."""
+    # the re-split's shape (or None), kept with the stage options: it depends on the kinds
+    # and their TPs, not on the GPU counts; one shape object per split (the bounds keep their
+    # parts by shape object)
+    key = ("resplit", alloc.per_stage, sh.split, sh.mbs, sh.recompute)
+    sh2 = space.stage_opts.get(key, False)
+    if sh2 is False:
+        new = rebalanced(space, alloc, opts, L, sh.mbs, sh.recompute)
+        sh2 = None
+        if new != sh.split and min(b - a for a, b in new) > 0:
+            own = ("resplit shape", new, sh.mbs, sh.recompute)
+            sh2 = space.stage_opts.get(own, False)
+            if sh2 is False:
+                o2 = sailor.stage_options(space, new, sh.mbs, sh.recompute, 0, 1, all_tp=True)
+                sh2 = space.stage_opts[own] = (
+                    Shape(sh.recompute, sh.mbs, new, tuple(tuple(o) for o in o2),
+                          rebalance=False) if o2 else None)
+        space.stage_opts[key] = sh2
+    if sh2 is None:
+        return []
+    new, o2 = sh2.split, [list(o) for o in sh2.opts]
+    if reach is not None and not reach(sh2):
+        return []
+    least = 0.0 if slowest is None else slowest(sh2)
+    if not np.isfinite(least):
+        return []  # no allocation holds D replicas of every stage
+    a2 = fastest(o2, D, avail, price, region_of, at_least=least / slots(D, total)[0],
+                 total=total, memo=space.alloc_memo, key=(new, sh.mbs, sh.recompute),
+                 deadline=deadline, cheapest=cheapest)
+    if a2 is None or (worth is not None and not worth(a2, D, total, other=sh2)):
+        return []
+    sp = build_spec(space, a2, o2, new, sh.mbs, D, recompute=sh.recompute)
+    return [] if sp is None else [sp]
