@@ -556,3 +556,41 @@ def test_a_pipeline_reconfiguration_does_not_wait_for_gloos_timeout(tmp_path, mo
     assert last["cause"] == "worker 3 left"
     assert last["detect_to_first_step_s"] < 30, res["reconfigurations"]
     assert len(res["losses"]) == STEPS
+
+
+def test_the_losses_hold_every_step_whichever_generation_ran_it(tmp_path):
+    """Generation 0 runs steps 5 and 6 (and checkpoints step 6) after the controller looked
+    last; generation 1 fails; generation 2 resumes from step 6: the run's losses are those of
+    steps 1-6 as generation 0 ran them and 7-8 as generation 2 did, each once."""
+    import json
+
+    ck = tmp_path / "ck"
+    job = ElasticJob(TINY, dp, total_steps=8, seq=SEQ, ckpt_dir=str(ck))
+    shown = []
+    job.on_event = lambda kind, doc: shown.append(doc["step"]) if kind == "step" else None
+
+    def ran(g, steps):
+        for s in steps:
+            job.store.set(f"g{g}/step/{s}", json.dumps([10.0 * g + s, 0.1]))
+        job.store.set(f"g{g}/last_step", str(steps[-1]))
+
+    def checkpoint(step):
+        (ck / f"step-{step}").mkdir()
+        (ck / f"step-{step}" / "meta.json").write_text("{}")
+
+    try:
+        job._publish([0, 1], "start", time.time())
+        ran(0, [1, 2, 3, 4])
+        checkpoint(4)
+        job._report_steps()
+        job._publish([0, 1], "worker 2 joined", time.time())
+        ran(0, [5, 6])  # before generation 0 saw generation 1
+        checkpoint(6)
+        job._publish([0, 1], "worker 1 failed: retried", time.time(), abort=True)
+        ran(2, [7, 8])
+        job._report_steps()
+        assert job._losses == {s: float(s) for s in range(1, 7)} | {7: 27.0, 8: 28.0}
+        assert shown == list(range(1, 9))
+    finally:
+        job.shutdown()
+        job.host.close()

@@ -405,7 +405,8 @@ class ElasticJob:
         self._failed_at = None
         self._standby = set(self._alive()) - set(members)
         self.members, self.plan = members, plan
-        self._shown = resumed  # the steps after the checkpoint are run (and shown) again
+        # the steps after the checkpoint are run, and shown, again
+        self._shown = min(self._shown, resumed)
         self.store.set("gen", str(g))
         self._emit("reconfiguration", self.reconfigurations[-1].to_json())
 
@@ -489,19 +490,20 @@ class ElasticJob:
 
     def _report_steps(self) -> None:
         """Pass the steps done since the last call to ``on_event``, and keep their losses:
-        those of the current generation, and those it resumed past (a checkpoint that landed
-        after the controller published it), which an earlier generation ran."""
+        those of the current generation, and those before the checkpoint it resumed from,
+        which the latest earlier generation to run them ran (it may have run them after the
+        controller last looked)."""
         for s in range(self._shown + 1, self._steps_done() + 1):
+            self._shown = s
             key = None
             for g in range(self.gen, -1, -1):
                 if self.store.check([f"g{g}/step/{s}"]):
                     key = f"g{g}/step/{s}"
                     break
             if key is None:
-                break
+                continue  # run before this job started (it resumed from a checkpoint)
             loss, dt = json.loads(self.store.get(key))
             self._losses[s] = loss
-            self._shown = s
             self._emit("step", {"step": s, "loss": loss, "step_time_s": dt})
 
     def _none_left(self) -> None:
