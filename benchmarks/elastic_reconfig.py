@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from shoal.catalog import TINY
+from shoal.runtime import pipeline
 from shoal.runtime.elastic import ElasticJob, PlannerChoice
 from shoal.specs.plan import TrainingPlan
 
@@ -33,24 +34,39 @@ START = TrainingPlan.model_validate({"microbatch_size": 2, "stages": [
                                     for m in (3, 1)]}]})
 
 
-def kill_free(tmp: Path) -> tuple[float, float, TrainingPlan, Path]:
+def kill_free(tmp: Path, at_sync: bool) -> tuple[float, float, TrainingPlan, Path]:
+    """(noticed to first step, lost to first step, the new plan, the checkpoint folder)."""
     choice = PlannerChoice("tiny", TINY, 8, SEQ, 2)
     choice.cache[4] = START
     ck = tmp / "ck"
+    lost_at = tmp / "lost-at"
+    real, parent, calls = pipeline.Worker._update, os.getpid(), {"n": 0}
+
+    def exits_at_sync(self):  # the workers are forked: they see this
+        calls["n"] += 1
+        if at_sync and os.getpid() != parent and self.rank == 3 and calls["n"] == 3:
+            lost_at.write_text(str(time.time()))
+            os._exit(3)
+        return real(self)
+
+    pipeline.Worker._update = exits_at_sync
     job = ElasticJob(TINY, choice, total_steps=8, seq=SEQ, ckpt_dir=str(ck), every=2, keep=100)
     done = set()
 
     def events(j):
-        if "k" not in done and j.store.check(["g0/last_step"]) \
+        if not at_sync and "k" not in done and j.store.check(["g0/last_step"]) \
                 and int(j.store.get("g0/last_step")) >= 3:
             done.add("k")
-            done.add(time.time())
+            lost_at.write_text(str(time.time()))
             os.kill(j.pid(3), signal.SIGKILL)
 
-    res = job.run(4, events=events)
-    killed = next(x for x in done if isinstance(x, float))
+    try:
+        res = job.run(4, events=events)
+    finally:
+        pipeline.Worker._update = real
     first = float(job.store.get(f"g{job.gen}/first_step_at"))
-    return (res["reconfigurations"][-1]["detect_to_first_step_s"], first - killed, choice(3), ck)
+    return (res["reconfigurations"][-1]["detect_to_first_step_s"],
+            first - float(lost_at.read_text()), choice(3), ck)
 
 
 def full_restart(tmp: Path, plan: TrainingPlan, ck: Path) -> float:
@@ -66,21 +82,23 @@ def full_restart(tmp: Path, plan: TrainingPlan, ck: Path) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    kf, kk, fr = [], [], []
+    runs: dict[str, list[float]] = {k: [] for k in (
+        "kill_noticed_to_first_step_s", "kill_to_first_step_s",
+        "sync_exit_noticed_to_first_step_s", "sync_exit_to_first_step_s", "full_restart_s")}
     for _ in range(args.repeats):
         tmp = Path(tempfile.mkdtemp())
-        t, t_kill, plan, ck = kill_free(tmp)
-        kf.append(t)
-        kk.append(t_kill)
-        fr.append(full_restart(tmp, plan, ck))
-    print(json.dumps({"kill_free_s": statistics.median(kf),
-                      "kill_to_first_step_s": statistics.median(kk),
-                      "full_restart_s": statistics.median(fr),
-                      "ratio": statistics.median(fr) / statistics.median(kf),
-                      "kill_free_runs": kf, "full_restart_runs": fr,
-                      "new_plan": plan.summary()}, indent=1))
+        t, t_lost, plan, ck = kill_free(tmp / "kill", at_sync=False)
+        runs["kill_noticed_to_first_step_s"].append(t)
+        runs["kill_to_first_step_s"].append(t_lost)
+        t, t_lost, _, _ = kill_free(tmp / "sync", at_sync=True)
+        runs["sync_exit_noticed_to_first_step_s"].append(t)
+        runs["sync_exit_to_first_step_s"].append(t_lost)
+        runs["full_restart_s"].append(full_restart(tmp / "kill", plan, ck))
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    print(json.dumps({**med, "ratio": med["full_restart_s"] / med["kill_to_first_step_s"],
+                      "runs": runs, "new_plan": plan.summary()}, indent=1))
 
 
 if __name__ == "__main__":

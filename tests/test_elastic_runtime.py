@@ -1,5 +1,6 @@
 """Kill-free reconfiguration of running workers (the elastic runtime): a worker killed mid-run,
-a worker joining mid-run, and a crash while a checkpoint is written."""
+a worker joining mid-run, a crash while a checkpoint is written, every worker lost, and the
+controller killed."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _proc import descendants, kill_all, left_after, shoal  # noqa: E402
 from shoal.catalog import TINY  # noqa: E402
+from shoal.runtime import checkpoint as ckpt  # noqa: E402
 from shoal.runtime.elastic import PG_TIMEOUT_S, ElasticJob, _write_async  # noqa: E402
-from shoal.runtime.train import latest_checkpoint, spawn  # noqa: E402
+from shoal.runtime.train import spawn  # noqa: E402
 from shoal.specs.plan import TrainingPlan  # noqa: E402
 
 SEQ, STEPS = 16, 8
@@ -48,7 +51,7 @@ def past(j, step: int) -> bool:
 def final_params(d) -> dict:
     out = {}
     for f in sorted(d.glob("rank*.pt")):
-        doc = torch.load(f, weights_only=False)
+        doc = torch.load(f, weights_only=True)
         if doc["role"][1] == 0 and doc["role"][2] == 0:
             out.update(doc["state"])
     return out
@@ -77,7 +80,8 @@ def test_killed_worker_survivors_continue_under_a_new_plan(tmp_path):
     state = {}
 
     def events(j):
-        if "killed" not in state and past(j, 3):
+        # after step 3, once a checkpoint is out (its write is asynchronous)
+        if "killed" not in state and past(j, 3) and ckpt.latest(ck):
             state["killed"] = time.time()
             state["pids"] = {w: j.pid(w) for w in (0, 1)}
             os.kill(j.pid(2), signal.SIGKILL)
@@ -111,7 +115,7 @@ def run_with_a_join(tmp_path, before_join=lambda: None):
     state = {}
 
     def events(j):
-        if "joined" not in state and past(j, 3):
+        if "joined" not in state and past(j, 3) and ckpt.latest(ck):
             state["pids"] = {w: j.pid(w) for w in (0, 1)}
             before_join()
             state["joined"] = j.add_worker()
@@ -133,17 +137,15 @@ def test_joining_worker_is_taken_in_without_restarting_the_others(tmp_path):
 
 def _slow_writer(port, directory):
     """Write rank 0's share of checkpoint 4 so slowly that it is killed mid-write."""
-    real_save = torch.save
 
     def slow(obj, f):
-        with open(f, "wb") as fh:
-            fh.write(b"partial")
-            fh.flush()
-            time.sleep(60)
-        real_save(obj, f)
+        f.write(b"partial")
+        f.flush()
+        time.sleep(60)
 
     torch.save = slow
-    _write_async(port, 0, 0, 1, True, {"step": 4}, 4, directory, keep=2, meta={"step": 4}).join()
+    _write_async(port, "run", 0, 0, 1, True, {"step": 4}, 4, directory, keep=2,
+                 meta={"step": 4}).join()
 
 
 def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path):
@@ -158,13 +160,13 @@ def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path):
     p = mp.get_context("fork").Process(target=_slow_writer, args=(port, ck))
     p.start()
     deadline = time.time() + 30
-    while not (ck / "step-4.g0.tmp" / "rank0.pt.part").exists() and time.time() < deadline:
+    part = ck / "step-4.tmp-run-g0" / "rank0.pt"
+    while not (part.exists() and part.stat().st_size) and time.time() < deadline:
         time.sleep(0.05)
     os.kill(p.pid, signal.SIGKILL)
     p.join()
-    assert (ck / "step-4.g0.tmp").is_dir() and not (ck / "step-4").exists()
-    step, files = latest_checkpoint(ck)
-    assert step == 2
+    assert part.parent.is_dir() and not (ck / "step-4").exists()
+    assert ckpt.latest(ck)[0] == 2
     res = spawn(dp(2), TINY, 1, SEQ, checkpoint_dir=str(ck), resume=True)
     assert res[0]["first_step"] == 2
     del store
@@ -189,7 +191,7 @@ def test_killed_tp_worker_planner_chooses_the_new_plan(tmp_path):
     state = {}
 
     def events(j):
-        if "killed" not in state and past(j, 3):
+        if "killed" not in state and past(j, 3) and ckpt.latest(ck):
             state["killed"] = True
             os.kill(j.pid(3), signal.SIGKILL)
 
@@ -212,7 +214,21 @@ class _NeverPays:
         return False
 
 
-def test_joining_worker_waits_when_the_switch_would_not_pay(tmp_path):
+def test_joining_worker_waits_when_the_switch_would_not_pay(tmp_path, monkeypatch):
+    from shoal.runtime import pipeline
+
+    # the workers' steps after the second wait until the controller has seen the new worker,
+    # so that the join is weighed before the run ends however loaded the machine is
+    parent, seen = os.getpid(), tmp_path / "seen"
+    real, calls = pipeline.Worker.step, {"n": 0}
+
+    def held(self, tokens):  # the workers are forked: they see this
+        calls["n"] += 1
+        while os.getpid() != parent and calls["n"] > 2 and not seen.exists():
+            time.sleep(0.02)
+        return real(self, tokens)
+
+    monkeypatch.setattr(pipeline.Worker, "step", held)
     job = ElasticJob(TINY, _NeverPays(), total_steps=6, seq=SEQ, ckpt_dir=str(tmp_path / "ck"),
                      every=2)
     state = {}
@@ -220,6 +236,8 @@ def test_joining_worker_waits_when_the_switch_would_not_pay(tmp_path):
     def events(j):
         if "joined" not in state and past(j, 2):
             state["joined"] = j.add_worker()
+        if "joined" in state and any("joined" in r.cause for r in j.reconfigurations):
+            seen.touch()
 
     res = job.run(2, events=events)
     recs = res["reconfigurations"]
@@ -294,11 +312,10 @@ def test_a_generation_that_fails_with_every_worker_alive_is_published_again(tmp_
     """The generation after a join fails in every worker (a checkpoint read fails once) while
     all are alive: the controller publishes the same members again after a heartbeat timeout,
     and the run finishes without restarting anyone."""
-    from shoal.runtime import elastic
 
     parent = os.getpid()
     armed, fired = tmp_path / "armed", tmp_path / "fired"
-    real = elastic.latest_checkpoint
+    real = ckpt.latest
 
     def flaky(directory):  # the workers are forked: they see this
         if os.getpid() != parent and armed.exists() and not fired.exists():
@@ -306,7 +323,7 @@ def test_a_generation_that_fails_with_every_worker_alive_is_published_again(tmp_
             raise OSError("checkpoint unreadable (injected)")
         return real(directory)
 
-    monkeypatch.setattr(elastic, "latest_checkpoint", flaky)
+    monkeypatch.setattr(ckpt, "latest", flaky)
     job, res, state, ck, out = run_with_a_join(tmp_path, armed.touch)
     causes = [r["cause"] for r in res["reconfigurations"]]
     assert causes[:2] == ["start", f"worker {state['joined']} joined"]
@@ -360,7 +377,7 @@ def test_cli_elastic_resume_runs_steps_more_and_a_used_folder_needs_resume(tmp_p
     args = ["train", str(f), "--model", "tiny", "--seq", str(SEQ), "--checkpoint-dir", str(ck)]
     r = CliRunner().invoke(app, [*args, "--steps", "3", "--json"])
     assert r.exit_code == 0, r.output
-    assert latest_checkpoint(ck)[0] == 3
+    assert ckpt.latest(ck)[0] == 3
     r = CliRunner().invoke(app, [*args, "--steps", "2", "--elastic"])
     assert r.exit_code == 2 and "step-3" in r.output and "--resume" in r.output
     r = CliRunner().invoke(app, [*args, "--steps", "2", "--elastic", "--resume", "--json"])
@@ -406,3 +423,174 @@ def test_a_join_after_the_last_step_is_not_a_switch(tmp_path):
         assert job._why_stay(3) == "stay: the run has done its steps"
     finally:
         job.shutdown()
+
+
+# ------------------------------------------------------- reliability of the elastic runtime (issue 61)
+
+def test_elastic_checkpoints_never_take_in_a_folder_a_killed_run_left(tmp_path):
+    """A killed run left ``step-2.g0.tmp/`` with another run's rank file: the elastic writer
+    never writes into it, and a resume from this run's step-2 continues exactly."""
+    from shoal.runtime.train import reference
+
+    ck, other = tmp_path / "ck", tmp_path / "other"
+    spawn(dp(2), TINY, 2, SEQ, checkpoint_dir=str(other), seed=1)  # other weights
+    leftover = ck / "step-2.g0.tmp"
+    leftover.mkdir(parents=True)
+    shutil.copy(other / "step-2" / "rank0.pt", leftover / "rank5.pt")
+    ElasticJob(TINY, dp, total_steps=4, seq=SEQ, ckpt_dir=str(ck), every=2, keep=100).run(2)
+    assert sorted(f.name for f in (ck / "step-2").iterdir()) == ["meta.json", "rank0.pt"]
+    again = tmp_path / "again"
+    again.mkdir()
+    shutil.copytree(ck / "step-2", again / "step-2")
+    res = spawn(dp(2), TINY, 2, SEQ, checkpoint_dir=str(again), resume=True)
+    ref_losses, _ = reference(TINY, dp(2), 4, SEQ)
+    assert res[0]["losses"] == pytest.approx(ref_losses[2:], rel=1e-9)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_killing_the_controller_ends_its_workers_and_store(tmp_path, sig):
+    import subprocess
+
+    f, ck = tmp_path / "plan.json", tmp_path / "ck"
+    f.write_text(dp(2).model_dump_json(by_alias=True))
+    proc = shoal("train", f, "--model", "tiny", "--steps", 100000, "--seq", SEQ, "--elastic",
+                  "--checkpoint-dir", ck, "--checkpoint-every", 2, "--json",
+                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids: list[int] = []
+    try:
+        deadline = time.time() + 180  # a loaded machine may start the workers slowly
+        while ckpt.latest(ck) is None and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert ckpt.latest(ck) is not None, "the run did not start training"
+        pids = descendants(proc.pid)
+        assert len(pids) >= 3  # the store and two workers
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=60)
+        assert left_after(pids, 10) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        kill_all(pids)
+
+
+def test_losing_every_worker_ends_the_run_saying_they_died(tmp_path):
+    from shoal.errors import RunFailed
+
+    job = ElasticJob(TINY, dp, total_steps=STEPS, seq=SEQ, ckpt_dir=str(tmp_path / "ck"))
+    state = {}
+
+    def events(j):
+        if "killed" not in state and past(j, 1):
+            state["killed"] = True
+            for w in (0, 1):
+                os.kill(j.pid(w), signal.SIGKILL)
+
+    with pytest.raises(RunFailed, match="workers died") as e:
+        job.run(2, events=events)
+    assert "worker 0 was killed by SIGKILL" in str(e.value)
+    assert "worker 1 was killed by SIGKILL" in str(e.value)
+
+
+def test_cli_elastic_prints_each_step_and_reconfiguration_as_it_happens(tmp_path):
+    import subprocess
+    import threading
+
+    f = tmp_path / "plan.json"
+    f.write_text(pp(3).model_dump_json(by_alias=True))
+    proc = shoal("train", f, "--model", "tiny", "--steps", 100000, "--seq", SEQ, "--elastic",
+                  "--fault-at", 2, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline = time.time() + 180  # a loaded machine may start the workers slowly
+        while not any("worker 2 left" in x for x in seen) and time.time() < deadline \
+                and proc.poll() is None:
+            time.sleep(0.1)
+        # while the run goes on (100000 steps), both kinds of line are out
+        assert proc.poll() is None, "".join(seen)
+        steps = [x for x in seen if x.startswith("step ")]
+        assert steps and steps[0].startswith("step 1: loss "), "".join(seen)
+        assert any("worker 2 left" in x and "plan S0" in x for x in seen), "".join(seen)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 1
+        reader.join(timeout=60)
+        assert "stopped by SIGTERM" in "".join(seen), "".join(seen)
+    finally:
+        if proc.poll() is None:
+            left = descendants(proc.pid)
+            proc.kill()
+            proc.wait()
+            kill_all(left)
+
+
+def test_a_pipeline_reconfiguration_does_not_wait_for_gloos_timeout(tmp_path, monkeypatch):
+    """The last stage-1 replica of a pipeline dies after its sends of step 3, as its gradient
+    sync starts: the stage-0 ranks are then left waiting in the iteration's loss all-reduce on
+    the other stage-1 rank, which has left with the old group's connections still open. With
+    gloo's timeout at 60 s, the survivors still train under the new plan within seconds."""
+    from shoal.runtime import elastic, pipeline
+
+    monkeypatch.setattr(elastic, "PG_TIMEOUT_S", 60.0)  # the workers are forked: they see this
+    parent = os.getpid()
+    real, calls = pipeline.Worker._update, {"n": 0}
+
+    def dies(self):
+        calls["n"] += 1
+        if os.getpid() != parent and self.rank == 3 and calls["n"] == 3:
+            os._exit(3)
+        return real(self)
+
+    monkeypatch.setattr(pipeline.Worker, "_update", dies)
+    start = TrainingPlan.model_validate({"microbatch_size": 2, "stages": [
+        {"layers": [0, 3], "replicas": [{"gpu": "cpu", "tp": 2, "zone": "local",
+                                         "microbatches": 4}]},
+        {"layers": [3, 6], "replicas": [{"gpu": "cpu", "tp": 1, "zone": "local",
+                                         "microbatches": m} for m in (3, 1)]}]})
+    plans = {4: start, 3: dp(2, 8), 2: dp(2, 8)}
+    job = ElasticJob(TINY, lambda n: plans[n], total_steps=STEPS, seq=SEQ,
+                     ckpt_dir=str(tmp_path / "ck"))
+    res = job.run(4)
+    last = res["reconfigurations"][-1]
+    assert last["cause"] == "worker 3 left"
+    assert last["detect_to_first_step_s"] < 30, res["reconfigurations"]
+    assert len(res["losses"]) == STEPS
+
+
+def test_the_losses_hold_every_step_whichever_generation_ran_it(tmp_path):
+    """Generation 0 runs steps 5 and 6 (and checkpoints step 6) after the controller looked
+    last; generation 1 fails; generation 2 resumes from step 6: the run's losses are those of
+    steps 1-6 as generation 0 ran them and 7-8 as generation 2 did, each once."""
+    import json
+
+    ck = tmp_path / "ck"
+    job = ElasticJob(TINY, dp, total_steps=8, seq=SEQ, ckpt_dir=str(ck))
+    shown = []
+    job.on_event = lambda kind, doc: shown.append(doc["step"]) if kind == "step" else None
+
+    def ran(g, steps):
+        for s in steps:
+            job.store.set(f"g{g}/step/{s}", json.dumps([10.0 * g + s, 0.1]))
+        job.store.set(f"g{g}/last_step", str(steps[-1]))
+
+    def checkpoint(step):
+        (ck / f"step-{step}").mkdir()
+        (ck / f"step-{step}" / "meta.json").write_text("{}")
+
+    try:
+        job._publish([0, 1], "start", time.time())
+        ran(0, [1, 2, 3, 4])
+        checkpoint(4)
+        job._report_steps()
+        job._publish([0, 1], "worker 2 joined", time.time())
+        ran(0, [5, 6])  # before generation 0 saw generation 1
+        checkpoint(6)
+        job._publish([0, 1], "worker 1 failed: retried", time.time(), abort=True)
+        ran(2, [7, 8])
+        job._report_steps()
+        assert job._losses == {s: float(s) for s in range(1, 7)} | {7: 27.0, 8: 28.0}
+        assert shown == list(range(1, 9))
+    finally:
+        job.shutdown()
+        job.host.close()

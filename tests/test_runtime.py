@@ -80,7 +80,7 @@ def test_plan_trains_exactly_as_one_process(name, tmp_path):
 def test_checkpoint_continues_exactly_under_another_plan(before, after, tmp_path):
     ck = tmp_path / "ck"
     spawn(PLANS[before], TINY, 2, SEQ, checkpoint_dir=str(ck))
-    assert (ck / "step-2" / "meta.json").is_file() and not list(ck.glob("*.tmp"))
+    assert (ck / "step-2" / "meta.json").is_file() and not list(ck.glob("*.tmp*"))
     res = spawn(PLANS[after], TINY, 2, SEQ, checkpoint_dir=str(ck), resume=True,
                 out_dir=str(tmp_path))
     ref_losses, ref = reference(TINY, PLANS[after], 4, SEQ)
@@ -146,14 +146,14 @@ def test_a_checkpoint_resumes_in_another_dtype_exactly(tmp_path):
 
 
 def test_checkpoint_folders_of_other_names_are_left_out(tmp_path):
-    from shoal.runtime.train import checkpoint_dirs, latest_checkpoint
+    from shoal.runtime.checkpoint import checkpoint_dirs, latest
 
-    for name in ("step-2", "step-10", "step-10.bak", "step-3.tmp", "step-x"):
+    for name in ("step-2", "step-10", "step-10.bak", "step-3.tmp", "step-4.tmp-1a2b", "step-x"):
         (tmp_path / name).mkdir()
-    for name in ("step-2", "step-10.bak"):
+    for name in ("step-2", "step-10.bak", "step-4.tmp-1a2b"):
         (tmp_path / name / "meta.json").write_text("{}")
     assert [n for n, _ in checkpoint_dirs(tmp_path)] == [2, 10]
-    assert latest_checkpoint(tmp_path)[0] == 2  # step-10 has no meta.json: not complete
+    assert latest(tmp_path) == (2, tmp_path / "step-2")  # step-10 has no meta.json: not complete
 
 
 def test_cli_train_refuses_what_would_fail_later(tmp_path):
@@ -181,7 +181,8 @@ def test_cli_train_refuses_what_would_fail_later(tmp_path):
                         (("--checkpoint-dir", ck, "--resume"), "checkpoint is of model 'other'"),
                         (("--nnodes", 2), "rendezvous"),
                         (("--nnodes", 2, "--node-rank", 2, "--rdzv-endpoint", "h:1"), "below"),
-                        (("--keep", 3), "goes with --elastic"),
+                        (("--keep", 3), "needs --checkpoint-dir"),
+                        (("--checkpoint-every", 2), "needs --checkpoint-dir"),
                         (("--profile", tmp_path / "p.json"), "goes with --elastic"),
                         (("--checkpoint-dir", f / "sub"), "is a file"),
                         (("--seq", 64), "longer than the model's 32 positions")):
@@ -313,3 +314,233 @@ def test_time_constants_scale_the_all_reduce_to_the_measured_one():
     assert profiler.time_constants(doc).sharded_sync_ratio == pytest.approx(2.5)
     doc["network"]["sharded_sync_s"] = {s: 0.5 * t for s, t in ar.items()}
     assert profiler.time_constants(doc).sharded_sync_ratio == 1.0  # never below the all-reduce
+
+
+# ------------------------------------------------------------ checkpoints a run can trust (issue 61)
+
+def test_a_folder_a_killed_run_left_is_never_merged_into_a_checkpoint(tmp_path):
+    """A killed run left ``step-2.tmp/`` with a rank file of other weights in it; the next run
+    into that folder writes its own step-2, and a resume from it trains exactly as one
+    process: nothing of the leftover is read."""
+    import shutil
+
+    ck, other = tmp_path / "ck", tmp_path / "other"
+    spawn(PLANS["dp2"], TINY, 2, SEQ, checkpoint_dir=str(other), seed=1)  # other weights
+    leftover = ck / "step-2.tmp"
+    leftover.mkdir(parents=True)
+    shutil.copy(other / "step-2" / "rank0.pt", leftover / "rank5.pt")
+    spawn(PLANS["dp2"], TINY, 2, SEQ, checkpoint_dir=str(ck))
+    assert sorted(f.name for f in (ck / "step-2").iterdir()) == ["meta.json", "rank0.pt"]
+    res = spawn(PLANS["dp2"], TINY, 2, SEQ, checkpoint_dir=str(ck), resume=True)
+    ref_losses, _ = reference(TINY, PLANS["dp2"], 4, SEQ)
+    assert res[0]["first_step"] == 2
+    assert res[0]["losses"] == pytest.approx(ref_losses[2:], rel=TOL)
+
+
+def _train_cli(tmp_path, *args):
+    from typer.testing import CliRunner
+
+    from shoal.cli import app
+
+    f = tmp_path / "plan.json"
+    f.write_text(PLANS["dp2"].model_dump_json(by_alias=True))
+    return CliRunner().invoke(app, ["train", str(f), "--model", "tiny", "--seq", str(SEQ),
+                                    "--dtype", "float64", *map(str, args)])
+
+
+def test_a_checkpoint_that_is_not_whole_is_refused_naming_the_file(tmp_path):
+    ck = tmp_path / "ck"
+    r = _train_cli(tmp_path, "--steps", "2", "--checkpoint-dir", ck, "--json")
+    assert r.exit_code == 0, r.output
+    rank0 = ck / "step-2" / "rank0.pt"
+    good = rank0.read_bytes()
+    for damage, words in ((lambda: rank0.write_bytes(good[:-10]), "bytes where meta.json says"),
+                          (lambda: rank0.write_bytes(good[:-1] + bytes([good[-1] ^ 1])),
+                           "SHA-256"),
+                          (lambda: rank0.unlink(), "missing"),
+                          (lambda: (ck / "step-2" / "rank1.pt").write_bytes(good),
+                           "does not list")):
+        rank0.write_bytes(good)
+        for extra in (ck / "step-2").glob("rank1.pt"):
+            extra.unlink()
+        damage()
+        r = _train_cli(tmp_path, "--steps", "1", "--checkpoint-dir", ck, "--resume")
+        assert r.exit_code == 2 and words in r.output and "step-2" in r.output, r.output
+
+
+def test_a_failed_run_removes_only_what_it_made(tmp_path, monkeypatch):
+    """``--checkpoint-dir sweep/run-a`` with ``sweep/`` new: while run A runs, run B finishes
+    into ``sweep/run-b``; A's launcher then fails. A removes its own temporary folder and the
+    folder it made, and leaves ``sweep/`` and B's checkpoint alone."""
+    import subprocess
+    import sys
+
+    sweep = tmp_path / "sweep"
+    run_a, b5 = sweep / "run-a", sweep / "run-b" / "step-5"
+    real = subprocess.Popen
+
+    def popen(cmd, *args, **kwargs):
+        b5.mkdir(parents=True)
+        (b5 / "meta.json").write_text("{}")
+        if "--run-token" in cmd:  # a write of run A's own, cut short
+            part = run_a / f"step-1.tmp-{cmd[cmd.index('--run-token') + 1]}"
+            part.mkdir()
+            (part / "rank0.pt").write_bytes(b"partial")
+        return real([sys.executable, "-c", "raise SystemExit(3)"], *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    r = _train_cli(tmp_path, "--steps", "1", "--checkpoint-dir", run_a)
+    assert r.exit_code == 1, r.output
+    assert (b5 / "meta.json").is_file()
+    assert not run_a.exists()
+
+
+def test_resume_never_runs_code_from_a_checkpoint_file(tmp_path):
+    """A crafted ``rank0.pt`` whose unpickling would run a shell command, with a manifest that
+    matches it: the resume refuses the file (weights only) and nothing runs."""
+    import hashlib
+    import json
+    import os
+
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    step = tmp_path / "ck" / "step-2"
+    step.mkdir(parents=True)
+    torch.save({"step": 2, "tp_rank": 0, "tp": 1, "rows": Payload()}, step / "rank0.pt")
+    data = (step / "rank0.pt").read_bytes()
+    (step / "meta.json").write_text(json.dumps({"step": 2, "files": {"rank0.pt": {
+        "size_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}}))
+    r = _train_cli(tmp_path, "--steps", "1", "--checkpoint-dir", tmp_path / "ck", "--resume")
+    assert not marker.exists()
+    assert r.exit_code == 1 and "rank0.pt" in r.output and "weights-only" in r.output, r.output
+
+
+def test_cli_train_checkpoints_every_k_steps_and_keeps_the_newest(tmp_path):
+    """Without --elastic: --checkpoint-every 2 --keep 2 over 5 steps leaves step-4 and step-5;
+    a resume from step-5 continues exactly."""
+    import json
+
+    from shoal.runtime.checkpoint import checkpoint_dirs
+
+    ck = tmp_path / "ck"
+    r = _train_cli(tmp_path, "--steps", "5", "--checkpoint-dir", ck, "--checkpoint-every", "2",
+                   "--keep", "2", "--json")
+    assert r.exit_code == 0, r.output
+    assert [n for n, _ in checkpoint_dirs(ck)] == [4, 5]
+    assert not [d for d in ck.iterdir() if ".tmp" in d.name]
+    r = _train_cli(tmp_path, "--steps", "1", "--checkpoint-dir", ck, "--resume", "--json")
+    assert r.exit_code == 0, r.output
+    ref_losses, _ = reference(TINY, PLANS["dp2"], 6, SEQ)
+    assert json.loads(r.output)["losses"] == pytest.approx(ref_losses[5:], rel=TOL)
+
+
+def _train_and_kill_rank(tmp_path, rank: int, after_step: int, *args, until=None):
+    """``shoal train`` (3 ranks, a long run) in a process of its own; once rank 0 reports
+    ``after_step`` (and ``until()`` holds, when given), rank ``rank`` gets SIGKILL. The exit
+    code and stderr."""
+    import os
+    import signal
+    import subprocess
+    import time
+    import uuid
+
+    from _proc import rank_pid, shoal
+
+    f = tmp_path / "plan.json"
+    f.write_text(PLANS["asymmetric-3-1"].model_dump_json(by_alias=True))
+    run = uuid.uuid4().hex
+    proc = shoal("train", f, "--model", "tiny", "--steps", 100000, "--seq", SEQ, "--dtype",
+                 "float64", *args, env={"SHOAL_TEST_RUN": run}, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.PIPE, text=True)
+    err = []
+    try:
+        for line in proc.stderr:
+            err.append(line)
+            words = line.split()
+            if words[:1] == ["step"] and int(words[1].rstrip(":")) >= after_step \
+                    and (until is None or until()):
+                break
+        deadline = time.time() + 120  # a loaded machine may take long to start the ranks
+        pid = None
+        while pid is None and time.time() < deadline and proc.poll() is None:
+            pid = rank_pid(f"SHOAL_TEST_RUN={run}", rank)
+            time.sleep(0.05)
+        assert pid is not None, "".join(err)
+        os.kill(pid, signal.SIGKILL)
+        err += proc.stderr.readlines()
+        return proc.wait(timeout=300), "".join(err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_killed_rank_is_named_as_the_one_that_failed_first(tmp_path):
+    rc, err = _train_and_kill_rank(tmp_path, 2, 3)
+    assert rc == 1, err
+    assert "rank 2 failed first" in err and "killed by a signal" in err, err
+
+
+def test_a_crash_keeps_the_checkpoints_written_before_it(tmp_path):
+    """--checkpoint-every without --elastic: a rank killed once a checkpoint is out ends the
+    run with exit 1; the checkpoints stay whole, and --resume continues exactly from the
+    newest."""
+    import json
+
+    from shoal.runtime.checkpoint import latest, verify
+
+    ck = tmp_path / "ck"
+    rc, err = _train_and_kill_rank(tmp_path, 2, 2, "--checkpoint-dir", ck,
+                                   "--checkpoint-every", "2", until=lambda: latest(ck))
+    assert rc == 1 and "--resume continues from it" in err, err
+    step, folder = latest(ck)
+    assert step >= 2 and step % 2 == 0
+    verify(folder)
+    assert not [d for d in ck.iterdir() if ".tmp" in d.name]  # the killed run's own write
+    from typer.testing import CliRunner
+
+    from shoal.cli import app
+
+    r = CliRunner().invoke(app, ["train", str(tmp_path / "plan.json"), "--model", "tiny",
+                                 "--steps", "1", "--seq", str(SEQ), "--dtype", "float64",
+                                 "--checkpoint-dir", str(ck), "--resume", "--json"])
+    assert r.exit_code == 0, r.output
+    ref_losses, _ = reference(TINY, PLANS["asymmetric-3-1"], step + 1, SEQ)
+    assert json.loads(r.output)["losses"] == pytest.approx(ref_losses[step:], rel=TOL)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_killing_shoal_train_ends_torchrun_and_every_rank(tmp_path, sig):
+    """``shoal train`` (torchrun, 3 ranks) killed mid-run: 10 s later no process it started
+    is left; SIGTERM is passed on (torchrun stops the ranks) and the run says so, exit 1."""
+    import signal
+    import subprocess
+
+    from _proc import descendants, kill_all, left_after, shoal
+
+    f = tmp_path / "plan.json"
+    f.write_text(PLANS["asymmetric-3-1"].model_dump_json(by_alias=True))
+    proc = shoal("train", f, "--model", "tiny", "--steps", 100000, "--seq", SEQ,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        for line in proc.stderr:  # rank 0 reports its steps once every rank trains
+            if line.startswith("step "):
+                break
+        pids = descendants(proc.pid)
+        assert len(pids) >= 4, pids  # torchrun and three ranks
+        proc.send_signal(getattr(signal, sig))
+        rc = proc.wait(timeout=120)
+        assert left_after(pids, 10) == []
+        if sig == "SIGTERM":
+            rest = proc.stderr.read()
+            assert rc == 1 and "stopped by SIGTERM" in rest, (rc, rest)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        kill_all(pids)

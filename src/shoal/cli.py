@@ -246,15 +246,28 @@ def _seq(seq: int | None, spec) -> int:
 
 def _check_resumable(step_dir: Path, spec) -> None:
     """A checkpoint resumes only into the model it was trained on (its ``meta.json`` says
-    which; one written before it said nothing is taken as it is)."""
+    which), and only when it is whole: every file its manifest lists there, with its size and
+    SHA-256 (checked here, before any worker starts, and again as the workers read it)."""
     from shoal.files import read_json
+    from shoal.runtime.checkpoint import verify
 
     meta = read_json(step_dir / "meta.json", "checkpoint")
-    written = meta.get("model_spec") if isinstance(meta, dict) else None
+    written = meta.get("model_spec")
     if written is not None and written != spec.model_dump(mode="json"):
         raise SpecError(f"the checkpoint is of model {meta.get('model')!r}, another model's "
                         "weights", file=str(step_dir), field="--model", value=spec.name,
                         allowed=f"{meta.get('model')} (the model it was trained on)")
+    verify(step_dir)
+
+
+def _kept(checkpoint_dir: Path | None) -> str:
+    """What a failed run leaves to resume from, for its error message."""
+    from shoal.runtime.checkpoint import latest
+
+    found = latest(checkpoint_dir) if checkpoint_dir is not None and checkpoint_dir.is_dir() \
+        else None
+    return f" (step-{found[0]} in {checkpoint_dir} is kept: --resume continues from it)" \
+        if found else ""
 
 
 def worker_errors(log: list[str]) -> str:
@@ -788,7 +801,8 @@ def train(
     seed: Annotated[int, typer.Option(min=0, help="seed of weights and data")] = 0,
     dtype: Annotated[str, typer.Option(help="float32 or float64")] = "float32",
     checkpoint_dir: Annotated[Path | None, typer.Option(
-        "--checkpoint-dir", help="write a checkpoint here after the last step")] = None,
+        "--checkpoint-dir",
+        help="write checkpoints here: after the last step, and every --checkpoint-every steps")] = None,
     resume: Annotated[bool, typer.Option(
         "--resume", help="start from the newest checkpoint in --checkpoint-dir (any plan)")] = False,
     nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="machines taking part")] = 1,
@@ -799,9 +813,10 @@ def train(
         "--elastic", help="kill-free reconfiguration when workers leave or join (this machine)")] = False,
     checkpoint_every: Annotated[int | None, typer.Option(
         "--checkpoint-every", min=1,
-        help="elastic: asynchronous checkpoint every K steps [default: 2]")] = None,
+        help="a checkpoint every K steps (elastic: asynchronous) [default: elastic 2, else "
+             "after the last step only]")] = None,
     keep: Annotated[int | None, typer.Option(
-        "--keep", min=1, help="elastic: checkpoints kept [default: 2]")] = None,
+        "--keep", min=1, help="the newest K checkpoints are kept [default: elastic 2, else all]")] = None,
     fault_at: Annotated[int | None, typer.Option(
         "--fault-at", min=1, help="elastic demo: kill the last worker after this step")] = None,
     join_at: Annotated[int | None, typer.Option(
@@ -813,7 +828,6 @@ def train(
     """Run a plan on torch.distributed through torchrun (gloo on CPU, NCCL on GPUs); with
     --elastic, a controller re-plans with shoal's planner when workers leave or join and the
     surviving workers switch plans without restarting."""
-    import subprocess
     import sys
     import tempfile
 
@@ -841,11 +855,15 @@ def train(
         raise SpecError("--elastic runs on this machine only", field="--nnodes", value=nnodes,
                         allowed="1 with --elastic")
     if not elastic:
-        for option, value in (("--profile", profile), ("--checkpoint-every", checkpoint_every),
-                              ("--keep", keep), ("--fault-at", fault_at), ("--join-at", join_at)):
+        for option, value in (("--profile", profile), ("--fault-at", fault_at),
+                              ("--join-at", join_at)):
             if value is not None:
                 raise SpecError(f"{option} goes with --elastic", field=option,
                                 value=str(value) if isinstance(value, Path) else value)
+        for option, value in (("--checkpoint-every", checkpoint_every), ("--keep", keep)):
+            if value is not None and checkpoint_dir is None:
+                raise SpecError(f"{option} needs --checkpoint-dir (where the checkpoints go)",
+                                field=option, value=value)
     if profile is not None and not profile.is_file():
         raise SpecError("profile not found", file=str(profile), field="--profile")
     if dtype not in ("float32", "float64"):
@@ -855,10 +873,10 @@ def train(
     found = None
     if checkpoint_dir is not None:
         from shoal.files import check_folder
-        from shoal.runtime.train import latest_checkpoint
+        from shoal.runtime.checkpoint import latest
 
         check_folder(checkpoint_dir, "--checkpoint-dir", parents=True)
-        found = latest_checkpoint(checkpoint_dir) if checkpoint_dir.is_dir() else None
+        found = latest(checkpoint_dir) if checkpoint_dir.is_dir() else None
         if resume and found is None:
             raise SpecError("no checkpoint to resume from (no complete step-N folder)",
                             field="--checkpoint-dir", value=str(checkpoint_dir))
@@ -868,7 +886,7 @@ def train(
                             field="--checkpoint-dir", value=str(checkpoint_dir),
                             allowed="--resume to continue from it, or an empty folder")
         if found is not None:
-            _check_resumable(checkpoint_dir / f"step-{found[0]}", spec)
+            _check_resumable(found[1], spec)
     seq = _seq(seq, spec)
     if elastic and fault_at is not None and world < 2:
         raise SpecError("the plan has one worker: killing it leaves none to go on",
@@ -879,43 +897,54 @@ def train(
         _train_elastic(p, model, spec, world, start + steps, seq, seed, dtype, checkpoint_dir,
                        checkpoint_every or 2, keep or 2, fault_at, join_at, profile, as_json)
         return
+    from shoal.runtime import checkpoint as ckpt
+    from shoal.runtime.supervise import first_failure, run_supervised
+
+    token = ckpt.new_token()  # names this run's temporary checkpoint folders
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
         plan_json = Path(tmp) / "plan.json"
         plan_json.write_text(p.model_dump_json(by_alias=True))
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world // nnodes}",
-               f"--nnodes={nnodes}"]
+        cmd = [sys.executable, "-m", "shoal.runtime.torchrun",
+               f"--nproc-per-node={world // nnodes}", f"--nnodes={nnodes}"]
         cmd += ([f"--node-rank={node_rank}", f"--rdzv-endpoint={rdzv_endpoint}",
                  "--rdzv-backend=c10d"] if rdzv_endpoint else ["--standalone"])
         cmd += ["-m", "shoal.runtime.entry", "--plan", str(plan_json), "--model", model,
                 "--steps", str(steps), "--seq", str(seq), "--seed", str(seed), "--dtype", dtype,
-                "--result", str(result)]
-        made = None  # the first folder of --checkpoint-dir this run makes (gone if it fails)
+                "--result", str(result), "--report-dir", tmp]
+        made: list[Path] = []  # the folders of --checkpoint-dir this run makes
         if checkpoint_dir is not None:
-            made = next((d for d in reversed([checkpoint_dir, *checkpoint_dir.parents])
-                         if not d.exists()), None)
-            checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            cmd += ["--checkpoint-dir", str(checkpoint_dir)] + (["--resume"] if resume else [])
+            made = ckpt.make_folder(checkpoint_dir)
+            cmd += ["--checkpoint-dir", str(checkpoint_dir), "--run-token", token]
+            cmd += ["--resume"] if resume else []
+            cmd += ["--checkpoint-every", str(checkpoint_every)] if checkpoint_every else []
+            cmd += ["--keep", str(keep)] if keep else []
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, env=env)
-        log = []
-        for line in proc.stderr:
+        log: list[str] = []
+
+        def on_line(line: str) -> None:
             log.append(line)
             if line.startswith("{") and not as_json:
                 try:
                     d = json.loads(line)
                     _progress().print(f"step {d['step']}: loss {d['loss']:.4f}, "
-                                 f"{d['step_time_s']:.3f} s, {d['tokens_per_s']:,.0f} tokens/s")
+                                      f"{d['step_time_s']:.3f} s, {d['tokens_per_s']:,.0f} tokens/s",
+                                      soft_wrap=True)
                 except (ValueError, KeyError):
                     pass
-        rc = proc.wait()
-        if rc != 0 or not result.is_file():
-            if made is not None:
-                import shutil
 
-                shutil.rmtree(made, ignore_errors=True)
-            raise RunFailed(f"the workers failed (exit {rc}): {worker_errors(log)}")
+        try:
+            rc, stopped = run_supervised(cmd, env=env, on_line=on_line)
+        except BaseException:
+            if checkpoint_dir is not None:
+                ckpt.remove_own(checkpoint_dir, token, made)
+            raise
+        if rc != 0 or not result.is_file() or stopped:
+            if checkpoint_dir is not None:
+                ckpt.remove_own(checkpoint_dir, token, made)
+            why = f"stopped by {stopped}" if stopped else f"the workers failed (exit {rc})"
+            raise RunFailed(f"{why}: {first_failure(tmp) or worker_errors(log)}"
+                            + _kept(checkpoint_dir))
         doc = json.loads(result.read_text())
     if as_json:
         typer.echo(json.dumps(doc))
@@ -1014,10 +1043,24 @@ def _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_di
                            profile=str(profile) if profile else None)
     choice.check(world)  # a profile that cannot be used: an error now, not a silent fallback
     choice.cache[world] = p  # the given plan for the starting workers
+    con = _progress()
+
+    def on_event(kind: str, d: dict) -> None:
+        # each step and each reconfiguration as it happens (not under --json), a line each
+        if kind == "step":
+            line = f"step {d['step']}: loss {d['loss']:.4f}, {d['step_time_s']:.3f} s"
+        elif d.get("decision", "switch") == "switch":
+            line = (f"{_s(d['time_s'])}: {d['cause']}: plan {d['new_plan']} on workers "
+                    f"{d['members']}, from step {d['resumed_from_step']}")
+        else:
+            line = f"{_s(d['time_s'])}: {d['cause']}: plan kept ({d['decision']})"
+        con.print(line, soft_wrap=True)
+
     with tempfile.TemporaryDirectory() as tmp:
         ck = str(checkpoint_dir) if checkpoint_dir is not None else tmp
         job = ElasticJob(spec, choice, total_steps=steps, seq=seq, ckpt_dir=ck, every=every,
-                         keep=keep, seed=seed, dtype=dtype)
+                         keep=keep, seed=seed, dtype=dtype,
+                         on_event=None if as_json else on_event)
         done: set[str] = set()
 
         def events(j) -> None:
@@ -1030,11 +1073,14 @@ def _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_di
                 done.add("join")
                 j.add_worker()
 
-        if as_json:
-            doc = job.run(world, events=events, timeout_s=None)
-        else:
-            with _progress().status(f"training {steps} steps on {world} elastic workers"):
+        try:
+            if as_json:
                 doc = job.run(world, events=events, timeout_s=None)
+            else:
+                with con.status(f"training {steps} steps on {world} elastic workers"):
+                    doc = job.run(world, events=events, timeout_s=None)
+        except RunFailed as exc:
+            raise RunFailed(f"{exc}{_kept(checkpoint_dir)}") from None
     if as_json:
         typer.echo(json.dumps(doc))
         return

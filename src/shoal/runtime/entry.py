@@ -1,20 +1,22 @@
 """The worker program ``shoal train`` starts under torchrun: one process per GPU (or CPU rank)
-of the plan; rank 0 reports progress on stderr and writes the result file."""
+of the plan; rank 0 reports progress on stderr and writes the result file.
+
+Each rank ends when torchrun ends (a parent-death signal) and, with ``--report-dir``, records
+how it ended there (``shoal.runtime.supervise.RankReport``), so that ``shoal train`` can name
+the rank that failed first."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
-from shoal import catalog
-from shoal.runtime.train import global_batch, run_rank
-from shoal.specs.plan import TrainingPlan
+# torch is imported only once the signal mask is set (RankReport.stop_on_signals): a thread it
+# starts before that could take SIGTERM and end the process without a report
+from shoal.runtime.supervise import RankReport, die_with_parent
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,9 +28,43 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--checkpoint-dir", default=None)
+    ap.add_argument("--checkpoint-every", type=int, default=None)
+    ap.add_argument("--keep", type=int, default=None)
+    ap.add_argument("--run-token", default=None)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--result", required=True)
+    ap.add_argument("--report-dir", default=None)
     a = ap.parse_args(argv)
+    report = None
+    if a.report_dir is not None:
+        report = RankReport(a.report_dir, int(os.environ.get("RANK", "0")))
+        report.stop_on_signals()  # before torch or gloo start threads
+    launcher = os.environ.get("SHOAL_PARENT_PID")
+    if launcher is not None:
+        die_with_parent(signal.SIGTERM, int(launcher))
+    try:
+        doc = _train(a)
+    except BaseException as exc:
+        if report is not None:
+            report.failed(exc)
+        raise
+    if report is not None:
+        report.final("done")
+    if doc is not None:
+        tmp = Path(a.result + ".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(a.result)
+
+
+def _train(a) -> dict | None:
+    """Train; rank 0's result document (None on the other ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    from shoal import catalog
+    from shoal.runtime.train import global_batch, run_rank
+    from shoal.specs.plan import TrainingPlan
+
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
@@ -44,18 +80,17 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         res = run_rank(plan, spec, a.steps, a.seq, seed=a.seed, dtype=getattr(torch, a.dtype),
-                       progress=progress, checkpoint_dir=a.checkpoint_dir, resume=a.resume)
-        if rank == 0:
-            times = res["step_time_s"]
-            doc = {"steps": len(res["losses"]), "first_step": res["first_step"],
-                   "losses": res["losses"], "final_loss": res["losses"][-1] if res["losses"] else None,
-                   "step_time_s": sum(times) / len(times) if times else None,
-                   "step_times_s": times, "tokens_per_iteration": tokens,
-                   "world_size": dist.get_world_size(), "backend": backend,
-                   "reconfigurations": []}
-            tmp = Path(a.result + ".tmp")
-            tmp.write_text(json.dumps(doc))
-            tmp.replace(a.result)
+                       progress=progress, checkpoint_dir=a.checkpoint_dir, resume=a.resume,
+                       every=a.checkpoint_every, keep=a.keep, token=a.run_token)
+        if rank != 0:
+            return None
+        times = res["step_time_s"]
+        return {"steps": len(res["losses"]), "first_step": res["first_step"],
+                "losses": res["losses"], "final_loss": res["losses"][-1] if res["losses"] else None,
+                "step_time_s": sum(times) / len(times) if times else None,
+                "step_times_s": times, "tokens_per_iteration": tokens,
+                "world_size": dist.get_world_size(), "backend": backend,
+                "reconfigurations": []}
     finally:
         dist.destroy_process_group()
 

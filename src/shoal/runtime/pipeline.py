@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from shoal.errors import SpecError
+from shoal.runtime import checkpoint
 from shoal.runtime.model import Stage, TPGroup, token_loss
 from shoal.specs.model import ModelSpec
 from shoal.specs.plan import TrainingPlan, orders, owners
@@ -305,28 +306,28 @@ class Worker:
                 for key, p, a, b in zip(self._keys(), self.params, m1, m2, strict=True)}
         return {"tp_rank": self.role.tp_rank, "tp": self.tp.size, "step": step, "rows": rows}
 
-    def save(self, directory: str) -> None:
-        """Write this rank's snapshot when it is its stage's first replica (the others hold
-        the same values). Collective: every rank must call it."""
-        doc = self.snapshot()
-        if self.role.replica == 0:
-            torch.save(doc, f"{directory}/rank{self.rank}.pt")
-
-    def load(self, files: list[str]) -> None:
-        """Take parameters and Adam state from a checkpoint written under any plan."""
+    def load(self, folder) -> None:
+        """Take parameters and Adam state from a published checkpoint written under any plan
+        (its files checked against its manifest and read as weights only)."""
         from shoal.runtime.model import shard, unshard
 
         shards: dict[tuple[int, str], dict[int, dict]] = {}
+        degree: dict[tuple[int, str], int] = {}
         step = 0
-        for f in files:
-            doc = torch.load(f, weights_only=False)
+        for doc in checkpoint.read(folder):
             step = doc["step"]
             for key, row in doc["rows"].items():
                 shards.setdefault(key, {})[doc["tp_rank"]] = row
+                degree[key] = doc["tp"]
         state = {}
         for key, p in zip(self._keys(), self.params, strict=True):
             if key not in shards:
-                raise SpecError("the checkpoint lacks a parameter of this plan", value=str(key))
+                raise SpecError("the checkpoint lacks a parameter of this plan", file=str(folder),
+                                value=str(key))
+            if sorted(shards[key]) != list(range(degree[key])):
+                raise SpecError(f"the checkpoint lacks TP shards of a parameter (has "
+                                f"{sorted(shards[key])} of {degree[key]})", file=str(folder),
+                                value=str(key))
             parts = [shards[key][t] for t in sorted(shards[key])]
             full = {k: unshard(key[1], [x[k] for x in parts]) for k in parts[0]}
             # in this run's dtype (the checkpoint may have been written in another)

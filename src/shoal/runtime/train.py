@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
+import signal
 import socket
 import tempfile
 import time
@@ -16,7 +16,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from shoal.runtime import checkpoint as ckpt
 from shoal.runtime.model import Stage, token_loss
+from shoal.runtime.supervise import die_with_parent
 from shoal.specs.model import ModelSpec
 from shoal.specs.plan import TrainingPlan
 
@@ -59,80 +61,75 @@ def reference(spec: ModelSpec, plan: TrainingPlan, steps: int, seq: int, *, seed
     return losses, params
 
 
-def checkpoint_dirs(directory: str | Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every ``step-N`` folder in ``directory``, oldest first (folders being
-    written, ``step-N...tmp``, and any other name are left out)."""
-    out = []
-    for d in Path(directory).glob("step-*"):
-        m = re.fullmatch(r"step-(\d+)", d.name)
-        if m and d.is_dir():
-            out.append((int(m.group(1)), d))
-    return sorted(out)
-
-
-def latest_checkpoint(directory: str | Path) -> tuple[int, list[str]] | None:
-    """(step, files) of the newest complete checkpoint in ``directory``, or None."""
-    done = [(n, d) for n, d in checkpoint_dirs(directory) if (d / "meta.json").is_file()]
-    if not done:
-        return None
-    n, d = done[-1]
-    return n, sorted(str(f) for f in d.glob("rank*.pt"))
-
-
-def checkpoint_meta(w, step: int, plan: TrainingPlan | None = None) -> dict:
-    """``meta.json`` of a checkpoint written by worker ``w``: the step, and the model and dtype
-    it was trained in (a resume checks them before it starts workers)."""
-    doc = {"step": step, "model": w.spec.name, "model_spec": w.spec.model_dump(mode="json"),
-           "dtype": str(w.dtype).split(".")[-1]}
-    return doc if plan is None else {**doc, "plan": plan.to_json()}
-
-
-def save_checkpoint(w, directory: str | Path, step: int, plan: TrainingPlan) -> None:
-    """Collective: every rank writes its share into ``step-N.tmp``; rank 0 then adds
-    ``meta.json`` and renames it ``step-N``, so a crash mid-write leaves no checkpoint that
-    looks whole."""
-    import json
-
-    final = Path(directory) / f"step-{step}"
-    tmp = Path(directory) / f"step-{step}.tmp"
+def _shared_token(mine: str | None) -> str:
+    """The checkpoint token every rank uses: rank 0's (``mine``, or a new one), broadcast (the
+    launchers of several machines each have their own)."""
+    t = torch.zeros(64, dtype=torch.uint8)
     if dist.get_rank() == 0:
-        tmp.mkdir(parents=True, exist_ok=True)
+        raw = (mine or ckpt.new_token()).encode()[:64]
+        t[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    dist.broadcast(t, 0)
+    return bytes(t.tolist()).rstrip(b"\0").decode()
+
+
+def save_checkpoint(w, directory: str | Path, step: int, plan: TrainingPlan, *, token: str,
+                    keep: int | None = None) -> Path:
+    """Collective: every writer rank (its stage's first replica) puts its share into this
+    write's own temporary folder; rank 0 then publishes it as ``step-N`` (see
+    ``shoal.runtime.checkpoint``), keeping the newest ``keep`` checkpoints when given."""
+    tmp = ckpt.temp_folder(directory, step, token)
+    rank = dist.get_rank()
+    if rank == 0:
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()  # new: the token is this run's own
     dist.barrier()
-    w.save(str(tmp))
+    doc = w.snapshot()
+    if w.role.replica == 0:
+        ckpt.write_rank_file(tmp, rank, doc)
     dist.barrier()
-    if dist.get_rank() == 0:
-        (tmp / "meta.json").write_text(json.dumps(checkpoint_meta(w, step, plan)))
-        tmp.rename(final)
+    if rank == 0:
+        writers = [r for r, role in enumerate(w.lay.roles) if role.replica == 0]
+        ckpt.publish(tmp, step, {**ckpt.checkpoint_meta(w, plan), "run": token},
+                     writers=writers, keep=keep)
     dist.barrier()
+    return Path(directory) / f"step-{step}"
 
 
 def run_rank(plan: TrainingPlan, spec: ModelSpec, steps: int, seq: int, *, seed: int = 0,
              dtype=torch.float64, out_dir: str | None = None, progress=None,
-             checkpoint_dir: str | None = None, resume: bool = False) -> dict:
+             checkpoint_dir: str | None = None, resume: bool = False,
+             every: int | None = None, keep: int | None = None,
+             token: str | None = None) -> dict:
     """This rank's part of training (the process group must be initialised): per-step losses
-    and times; with ``out_dir``, its parameters are saved there for checks. With
-    ``checkpoint_dir``: ``resume`` starts from its newest checkpoint (written under any plan),
-    and a checkpoint is written after the last step."""
+    and times, with ``progress(steps_done, loss, step_time_s)`` called after each step; with
+    ``out_dir``, its parameters are saved there for checks. With ``checkpoint_dir``: ``resume``
+    starts from its newest checkpoint (written under any plan), a checkpoint is written after
+    every step whose number ``every`` divides and after the last step, and only the newest
+    ``keep`` stay (all without ``keep``). Rank 0's ``token`` (a new one without it) names this
+    run's temporary folders on every rank."""
     from shoal.runtime.pipeline import Worker
 
     w = Worker(plan, spec, seed=seed, dtype=dtype)
     gb = global_batch(plan)
     start = 0
+    if checkpoint_dir is not None:
+        token = _shared_token(token)
     if resume and checkpoint_dir is not None:
-        found = latest_checkpoint(checkpoint_dir)
+        found = ckpt.latest(checkpoint_dir)
         if found is not None:
-            start, files = found
-            w.load(files)
+            start, folder = found
+            w.load(folder)
     losses, times = [], []
     for step in range(start, start + steps):
         tokens = batch(step, gb, seq, spec.vocab_size, seed)
         t0 = time.perf_counter()
         losses.append(w.step(tokens))
         times.append(time.perf_counter() - t0)
+        done = step + 1  # steps done, as checkpoints count them
         if progress is not None:
-            progress(step, losses[-1], times[-1])
-    if checkpoint_dir is not None:
-        save_checkpoint(w, checkpoint_dir, start + steps, plan)
+            progress(done, losses[-1], times[-1])
+        if checkpoint_dir is not None and (done == start + steps or (every and done % every == 0)):
+            save_checkpoint(w, checkpoint_dir, done, plan, token=token, keep=keep)
     res = {"rank": dist.get_rank(), "role": w.role, "losses": losses, "step_time_s": times,
            "first_step": start}
     if out_dir is not None:
@@ -151,7 +148,8 @@ def store(port: int = 0, *, host: bool = False, timeout_s: float = 120.0,
                          timeout=timedelta(seconds=timeout_s), master_listen_fd=listen_fd)
 
 
-def _serve_until_closed(listen_fd: int, port: int, stop_fd: int) -> None:
+def _serve_until_closed(listen_fd: int, port: int, stop_fd: int, parent: int) -> None:
+    die_with_parent(signal.SIGKILL, parent)  # its parent may be killed without a chance to close()
     st = store(port, host=True, listen_fd=listen_fd)
     os.read(stop_fd, 1)  # a byte from close(), or b"" once every write end is closed
     del st
@@ -161,7 +159,7 @@ class StoreHost:
     """A store served by a forked process of its own, for a parent that goes on forking
     workers: a store served in the parent runs a thread there, and a child forked while that
     thread holds a lock can hang. The server stops on ``close()``, when this object is
-    collected, or when the parent exits."""
+    collected, when the parent exits, or when the parent is killed (a parent-death signal)."""
 
     def __init__(self, backlog: int = 64):
         import multiprocessing as mp
@@ -172,7 +170,8 @@ class StoreHost:
             self.port = sock.getsockname()[1]
             stop_r, stop_w = os.pipe()
             proc = mp.get_context("fork").Process(
-                target=_serve_until_closed, args=(sock.fileno(), self.port, stop_r), daemon=True)
+                target=_serve_until_closed, args=(sock.fileno(), self.port, stop_r, os.getpid()),
+                daemon=True)
             proc.start()
             os.close(stop_r)
         # clients may connect at once: the socket listened before the fork
@@ -224,17 +223,20 @@ def launch(world: int, fn, *args) -> None:
 
 
 def _run_from_json(plan_json: str, spec_json: str, steps: int, seq: int, seed: int,
-                   dtype_name: str, out_dir: str, ckpt: str | None, resume: bool) -> None:
+                   dtype_name: str, out_dir: str, checkpoint_dir: str | None, resume: bool,
+                   every: int | None, keep: int | None) -> None:
     run_rank(TrainingPlan.model_validate_json(plan_json), ModelSpec.model_validate_json(spec_json),
              steps, seq, seed=seed, dtype=getattr(torch, dtype_name), out_dir=out_dir,
-             checkpoint_dir=ckpt, resume=resume)
+             checkpoint_dir=checkpoint_dir, resume=resume, every=every, keep=keep)
 
 
 def spawn(plan: TrainingPlan, spec: ModelSpec, steps: int, seq: int, *, seed: int = 0,
           dtype=torch.float64, out_dir: str | None = None, checkpoint_dir: str | None = None,
-          resume: bool = False, launcher=None) -> list[dict]:
-    """Run the plan's ranks as processes on this machine (gloo); each rank's saved result.
-    ``launcher(world, fn, *args)`` starts them (``launch`` by default)."""
+          resume: bool = False, every: int | None = None, keep: int | None = None,
+          launcher=None) -> list[dict]:
+    """Run the plan's ranks as processes on this machine (gloo); each rank's saved result
+    (read as weights only). ``launcher(world, fn, *args)`` starts them (``launch`` by
+    default)."""
     from shoal.runtime.pipeline import layout
 
     world = layout(plan, spec).world
@@ -242,5 +244,5 @@ def spawn(plan: TrainingPlan, spec: ModelSpec, steps: int, seq: int, *, seed: in
         out = out_dir or tmp  # results are read back before the temporary folder goes
         (launcher or launch)(world, _run_from_json, plan.model_dump_json(by_alias=True),
                              spec.model_dump_json(), steps, seq, seed, str(dtype).split(".")[-1],
-                             out, checkpoint_dir, resume)
-        return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+                             out, checkpoint_dir, resume, every, keep)
+        return [torch.load(Path(out) / f"rank{r}.pt", weights_only=True) for r in range(world)]
