@@ -12,7 +12,11 @@ import pytest
 from tests.test_planners import small_problem
 
 from shoal.training.planners import allocate, search
-from shoal.training.planners.allocate import Option, OutOfTime, PoolMemo, fastest
+from shoal.training.planners.allocate import Option, OutOfTime, PoolMemo, fastest, tradeoffs
+from shoal.training.planners.allocate import greedy as alloc_greedy
+from shoal.training.planners.allocate import mip as alloc_mip
+from shoal.training.planners.allocate import mixes as alloc_mixes
+from shoal.training.planners.allocate import solve as alloc_solve
 from shoal.training.planners.auto import branch
 
 
@@ -55,7 +59,7 @@ def every_allocation(stage_opts, D, avail, price, region_of, tau, total):
     per_stage = []
     for opts in stage_opts:
         al = allowed_options(opts, tau, relax)
-        combos, use, t_fast, t_slow, n_slow = allocate._combos(tuple(al), D, tuple(region_of), K)
+        combos, use, t_fast, t_slow, n_slow = alloc_mixes.combos_of(tuple(al), D, tuple(region_of), K)
         ok = (t_fast <= tau) & np.where(n_slow <= D - extra, t_slow <= tau * relax, t_slow <= tau)
         per_stage.append(use[ok])
     best = None
@@ -77,7 +81,7 @@ FORMS = {"combo": 10**9, "option": 0}  # COMBO_COLUMNS_PER_OPTION that forces ea
 def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed, form, monkeypatch):
     """Two kinds by the dynamic program, three and four by the MIP in each of its forms: the
     same cheapest cost (and the same feasibility) as every combination tried."""
-    monkeypatch.setattr(allocate, "COMBO_COLUMNS_PER_OPTION", FORMS[form])
+    monkeypatch.setattr(alloc_mip, "COMBO_COLUMNS_PER_OPTION", FORMS[form])
     rng = np.random.default_rng(seed)
     checked = 0
     for _ in range(6):
@@ -85,7 +89,7 @@ def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed, form, 
         region_of = [int(k % 2) if seed % 2 or form == "combo" else 0 for k in range(K)]
         times = sorted({o.time_s for st in stages for o in st})
         tau = times[int(rng.integers(0, len(times)))] * float(rng.choice([1.0, 1.2]))
-        got = allocate._solve(stages, D, avail, price, region_of, tau, total)
+        got = alloc_solve.solve_at(stages, D, avail, price, region_of, tau, total)
         want = every_allocation(stages, D, avail, price, region_of, tau, total)
         assert (got is None) == (want is None)
         if got is not None:
@@ -101,8 +105,8 @@ def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed, form, 
             assert tuple(use) == got.usage
             if K > allocate.DP_KINDS:  # the MIP alone, also where each stage's cheapest fits
                 relax, extra = allocate.slots(D, total)
-                allowed = [allocate._allowed(o, tau, relax) for o in stages]
-                for solve in (allocate._solve_mip, allocate._by_choices):  # and in each form
+                allowed = [alloc_greedy.allowed_options(o, tau, relax) for o in stages]
+                for solve in (alloc_mip.solve_mip, alloc_mip.by_choices):  # and in each form
                     mip = solve(allowed, D, avail, price, region_of, tau, relax, extra, None)
                     assert float(np.asarray(mip.usage) @ price) == pytest.approx(want[0],
                                                                                  rel=1e-9)
@@ -133,10 +137,10 @@ def test_the_mips_lp_relaxation_answers_only_when_its_vertex_is_integral(seed, m
         relax, extra = allocate.slots(D, total)
         times = sorted({o.time_s for st in stages for o in st})
         tau = times[int(rng.integers(0, len(times)))] * float(rng.choice([1.0, 1.2]))
-        allowed = [allocate._allowed(o, tau, relax) for o in stages]
+        allowed = [alloc_greedy.allowed_options(o, tau, relax) for o in stages]
         if any(not al for al in allowed):
             continue
-        got = allocate._solve_mip(allowed, D, avail, price, [0, 0, 0], tau, relax, extra, None)
+        got = alloc_mip.solve_mip(allowed, D, avail, price, [0, 0, 0], tau, relax, extra, None)
         want = every_allocation(stages, D, avail, price, [0, 0, 0], tau, total)
         assert (got is None) == (want is None)
         if got is not None:
@@ -147,7 +151,7 @@ def test_the_mips_lp_relaxation_answers_only_when_its_vertex_is_integral(seed, m
     # one stage, one replica: half a replica of TP 2 on the one GPU of kind 0 is the LP's
     # optimum (cost 2.5); the MIP's is the replica on kind 1 (cost 3)
     one = [[Option(0, 2, 1.0), Option(1, 1, 1.0)]]
-    got = allocate._solve_mip(one, 1, np.array([1, 4, 0]), np.array([1.0, 3.0, 1.0]),
+    got = alloc_mip.solve_mip(one, 1, np.array([1, 4, 0]), np.array([1.0, 3.0, 1.0]),
                               [0, 0, 0], 1.0, 1.0, 0, None)
     assert got.per_stage == (((1, 1, 1),),) and got.usage == (0, 1, 0)
 
@@ -167,7 +171,7 @@ def test_an_lp_cut_short_does_not_answer_for_the_mip(monkeypatch):
 
     monkeypatch.setattr(mip.Model, "solve", cut_short)
     one = [[Option(0, 2, 1.0), Option(1, 1, 1.0)]]
-    got = allocate._solve_mip(one, 1, np.array([2, 4, 0]), np.array([1.0, 3.0, 1.0]),
+    got = alloc_mip.solve_mip(one, 1, np.array([2, 4, 0]), np.array([1.0, 3.0, 1.0]),
                               [0, 0, 0], 1.0, 1.0, 0, None)
     assert got.per_stage == (((0, 2, 1),),) and got.usage == (2, 0, 0)
 
@@ -201,13 +205,13 @@ def test_each_stage_on_its_cheapest_combo_is_the_cheapest_allocation_when_it_fit
         avail, price = np.full(3, 2 * D * P), rng.uniform(0.5, 3.0, size=3)
         tau = max(min(o.time_s for o in st) for st in stages) * 1.5
         relax, extra = allocate.slots(D, None)
-        allowed = [allocate._allowed(o, tau, relax) for o in stages]
-        own = allocate._each_cheapest(allowed, D, avail, price, [0, 0, 0], tau, relax, extra)
+        allowed = [alloc_greedy.allowed_options(o, tau, relax) for o in stages]
+        own = alloc_greedy.each_cheapest(allowed, D, avail, price, [0, 0, 0], tau, relax, extra)
         want = every_allocation(stages, D, avail, price, [0, 0, 0], tau, None)
         assert own is not None and want is not None
         assert float(np.asarray(own.usage) @ price) == pytest.approx(want[0], rel=1e-9)
-        assert allocate._solve(stages, D, avail, price, [0, 0, 0], tau) == own
-        assert allocate._each_cheapest(allowed, D, np.asarray(own.usage) - 1, price,
+        assert alloc_solve.solve_at(stages, D, avail, price, [0, 0, 0], tau) == own
+        assert alloc_greedy.each_cheapest(allowed, D, np.asarray(own.usage) - 1, price,
                                        [0, 0, 0], tau, relax, extra) is None
 
 
@@ -231,14 +235,14 @@ def test_the_quick_tests_agree_with_every_combination(K, seed):
         relax, extra = allocate.slots(D, total)
         times = sorted({o.time_s for st in stages for o in st})
         tau = times[int(rng.integers(0, len(times)))] * float(rng.choice([1.0, 1.2]))
-        flat = allocate._flatten(stages)
+        flat = alloc_greedy.flatten(stages)
         keep = np.zeros(len(flat.opts), dtype=bool)
-        if not allocate._keep(flat.start, flat.kinds, flat.tps, flat.times, K, tau, tau * relax,
+        if not alloc_greedy.keep_options(flat.start, flat.kinds, flat.tps, flat.times, K, tau, tau * relax,
                               keep):
             continue
         assert flat.allowed(keep) == [allowed_options(st, tau, relax) for st in stages]
         want = every_allocation(stages, D, avail, np.ones(K), regions, tau, total)
-        load, at = allocate._load(flat.start, flat.kinds, flat.tps, flat.times, keep,
+        load, at = alloc_greedy.gpu_load(flat.start, flat.kinds, flat.tps, flat.times, keep,
                                   avail.astype(float), W, tau, D, extra)
         if load > 1.0:
             assert want is None
@@ -248,7 +252,7 @@ def test_the_quick_tests_agree_with_every_combination(K, seed):
         for orders in (1, allocate.GREEDY_ORDERS):
             left = np.empty(K, dtype=np.int64)
             out = np.empty((P, 6), dtype=np.int64)
-            found.append(allocate._greedy(flat.start, flat.kinds, flat.tps, flat.times, keep,
+            found.append(alloc_greedy.greedy(flat.start, flat.kinds, flat.tps, flat.times, keep,
                                           np.array(regions), avail.astype(np.int64), tau,
                                           extra, D, W[:, at], orders, left, out))
             if not found[-1]:
@@ -281,7 +285,7 @@ def test_a_bound_that_leaves_two_kinds_is_the_dynamic_program_on_them(slow, seed
     def no_mip(*args, **kwargs):
         raise AssertionError("the MIP was run")
 
-    monkeypatch.setattr(allocate, "_solve_mip", no_mip)
+    monkeypatch.setattr(alloc_solve, "solve_mip", no_mip)
     rng = np.random.default_rng(300 + seed)
     checked = 0
     for _ in range(6):
@@ -296,7 +300,7 @@ def test_a_bound_that_leaves_two_kinds_is_the_dynamic_program_on_them(slow, seed
         total = int(rng.integers(D, 4 * D + 1))
         tau = max(min(o.time_s for o in st) for st in stages) * float(rng.choice([1.0, 1.3]))
         for cheapest in (True, False):
-            got = allocate._solve(stages, D, avail, price, regions, tau, total, cheapest=cheapest)
+            got = alloc_solve.solve_at(stages, D, avail, price, regions, tau, total, cheapest=cheapest)
             want = every_allocation(stages, D, avail, price, regions, tau, total)
             assert (got is None) == (want is None)
             if got is None:
@@ -321,7 +325,7 @@ def test_the_mip_over_the_choices_finds_the_cheapest_allocation(seed, regions, f
                                                                 monkeypatch):
     """``_by_choices`` in each form, on one region and on two (one region takes combos where
     they are few): the cheapest cost and the feasibility of every combination tried."""
-    monkeypatch.setattr(allocate, "COMBO_COLUMNS_PER_OPTION", FORMS[form])
+    monkeypatch.setattr(alloc_mip, "COMBO_COLUMNS_PER_OPTION", FORMS[form])
     rng = np.random.default_rng(300 + seed)
     checked = 0
     for _ in range(6):
@@ -333,7 +337,7 @@ def test_the_mip_over_the_choices_finds_the_cheapest_allocation(seed, regions, f
         allowed = [allowed_options(st, tau, relax) for st in stages]
         if not all(any(o.time_s <= tau for o in al) for al in allowed):
             continue  # a stage with no replica for the busiest pipelines: never asked
-        got = allocate._by_choices(allowed, D, avail, price, region_of, tau, relax, extra, None)
+        got = alloc_mip.by_choices(allowed, D, avail, price, region_of, tau, relax, extra, None)
         want = every_allocation(stages, D, avail, price, region_of, tau, total)
         assert (got is None) == (want is None)
         if got is not None:
@@ -349,7 +353,7 @@ def test_fastest_is_the_smallest_bound_met(seed, form, monkeypatch):
     """``fastest`` (a search over feasibility tests, the cheapest at the end) against every
     bound tried in turn, with three kinds (the MIP), from no bound and from every bound up to
     the answer."""
-    monkeypatch.setattr(allocate, "COMBO_COLUMNS_PER_OPTION", FORMS[form])
+    monkeypatch.setattr(alloc_mip, "COMBO_COLUMNS_PER_OPTION", FORMS[form])
     rng = np.random.default_rng(100 + seed)
     regions = [0, 1, 1] if form == "combo" else [0, 0, 0]
     for _ in range(4):
@@ -414,7 +418,6 @@ def test_fronts_kept_for_a_larger_pool_answer_smaller_pools_as_fresh_programs(K,
     """One memo whose program fronts are computed for a large pool, asked about smaller pools
     in turn (and at other bounds): the same allocations, bottlenecks and trade-offs as
     programs run from scratch on each pool."""
-    from shoal.training.planners.allocate import tradeoffs
 
     rng = np.random.default_rng(300 + seed)
     reused = 0

@@ -10,6 +10,7 @@ from tests.test_allocate import random_stages
 
 from shoal.estimate import pipeline
 from shoal.training.planners import allocate, zorse
+from shoal.training.planners.allocate import dp as alloc_dp
 from shoal.training.planners.auto import kernels
 
 
@@ -34,13 +35,13 @@ def test_the_allocation_program(seed):
     rng = np.random.default_rng(seed)
     K, P, D = int(rng.integers(1, 3)), int(rng.integers(1, 6)), int(rng.integers(1, 6))
     stages = random_stages(rng, K, P)
-    t = allocate._tables(stages, D, [0, int(rng.integers(0, 2))][:K])
+    t = alloc_dp.tables_of(stages, D, [0, int(rng.integers(0, 2))][:K])
     A, B = int(rng.integers(0, 6 * D)), int(rng.integers(0, 6 * D)) if K > 1 else 0
     tau = float(rng.choice(sorted({o.time_s for st in stages for o in st})))
     args = (t.of_stage, t.opt_start, t.kinds, t.tps, t.times, t.cstart, t.cend, t.ia, t.ib, t.na,
             t.ca, t.cb, t.K, tau, tau * 1.2, D - 1, D, A, B, np.empty(A + 1, np.int64),
             np.zeros((P, A + 1), np.int64))
-    compiled, python = both(allocate._dp_stages, *args)
+    compiled, python = both(alloc_dp.dp_stages, *args)
     assert_same(compiled, python)
 
 
@@ -51,7 +52,7 @@ def test_the_search_over_bounds(seed):
     rng = np.random.default_rng(seed)
     K, P, D = int(rng.integers(1, 3)), int(rng.integers(1, 6)), int(rng.integers(1, 6))
     stages = random_stages(rng, K, P)
-    t = allocate._tables(stages, D, [0, int(rng.integers(0, 2))][:K])
+    t = alloc_dp.tables_of(stages, D, [0, int(rng.integers(0, 2))][:K])
     A, B = int(rng.integers(D, 6 * D)), int(rng.integers(D, 6 * D)) if K > 1 else 0
     taus = np.array(sorted({o.time_s for st in stages for o in st}))
     relax = 1.2
@@ -59,14 +60,14 @@ def test_the_search_over_bounds(seed):
               t.na, t.ca, t.cb, t.K)
 
     def met(x: int) -> bool:
-        return allocate._dp_stages(*tables, taus[x], taus[x] * relax, D - 1, D, A, B,
+        return alloc_dp.dp_stages(*tables, taus[x], taus[x] * relax, D - 1, D, A, B,
                                    np.empty(A + 1, np.int64), np.zeros((P, A + 1), np.int64)) == P
 
     least = next((x for x in range(len(taus)) if met(x)), -1)
     for lo in range(len(taus)):
         for near in (False, True):
             args = (*tables, taus, lo, len(taus) - 1, near, True, relax, D - 1, D, A, B)
-            got = [f(*args) for f in (allocate._search_taus, allocate._search_taus.py_func)]
+            got = [f(*args) for f in (alloc_dp.search_taus, alloc_dp.search_taus.py_func)]
             assert got[0] == got[1]
             # from lo up: the least met bound at or above lo (none: -1)
             want = -1 if least < 0 else max(least, lo)
