@@ -12,7 +12,16 @@ import pytest
 from tests.test_planners import small_problem
 
 from shoal.training.planners import allocate, search
-from shoal.training.planners.allocate import Option, OutOfTime, PoolMemo, fastest, tradeoffs
+from shoal.training.planners.allocate import (
+    Bound,
+    Memoised,
+    Option,
+    OutOfTime,
+    Pool,
+    PoolMemo,
+    fastest,
+    tradeoffs,
+)
 from shoal.training.planners.allocate import greedy as alloc_greedy
 from shoal.training.planners.allocate import mip as alloc_mip
 from shoal.training.planners.allocate import mixes as alloc_mixes
@@ -89,7 +98,7 @@ def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed, form, 
         region_of = [int(k % 2) if seed % 2 or form == "combo" else 0 for k in range(K)]
         times = sorted({o.time_s for st in stages for o in st})
         tau = times[int(rng.integers(0, len(times)))] * float(rng.choice([1.0, 1.2]))
-        got = alloc_solve.solve_at(stages, D, avail, price, region_of, tau, total)
+        got = alloc_solve.solve_at(stages, D, Pool(avail, price, region_of), tau, total)
         want = every_allocation(stages, D, avail, price, region_of, tau, total)
         assert (got is None) == (want is None)
         if got is not None:
@@ -107,7 +116,7 @@ def test_the_program_finds_the_cheapest_allocation_under_a_bound(K, seed, form, 
                 relax, extra = allocate.slots(D, total)
                 allowed = [alloc_greedy.allowed_options(o, tau, relax) for o in stages]
                 for solve in (alloc_mip.solve_mip, alloc_mip.by_choices):  # and in each form
-                    mip = solve(allowed, D, avail, price, region_of, tau, relax, extra, None)
+                    mip = solve(allowed, D, Pool(avail, price, region_of), Bound(tau, relax, extra), None)
                     assert float(np.asarray(mip.usage) @ price) == pytest.approx(want[0],
                                                                                  rel=1e-9)
     assert checked  # the seeds do reach feasible cases
@@ -140,7 +149,7 @@ def test_the_mips_lp_relaxation_answers_only_when_its_vertex_is_integral(seed, m
         allowed = [alloc_greedy.allowed_options(o, tau, relax) for o in stages]
         if any(not al for al in allowed):
             continue
-        got = alloc_mip.solve_mip(allowed, D, avail, price, [0, 0, 0], tau, relax, extra, None)
+        got = alloc_mip.solve_mip(allowed, D, Pool(avail, price, [0, 0, 0]), Bound(tau, relax, extra), None)
         want = every_allocation(stages, D, avail, price, [0, 0, 0], tau, total)
         assert (got is None) == (want is None)
         if got is not None:
@@ -151,8 +160,8 @@ def test_the_mips_lp_relaxation_answers_only_when_its_vertex_is_integral(seed, m
     # one stage, one replica: half a replica of TP 2 on the one GPU of kind 0 is the LP's
     # optimum (cost 2.5); the MIP's is the replica on kind 1 (cost 3)
     one = [[Option(0, 2, 1.0), Option(1, 1, 1.0)]]
-    got = alloc_mip.solve_mip(one, 1, np.array([1, 4, 0]), np.array([1.0, 3.0, 1.0]),
-                              [0, 0, 0], 1.0, 1.0, 0, None)
+    got = alloc_mip.solve_mip(one, 1, Pool(np.array([1, 4, 0]), np.array([1.0, 3.0, 1.0]),
+                                           [0, 0, 0]), Bound(1.0, 1.0, 0), None)
     assert got.per_stage == (((1, 1, 1),),) and got.usage == (0, 1, 0)
 
 
@@ -171,8 +180,8 @@ def test_an_lp_cut_short_does_not_answer_for_the_mip(monkeypatch):
 
     monkeypatch.setattr(mip.Model, "solve", cut_short)
     one = [[Option(0, 2, 1.0), Option(1, 1, 1.0)]]
-    got = alloc_mip.solve_mip(one, 1, np.array([2, 4, 0]), np.array([1.0, 3.0, 1.0]),
-                              [0, 0, 0], 1.0, 1.0, 0, None)
+    got = alloc_mip.solve_mip(one, 1, Pool(np.array([2, 4, 0]), np.array([1.0, 3.0, 1.0]),
+                                           [0, 0, 0]), Bound(1.0, 1.0, 0), None)
     assert got.per_stage == (((0, 2, 1),),) and got.usage == (2, 0, 0)
 
 
@@ -206,13 +215,14 @@ def test_each_stage_on_its_cheapest_combo_is_the_cheapest_allocation_when_it_fit
         tau = max(min(o.time_s for o in st) for st in stages) * 1.5
         relax, extra = allocate.slots(D, None)
         allowed = [alloc_greedy.allowed_options(o, tau, relax) for o in stages]
-        own = alloc_greedy.each_cheapest(allowed, D, avail, price, [0, 0, 0], tau, relax, extra)
+        own = alloc_greedy.each_cheapest(allowed, D, Pool(avail, price, [0, 0, 0]), Bound(tau, relax, extra))
         want = every_allocation(stages, D, avail, price, [0, 0, 0], tau, None)
         assert own is not None and want is not None
         assert float(np.asarray(own.usage) @ price) == pytest.approx(want[0], rel=1e-9)
-        assert alloc_solve.solve_at(stages, D, avail, price, [0, 0, 0], tau) == own
-        assert alloc_greedy.each_cheapest(allowed, D, np.asarray(own.usage) - 1, price,
-                                       [0, 0, 0], tau, relax, extra) is None
+        assert alloc_solve.solve_at(stages, D, Pool(avail, price, [0, 0, 0]), tau) == own
+        assert alloc_greedy.each_cheapest(allowed, D, Pool(np.asarray(own.usage) - 1, price,
+                                                           [0, 0, 0]),
+                                          Bound(tau, relax, extra)) is None
 
 
 @pytest.mark.parametrize("K", [3, 4])
@@ -300,7 +310,7 @@ def test_a_bound_that_leaves_two_kinds_is_the_dynamic_program_on_them(slow, seed
         total = int(rng.integers(D, 4 * D + 1))
         tau = max(min(o.time_s for o in st) for st in stages) * float(rng.choice([1.0, 1.3]))
         for cheapest in (True, False):
-            got = alloc_solve.solve_at(stages, D, avail, price, regions, tau, total, cheapest=cheapest)
+            got = alloc_solve.solve_at(stages, D, Pool(avail, price, regions), tau, total, cheapest=cheapest)
             want = every_allocation(stages, D, avail, price, regions, tau, total)
             assert (got is None) == (want is None)
             if got is None:
@@ -337,7 +347,7 @@ def test_the_mip_over_the_choices_finds_the_cheapest_allocation(seed, regions, f
         allowed = [allowed_options(st, tau, relax) for st in stages]
         if not all(any(o.time_s <= tau for o in al) for al in allowed):
             continue  # a stage with no replica for the busiest pipelines: never asked
-        got = alloc_mip.by_choices(allowed, D, avail, price, region_of, tau, relax, extra, None)
+        got = alloc_mip.by_choices(allowed, D, Pool(avail, price, region_of), Bound(tau, relax, extra), None)
         want = every_allocation(stages, D, avail, price, region_of, tau, total)
         assert (got is None) == (want is None)
         if got is not None:
@@ -362,10 +372,10 @@ def test_fastest_is_the_smallest_bound_met(seed, form, monkeypatch):
         taus = sorted({t for st in stages for o in st for t in (o.time_s, o.time_s / relax)})
         want = next((t for t in taus
                      if every_allocation(stages, D, avail, price, regions, t, total)), None)
-        got = fastest(stages, D, avail, price, regions, total=total)
+        got = fastest(stages, D, Pool(avail, price, regions), total=total)
         assert (got is None) == (want is None)
         # any allocation at the least bottleneck, not necessarily the cheapest
-        met = fastest(stages, D, avail, price, regions, total=total, cheapest=False)
+        met = fastest(stages, D, Pool(avail, price, regions), total=total, cheapest=False)
         assert (met is None) == (want is None)
         if got is not None:
             assert got.bottleneck_s == want
@@ -389,7 +399,7 @@ def test_fastest_is_the_smallest_bound_met(seed, form, monkeypatch):
         for t in taus:
             if want is not None and t > want:
                 break
-            again = fastest(stages, D, avail, price, regions, at_least=t, total=total)
+            again = fastest(stages, D, Pool(avail, price, regions), at_least=t, total=total)
             assert (again is None) == (got is None)
             assert again is None or again == got
 
@@ -402,8 +412,8 @@ def test_any_allocation_at_the_least_bottleneck_is_not_always_the_cheapest():
         rng = np.random.default_rng(100 + seed)
         for _ in range(4):
             D, stages, avail, price, total = random_program(rng, 3)
-            cheapest = fastest(stages, D, avail, price, [0, 0, 0], total=total)
-            met = fastest(stages, D, avail, price, [0, 0, 0], total=total, cheapest=False)
+            cheapest = fastest(stages, D, Pool(avail, price, [0, 0, 0]), total=total)
+            met = fastest(stages, D, Pool(avail, price, [0, 0, 0]), total=total, cheapest=False)
             if cheapest is not None:
                 assert met.bottleneck_s == cheapest.bottleneck_s
                 differ += float(np.asarray(met.usage) @ price) > float(
@@ -430,7 +440,7 @@ def test_fronts_kept_for_a_larger_pool_answer_smaller_pools_as_fresh_programs(K,
         big = rng.integers(D, 6 * D + 4, size=K)
         memo = PoolMemo()
         memo.fronts.raise_ceiling(big)
-        first = fastest(stages, D, big, price, region_of, total=total)
+        first = fastest(stages, D, Pool(big, price, region_of), total=total)
         tight = big if first is None else np.array(first.usage)  # no GPU to spare
         for step in range(6):
             avail = {0: big, 1: tight}.get(step, np.array([int(rng.integers(0, b + 1))
@@ -440,9 +450,9 @@ def test_fronts_kept_for_a_larger_pool_answer_smaller_pools_as_fresh_programs(K,
             shared.fronts = memo.fronts
             kept = sum(len(v) for v in memo.fronts._fronts.values())
             for fn in (fastest, tradeoffs):
-                want = fn(stages, D, avail, price, region_of, at_least=at_least, total=total)
-                got = fn(stages, D, avail, price, region_of, at_least=at_least, total=total,
-                         memo=shared, key=("shape",))
+                want = fn(stages, D, Pool(avail, price, region_of), at_least=at_least, total=total)
+                got = fn(stages, D, Pool(avail, price, region_of), at_least=at_least, total=total,
+                         memo=Memoised(shared, ("shape",)))
                 assert got == want
             reused += step > 0 and kept > 0
     assert reused  # later pools did find fronts kept
@@ -453,10 +463,10 @@ def test_a_deadline_stops_the_program_and_nothing_is_remembered():
     avail, price = np.array([8, 8, 8]), np.array([1.0, 2.0, 3.0])
     memo = PoolMemo()
     with pytest.raises(OutOfTime):
-        fastest(stages, 2, avail, price, [0, 0, 0], memo=memo, key=("k",),
+        fastest(stages, 2, Pool(avail, price, [0, 0, 0]), memo=Memoised(memo, ("k",)),
                 deadline=time.perf_counter() - 1.0)
     assert memo.get(("fastest", 2, None, "k"), avail) is None
-    assert fastest(stages, 2, avail, price, [0, 0, 0], memo=memo, key=("k",)) is not None
+    assert fastest(stages, 2, Pool(avail, price, [0, 0, 0]), memo=Memoised(memo, ("k",))) is not None
 
 
 def test_a_budget_that_runs_out_inside_an_allocation_returns_the_plans_found(monkeypatch):

@@ -60,8 +60,8 @@ def test_no_plan_beats_its_bound(case):
     pb, res = _exhaustive(case)
     assert len(res.ranked) > 10
     space = Space(pb, tables_for(pb, mbs_options(pb)))
-    avail, price, region_of = sailor.arrays(space)
-    bounds = Bounds(space, avail, price, region_of)
+    pool = sailor.arrays(space)
+    bounds = Bounds(space, pool)
     checked, tighter = 0, 0
     cut: dict = {}
     for c, sh, D in _shape_plans(space, res):
@@ -110,9 +110,9 @@ def test_no_plan_across_regions_beats_its_refined_bound():
     some pairs."""
     pb, res = _exhaustive(len(CASES))
     space = Space(pb, tables_for(pb, mbs_options(pb)))
-    avail, price, region_of = sailor.arrays(space)
-    bounds = Bounds(space, avail, price, region_of)
-    plain = Bounds(space, avail, price, region_of)
+    pool = sailor.arrays(space)
+    bounds = Bounds(space, pool)
+    plain = Bounds(space, pool)
     plain.cross = None  # the same bound without the sends across regions
     checked, crossing, above = 0, 0, set()
     for c, sh, D in _shape_plans(space, res):
@@ -137,18 +137,18 @@ def test_the_level_program_starts_under_its_least_level(case):
     levels do not."""
     pb, res = _exhaustive(case)
     space = Space(pb, tables_for(pb, mbs_options(pb)))
-    avail, price, region_of = sailor.arrays(space)
-    bounds = Bounds(space, avail, price, region_of)
+    pool = sailor.arrays(space)
+    bounds = Bounds(space, pool)
     checked = above = 0
     for sh, D in dict.fromkeys((sh, D) for _, sh, D in _shape_plans(space, res)):
         total = pb.job.global_batch // sh.mbs
         t, _, start = bounds.refined_level(sh, D, total)
         levels = bounds.option_levels(sh, D, total)
-        free = tradeoffs(levels, D, avail, price, region_of, levels=1)
+        free = tradeoffs(levels, D, pool, levels=1)
         if not free:
             continue
         assert start <= free[0].bottleneck_s * (1 + 1e-12)
-        got = tradeoffs(levels, D, avail, price, region_of, levels=1, at_least=start)
+        got = tradeoffs(levels, D, pool, levels=1, at_least=start)
         assert got[0].per_stage == free[0].per_stage
         assert got[0].bottleneck_s == free[0].bottleneck_s
         above += t - pb.timing.step_overhead_s > free[0].bottleneck_s * (1 + 1e-9)
@@ -169,8 +169,8 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
     pb, res = _exhaustive(case)
     tb = tables_for(pb, mbs_options(pb))
     space = Space(pb, tb)
-    avail, price, region_of = sailor.arrays(space)
-    bounds = Bounds(space, avail, price, region_of)
+    pool = sailor.arrays(space)
+    bounds = Bounds(space, pool)
     allocs: dict = {}
     for c, sh, D in _shape_plans(space, res):
         per_stage = tuple(
@@ -189,12 +189,12 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
         if (sh, D) not in worths:
             after = bounds(sh, np.array([D]), total)[3][0]
             worths[(sh, D)] = Worth("max-throughput", np.inf, np.inf, float(after),
-                                    pb.timing.step_overhead_s, price, bounds.option_times(sh),
+                                    pb.timing.step_overhead_s, pool.price, bounds.option_times(sh),
                                     tails=functools.partial(bounds.tails, D=D),
                                     crossed=functools.partial(bounds.crossed_times, sh),
                                     split=sh.split, times_of=bounds.option_times)
         worth = worths[(sh, D)]
-        a = Allocation(per_stage, (0,) * len(avail), 0.0)
+        a = Allocation(per_stage, (0,) * len(pool.avail), 0.0)
         built = [sp for pk in PACKINGS
                  if (sp := build_spec(space, a, opts, sh.split, sh.mbs, D,
                                       recompute=sh.recompute, packing=pk)) is not None]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shoal.training.planners.allocate import Option, OutOfTime, fastest, tradeoffs
+from shoal.training.planners.allocate import Option, OutOfTime, Pool, fastest, tradeoffs
 from shoal.training.planners.build import build_spec
 from shoal.training.planners.common import Evaluator, score
 from shoal.training.planners.space import Kind, Space, balanced_split
@@ -79,12 +79,13 @@ def max_dp(space: Space, stage_opts: list[list[Option]], total_mb: int) -> int:
     return int(min(total_mb, sum(space.avail.values()) // max(need, 1)))
 
 
-def arrays(space: Space):
+def arrays(space: Space) -> Pool:
+    """The space's pool as the allocation programs take it."""
     avail = np.array([space.avail[k] for k in space.kinds], dtype=np.int64)
     price = np.array(space.prices)
     regions = sorted({k.region for k in space.kinds})
     region_of = [regions.index(k.region) for k in space.kinds]
-    return avail, price, region_of
+    return Pool(avail, price, region_of)
 
 
 def recompute_of(problem) -> bool:
@@ -99,7 +100,7 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
     recompute = recompute_of(problem)
     L = problem.n_layers
     gbs = problem.job.global_batch
-    avail, price, region_of = arrays(space)
+    pool = arrays(space)
     max_P = min(L, max_stages or L)
     for P in range(1, max_P + 1):
         if objective == "min-cost" and P > 1:
@@ -123,10 +124,10 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                 for D in walk[at:at + WALK_CHUNK]:
                     deadline = ev.allocation_deadline()
                     try:
-                        alloc = (fastest(opts, D, avail, price, region_of, total=total,
+                        alloc = (fastest(opts, D, pool, total=total,
                                          deadline=deadline)
                                  if objective != "min-cost"
-                                 else (tradeoffs(opts, D, avail, price, region_of, total=total,
+                                 else (tradeoffs(opts, D, pool, total=total,
                                                  deadline=deadline) or [None])[-1])
                     except OutOfTime:
                         ev.stats.truncated = ev.stats.timed_out = True

@@ -18,13 +18,15 @@ from shoal.training.planners.allocate.base import (
     DP_KINDS,
     GREEDY_ORDERS,
     Allocation,
+    Bound,
     Option,
     OutOfTime,
+    Pool,
     kind_weights,
     slots,
 )
-from shoal.training.planners.allocate.memo import Fronts, PoolMemo
+from shoal.training.planners.allocate.memo import Fronts, Memoised, PoolMemo
 from shoal.training.planners.allocate.program import fastest, tradeoffs, upgraded
 
-__all__ = ["DP_KINDS", "GREEDY_ORDERS", "Allocation", "Fronts", "Option", "OutOfTime",
-           "PoolMemo", "fastest", "kind_weights", "slots", "tradeoffs", "upgraded"]
+__all__ = ["DP_KINDS", "GREEDY_ORDERS", "Allocation", "Bound", "Fronts", "Memoised", "Option",
+           "OutOfTime", "Pool", "PoolMemo", "fastest", "kind_weights", "slots", "tradeoffs", "upgraded"]

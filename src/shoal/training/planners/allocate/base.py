@@ -40,6 +40,25 @@ class Option(NamedTuple):
     time_s: float  # per microbatch, forward + backward, one replica
 
 
+class Pool(NamedTuple):
+    """The GPUs an allocation takes from, per kind (GPU type in a region): how many there
+    are, their USD per GPU-hour, and each kind's region."""
+
+    avail: np.ndarray
+    price: np.ndarray
+    region_of: list[int]
+
+
+class Bound(NamedTuple):
+    """A bound on the slowest replica's time per microbatch (``tau``), and the slack of the
+    pipelines that run one microbatch fewer (``slots``: ``relax`` times slower, all but
+    ``extra`` of the D pipelines)."""
+
+    tau: float
+    relax: float
+    extra: int
+
+
 @dataclass(frozen=True)
 class Allocation:
     per_stage: tuple[tuple[tuple[int, int, int], ...], ...]  # per stage: (kind, tp, count)

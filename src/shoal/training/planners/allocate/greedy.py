@@ -7,7 +7,7 @@ from typing import NamedTuple
 import numpy as np
 
 from shoal.jit import compiled
-from shoal.training.planners.allocate.base import Allocation, Option
+from shoal.training.planners.allocate.base import Allocation, Bound, Option, Pool
 from shoal.training.planners.allocate.mixes import stage_combos
 
 
@@ -109,11 +109,12 @@ def gpu_load(start, kinds, tps, times, keep, avail, W, tau, D, extra):
     return most, at
 
 
-def each_cheapest(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-                   region_of: list[int], tau: float, relax: float,
-                   extra: int) -> Allocation | None:
+def each_cheapest(allowed: list[list[Option]], D: int, pool: Pool,
+                  bound: Bound) -> Allocation | None:
     """Every stage on its own cheapest combo under the bound, when the pool holds them all
     together: no allocation costs less, so it is the cheapest (else None)."""
+    avail, price, region_of = pool
+    tau, relax, extra = bound
     K = len(avail)
     usage = np.zeros(K, dtype=np.int64)
     per_stage = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -41,6 +42,13 @@ class PoolMemo:
         entries = self._d.setdefault(key, [])
         entries.append((avail.copy(), res))
         del entries[:-MEMO_POOLS]
+
+
+class Memoised(NamedTuple):
+    """A memo and the key a program's allocations are kept under in it (``PoolMemo``)."""
+
+    memo: PoolMemo
+    key: tuple
 
 
 class Fronts:

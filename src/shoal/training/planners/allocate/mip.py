@@ -14,16 +14,17 @@ from shoal.training.planners.allocate.base import (
     MIP_OPTIONS,
     ONE_REGION_COMBOS,
     Allocation,
+    Bound,
     Option,
     OutOfTime,
+    Pool,
     allocation_of,
 )
 from shoal.training.planners.allocate.mixes import stage_combos
 
 
-def solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-               region_of: list[int], tau: float, relax: float, extra: int,
-               deadline: float | None) -> Allocation | None:
+def solve_mip(allowed: list[list[Option]], D: int, pool: Pool, bound: Bound,
+              deadline: float | None) -> Allocation | None:
     """``solve`` for three kinds or more, where the program's fronts grow large: a MIP solved
     by HiGHS. First without the rules on how a stage mixes its options (any replicas on any
     of them, ``by_option`` with no stage ``strict``): when its cheapest allocation keeps
@@ -32,6 +33,7 @@ def solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.
     Else, on one region, the stages that broke them, and those of the same options, are held
     to them, and so on, for up to ``LAZY_ROUNDS`` solves; then (at once across regions) the
     MIP over the choices themselves (``by_choices``)."""
+    avail, region_of, tau = pool.avail, pool.region_of, bound.tau
     K = len(avail)
     strict: set[int] = set()
     # binaries per region made the option form slow (``by_choices``): across regions, the
@@ -41,14 +43,14 @@ def solve_mip(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.
         left = np.inf if deadline is None else deadline - time.perf_counter()
         m = Model(maximize=False)
         use: list[tuple[list[int], list[float]]] = [([], []) for _ in range(K)]
-        got = mip_solve(m, use, by_option(m, use, allowed, D, price, region_of, tau, extra,
-                                            strict), avail, left, lp_first=not strict)
+        got = mip_solve(m, use, by_option(m, use, allowed, D, pool, bound, strict), avail, left,
+                        lp_first=not strict)
         if not isinstance(got, set):
             return allocation_of(got, K, tau)
         # the stages of equal options would take the same mix in turn
         classes = equal_stages(allowed)
         strict.update(i for b in got for i in classes[tuple(allowed[b])])
-    return by_choices(allowed, D, avail, price, region_of, tau, relax, extra, deadline)
+    return by_choices(allowed, D, pool, bound, deadline)
 
 
 def equal_stages(allowed: list[list[Option]]) -> dict[tuple[Option, ...], list[int]]:
@@ -59,9 +61,8 @@ def equal_stages(allowed: list[list[Option]]) -> dict[tuple[Option, ...], list[i
     return classes
 
 
-def by_choices(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-                region_of: list[int], tau: float, relax: float, extra: int,
-                deadline: float | None) -> Allocation | None:
+def by_choices(allowed: list[list[Option]], D: int, pool: Pool, bound: Bound,
+               deadline: float | None) -> Allocation | None:
     """``solve_mip``'s MIP over the choices themselves, in one of two forms (``by_combo``,
     ``by_option``). The combo form has no big-M rows, no binaries per region and no symmetry
     between equal stages: on pools of two regions the option form was 10-100x slower. With one
@@ -71,6 +72,7 @@ def by_choices(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np
     option column (4 with no allocation) took 0.054 s in all as combos against 0.915 s as
     options. So: combos when the combo columns are at most COMBO_COLUMNS_PER_OPTION times the
     option columns (ONE_REGION_COMBOS times that on one region)."""
+    avail, region_of = pool.avail, pool.region_of
     K = len(avail)
     classes = equal_stages(allowed)  # equal stages share columns
     n_combo = 0
@@ -85,13 +87,13 @@ def by_choices(allowed: list[list[Option]], D: int, avail: np.ndarray, price: np
     regions = {region_of[o.kind] for al in classes for o in al}
     scale = 1.0 if len(regions) > 1 else ONE_REGION_COMBOS
     if n_combo <= scale * COMBO_COLUMNS_PER_OPTION * n_option:
-        read = by_combo(m, use, classes, D, price, region_of, tau, relax, extra)
+        read = by_combo(m, use, classes, D, pool, bound)
     else:
-        read = by_option(m, use, allowed, D, price, region_of, tau, extra)
+        read = by_option(m, use, allowed, D, pool, bound)
     if read is None:
         return None
     left = np.inf if deadline is None else deadline - time.perf_counter()
-    return allocation_of(mip_solve(m, use, read, avail, left), K, tau)
+    return allocation_of(mip_solve(m, use, read, avail, left), K, bound.tau)
 
 
 def mip_solve(m: Model, use: list[tuple[list[int], list[float]]], read, avail: np.ndarray,
@@ -127,11 +129,13 @@ def mip_solve(m: Model, use: list[tuple[list[int], list[float]]], read, avail: n
     return read(np.rint(sol.x).astype(np.int64))
 
 
-def by_combo(m: Model, use, classes: dict[tuple[Option, ...], list[int]], D: int,
-              price: np.ndarray, region_of: list[int], tau: float, relax: float, extra: int):
+def by_combo(m: Model, use, classes: dict[tuple[Option, ...], list[int]], D: int, pool: Pool,
+             bound: Bound):
     """Columns: per class of equal stages, how many of them take each combo the bound allows
     (the dynamic program's choices); returns the reader of a solution, or None when a class
     has no combo."""
+    price, region_of = pool.price, pool.region_of
+    tau, relax, extra = bound
     K = len(use)
     cols = []
     for al, stages in classes.items():
@@ -160,13 +164,15 @@ def by_combo(m: Model, use, classes: dict[tuple[Option, ...], list[int]], D: int
     return read
 
 
-def by_option(m: Model, use, allowed: list[list[Option]], D: int, price: np.ndarray,
-               region_of: list[int], tau: float, extra: int, strict: set[int] | None = None):
+def by_option(m: Model, use, allowed: list[list[Option]], D: int, pool: Pool, bound: Bound,
+              strict: set[int] | None = None):
     """Columns: per stage, the replicas it takes of each allowed option, D in all, at most
     D - extra on the options over ``tau``; on the stages of ``strict`` (None: every stage)
     with a binary per option (at most two used, at most one over ``tau``) and per region
     (the options of one region only). Returns the reader of a solution: the allocation, or,
     when some stage outside ``strict`` breaks those rules, the set of such stages."""
+    price, region_of = pool.price, pool.region_of
+    tau, extra = bound.tau, bound.extra
     cols: list[list[tuple[Option, int]]] = []
     for s, al in enumerate(allowed):
         xs, zs, over = [], [], []

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shoal.training.planners.allocate.base import DP_KINDS, Allocation, Option, OutOfTime, caps, slots
+from shoal.training.planners.allocate.base import DP_KINDS, Allocation, Option, OutOfTime, Pool, caps, slots
 from shoal.training.planners.allocate.dp import Tables, dp_front, search_taus, tables_of, trace
 from shoal.training.planners.allocate.greedy import Flat, flatten
-from shoal.training.planners.allocate.memo import Fronts, PoolMemo, memoised
+from shoal.training.planners.allocate.memo import Fronts, Memoised, PoolMemo, memoised
 from shoal.training.planners.allocate.solve import solve_exact
 
 
@@ -23,9 +23,7 @@ class Program:
 
     stage_opts: list[list[Option]]
     D: int
-    avail: np.ndarray
-    price: np.ndarray
-    region_of: list[int]
+    pool: Pool
     total: int | None
     deadline: float | None
     memo: PoolMemo | None = None
@@ -34,6 +32,18 @@ class Program:
     _back: dict[float, list] = field(default_factory=dict)  # choices of the fronts computed
     _tables: Tables | None = None
     _flat: Flat | None = None
+
+    @property
+    def avail(self) -> np.ndarray:
+        return self.pool.avail
+
+    @property
+    def price(self) -> np.ndarray:
+        return self.pool.price
+
+    @property
+    def region_of(self) -> list[int]:
+        return self.pool.region_of
 
     @property
     def fronts(self) -> Fronts | None:
@@ -45,9 +55,8 @@ class Program:
         if (tau, cheapest) not in self._solved:
             if self._flat is None and len(self.avail) > DP_KINDS:
                 self._flat = flatten(self.stage_opts)
-            got, exact = solve_exact(self.stage_opts, self.D, self.avail, self.price,
-                                      self.region_of, tau, self.total, self.deadline, cheapest,
-                                      self._flat)
+            got, exact = solve_exact(self.stage_opts, self.D, self.pool, tau, self.total,
+                                     self.deadline, cheapest, self._flat)
             self._solved[(tau, cheapest)] = got
             if exact:
                 self._solved[(tau, True)] = got
@@ -215,37 +224,36 @@ def bounds_of(prog: Program) -> tuple[list[float], dict[float, int], float]:
     return got
 
 
-def fastest(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-            region_of: list[int], at_least: float = 0.0,
-            total: int | None = None, memo: PoolMemo | None = None,
-            key: tuple | None = None, deadline: float | None = None,
-            cheapest: bool = True) -> Allocation | None:
+def fastest(stage_opts: list[list[Option]], D: int, pool: Pool, at_least: float = 0.0,
+            total: int | None = None, memo: Memoised | None = None,
+            deadline: float | None = None, cheapest: bool = True) -> Allocation | None:
     """The allocation with the smallest slowest-replica time (then the cheapest).
 
     ``at_least``: a known lower bound on that time (a caller's relaxation); the bisection over
-    the stage times starts there. ``memo``, ``key``: see PoolMemo. Raises OutOfTime once past
+    the stage times starts there. ``memo``: see PoolMemo. Raises OutOfTime once past
     ``deadline`` (``time.perf_counter`` seconds). ``cheapest`` False: of the allocations with
     that time, the one the search met (on three kinds or more, the greedy fill's when it
     found one, which spares the MIP that finds the cheapest); not kept in the memo, whose
     allocations are the cheapest."""
-    prog = Program(stage_opts, D, avail, price, region_of, total, deadline, memo, key)
-    if not cheapest and len(avail) > DP_KINDS:
+    memo_, key = memo or (None, None)
+    prog = Program(stage_opts, D, pool, total, deadline, memo_, key)
+    if not cheapest and len(pool.avail) > DP_KINDS:
         return fastest_of(prog, at_least, cheapest=False)
-    got = memoised(memo, None if key is None else ("fastest", D, total, *key), avail, at_least,
-                    lambda: [a] if (a := fastest_of(prog, at_least)) else [])
+    got = memoised(memo_, None if key is None else ("fastest", D, total, *key), pool.avail,
+                   at_least, lambda: [a] if (a := fastest_of(prog, at_least)) else [])
     return got[0] if got else None
 
 
-def tradeoffs(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-              region_of: list[int], levels: int = 6, at_least: float = 0.0,
-              total: int | None = None, memo: PoolMemo | None = None,
-              key: tuple | None = None, deadline: float | None = None) -> list[Allocation]:
+def tradeoffs(stage_opts: list[list[Option]], D: int, pool: Pool, levels: int = 6,
+              at_least: float = 0.0, total: int | None = None, memo: Memoised | None = None,
+              deadline: float | None = None) -> list[Allocation]:
     """Cheapest allocations under several bottleneck bounds, from the fastest feasible up:
-    the time-cost trade-offs of one plan shape. ``memo``, ``key``: see PoolMemo; ``deadline``:
+    the time-cost trade-offs of one plan shape. ``memo``: see PoolMemo; ``deadline``:
     see ``fastest``."""
-    prog = Program(stage_opts, D, avail, price, region_of, total, deadline, memo, key)
-    return memoised(memo, None if key is None else ("tradeoffs", D, total, levels, *key), avail,
-                     at_least, lambda: tradeoffs_of(prog, levels, at_least))
+    memo_, key = memo or (None, None)
+    prog = Program(stage_opts, D, pool, total, deadline, memo_, key)
+    return memoised(memo_, None if key is None else ("tradeoffs", D, total, levels, *key),
+                    pool.avail, at_least, lambda: tradeoffs_of(prog, levels, at_least))
 
 
 def tradeoffs_of(prog: Program, levels: int, at_least: float) -> list[Allocation]:

@@ -10,8 +10,10 @@ from shoal.training.planners.allocate.base import (
     DP_KINDS,
     GREEDY_ORDERS,
     Allocation,
+    Bound,
     Option,
     OutOfTime,
+    Pool,
     kind_weights,
     slots,
 )
@@ -27,25 +29,24 @@ from shoal.training.planners.allocate.greedy import (
 from shoal.training.planners.allocate.mip import solve_mip
 
 
-def solve_at(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-           region_of: list[int], tau: float, total: int | None = None,
-           deadline: float | None = None, cheapest: bool = True) -> Allocation | None:
+def solve_at(stage_opts: list[list[Option]], D: int, pool: Pool, tau: float,
+             total: int | None = None, deadline: float | None = None,
+             cheapest: bool = True) -> Allocation | None:
     """Cheapest allocation in which every replica finishes its pipeline's microbatches within
     those of a replica taking ``tau`` per microbatch in the busiest pipeline (with ``total``
     microbatches shared as by ``build.shares``; without, every replica takes at most ``tau``).
     Each stage mixes at most two options, all of one region. With ``cheapest`` False, any
     such allocation (a feasibility test). Raises OutOfTime once past ``deadline``."""
-    return solve_exact(stage_opts, D, avail, price, region_of, tau, total, deadline,
-                        cheapest)[0]
+    return solve_exact(stage_opts, D, pool, tau, total, deadline, cheapest)[0]
 
 
-def solve_exact(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price: np.ndarray,
-                 region_of: list[int], tau: float, total: int | None,
-                 deadline: float | None, cheapest: bool,
-                 flat: Flat | None = None) -> tuple[Allocation | None, bool]:
+def solve_exact(stage_opts: list[list[Option]], D: int, pool: Pool, tau: float,
+                total: int | None, deadline: float | None, cheapest: bool,
+                flat: Flat | None = None) -> tuple[Allocation | None, bool]:
     """``solve``'s answer, and whether it is the cheapest (none counts as the cheapest): a
     feasibility test answers with the cheapest allocation when it takes the MIP. ``flat``:
     the stage options flattened (``flatten``; a program keeps them for all its bounds)."""
+    avail, price, region_of = pool
     relax, extra = slots(D, total)
     tau = float(tau)  # the compiled programs take it as a float
     if len(avail) <= DP_KINDS:
@@ -67,11 +68,10 @@ def solve_exact(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price
     used = np.unique(flat.kinds[keep]).tolist()
     if len(used) <= DP_KINDS:
         # the bound leaves options of one or two kinds: the dynamic program over them
-        return on_kinds(used, flat.allowed(keep), D, avail, price, region_of, tau, relax,
-                         extra, deadline), True
+        return on_kinds(used, flat.allowed(keep), D, pool, Bound(tau, relax, extra),
+                        deadline), True
     if cheapest:
-        own = each_cheapest(allowed := flat.allowed(keep), D, avail, price, region_of, tau,
-                             relax, extra)
+        own = each_cheapest(allowed := flat.allowed(keep), D, pool, Bound(tau, relax, extra))
         if own is not None:
             return own, True
     else:
@@ -89,15 +89,16 @@ def solve_exact(stage_opts: list[list[Option]], D: int, avail: np.ndarray, price
         allowed = flat.allowed(keep)
     # a feasibility test that gets here also costs the allocations: when its bound is the
     # one found, the cheapest is then known (a MIP with costs takes about a third longer)
-    return solve_mip(allowed, D, avail, price, region_of, tau, relax, extra, deadline), True
+    return solve_mip(allowed, D, pool, Bound(tau, relax, extra), deadline), True
 
 
-def on_kinds(used: list[int], allowed: list[list[Option]], D: int, avail: np.ndarray,
-              price: np.ndarray, region_of: list[int], tau: float, relax: float, extra: int,
-              deadline: float | None) -> Allocation | None:
+def on_kinds(used: list[int], allowed: list[list[Option]], D: int, pool: Pool, bound: Bound,
+             deadline: float | None) -> Allocation | None:
     """``solve``'s cheapest allocation when the stages' options under the bound (``allowed``)
     are of the kinds ``used`` alone (one or two): the dynamic program on those kinds, its
     allocation in the pool's kinds."""
+    avail, price, region_of = pool
+    tau, relax, extra = bound
     local = {k: i for i, k in enumerate(used)}
     opts = [[Option(local[o.kind], o.tp, o.time_s) for o in al] for al in allowed]
     got = solve_dp(tables_of(opts, D, [region_of[k] for k in used]), avail[used], price[used],

@@ -6,9 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from shoal.estimate.pipeline import stage_spans
-from shoal.training.planners.allocate import (
-    kind_weights,
-)
+from shoal.training.planners.allocate import Pool, kind_weights
 from shoal.training.planners.auto.kernels import (
     ANY_REGIONS,
     least_level,
@@ -47,8 +45,8 @@ class Bounds(RingBounds, RefinedBounds):
       allocation for T; the cheaper kind per stage bounds both.
     """
 
-    def __init__(self, space: Space, avail: np.ndarray, price_h: np.ndarray,
-                 region_of: list[int]):
+    def __init__(self, space: Space, pool: Pool):
+        avail, price_h, region_of = pool
         pb, tb = space.problem, space.tb
         self.space, self.tc = space, pb.timing
         self.avail = avail.astype(float)

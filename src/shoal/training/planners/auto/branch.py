@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
 from shoal.training.planners import sailor
-from shoal.training.planners.allocate import (
-    OutOfTime,
-)
+from shoal.training.planners.allocate import OutOfTime, Pool
 from shoal.training.planners.auto.bounds import Bounds
-from shoal.training.planners.auto.pairs import pair_specs
+from shoal.training.planners.auto.pairs import Guide, Pair, pair_specs
 from shoal.training.planners.auto.shapes import (
     Shape,
     shapes_of,
@@ -23,12 +22,23 @@ from shoal.training.planners.space import Space
 BATCH = 12  # (shape, degree) pairs allocated and costed per estimator call
 
 
+class Pairs(NamedTuple):
+    """The (shape, degree) pairs the search may take, as arrays: each pair's shape (index
+    into the shapes), degree, least slowest-replica time of an iteration and what every
+    worker's compute ends at least that long before (``Bounds.__call__``)."""
+
+    sid: np.ndarray
+    Ds: np.ndarray
+    tau: np.ndarray
+    after: np.ndarray
+
+
 def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
            max_stages: int | None = None) -> None:
     problem = space.problem
     gbs = problem.job.global_batch
-    avail, price, region_of = sailor.arrays(space)
-    bounds = Bounds(space, avail, price, region_of)
+    pool = sailor.arrays(space)
+    bounds = Bounds(space, pool)
     cons = ev.constraints
     shapes: list[Shape] = []
     rows = []  # per shape: degrees, time bounds, cost bounds, slowest-replica bounds
@@ -72,8 +82,7 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
         # Sailor's walk up the data-parallel degree of single-stage plans is quick and lands
         # near the cheapest plan: an incumbent that prunes most of the cost bounds at once
         sailor.search(ev, space, objective, mbs_values, max_stages)
-    run = BranchAndBound(ev, space, bounds, shapes, sid, Ds, tau, after, avail, price,
-                          region_of)
+    run = BranchAndBound(ev, space, bounds, pool, shapes, Pairs(sid, Ds, tau, after))
     most_s = min(1.0 / cons.min_iters_per_s if cons.min_iters_per_s else np.inf,
                  cons.deadline.within / cons.deadline.iterations if cons.deadline else np.inf)
     limits = (most_s, cons.max_cost_per_iteration_usd
@@ -93,10 +102,10 @@ class BranchAndBound:
     """Takes (shape, degree) pairs by increasing bound, allocates and costs them in batches,
     and stops when the next bound cannot beat the best plan so far."""
 
-    def __init__(self, ev, space, bounds, shapes, sid, Ds, tau, after, avail, price, region_of):
-        self.ev, self.space, self.bounds, self.shapes = ev, space, bounds, shapes
-        self.sid, self.Ds, self.tau, self.after = sid, Ds, tau, after
-        self.avail, self.price, self.region_of = avail, price, region_of
+    def __init__(self, ev: Evaluator, space: Space, bounds: Bounds, pool: Pool,
+                 shapes: list[Shape], pairs: Pairs):
+        self.ev, self.space, self.bounds, self.pool, self.shapes = ev, space, bounds, pool, shapes
+        self.sid, self.Ds, self.tau, self.after = pairs
 
     def __call__(self, mask: np.ndarray, key: np.ndarray, times: np.ndarray, objective: str,
                  best, limits: tuple[float, float] = (np.inf, np.inf)) -> None:
@@ -114,7 +123,6 @@ class BranchAndBound:
         cons = ev.constraints
         capped = cons.max_cost_per_iteration_usd is not None or cons.max_gpus is not None
         levels = 1 if objective == "max-throughput" and not capped else 4
-        L = self.space.problem.n_layers
         i = 0
         while i < len(idx):
             if ev.out_of_time():
@@ -149,7 +157,7 @@ class BranchAndBound:
                     sh = self.shapes[self.sid[e]]
                     D = int(self.Ds[e])
                     worth = Worth(objective, bar, bar_t, float(self.after[e]),
-                                  self.space.problem.timing.step_overhead_s, self.price,
+                                  self.space.problem.timing.step_overhead_s, self.pool.price,
                                   self.bounds.option_times(sh), ev.beaten,
                                   functools.partial(self.bounds.tails, D=D),
                                   functools.partial(self.bounds.crossed_times, sh), limits,
@@ -165,14 +173,14 @@ class BranchAndBound:
                     if not sh.rebalance and not own:
                         ev.stats.pruned += 1  # its refined bound cannot beat the incumbent
                     else:
-                        specs += pair_specs(self.space, sh, D, float(self.tau[e]), self.avail,
-                                        self.price, self.region_of, levels, L,
-                                        functools.partial(self.bounds.option_levels, D=D,
-                                                          total=total),
-                                        ev.allocation_deadline(), worth, reach,
-                                        functools.partial(self.bounds.slowest, D=D), own,
-                                        least_level,
-                                        refined_t - self.space.problem.timing.step_overhead_s)
+                        guide = Guide(functools.partial(self.bounds.option_levels, D=D,
+                                                        total=total),
+                                      levels, worth, reach,
+                                      functools.partial(self.bounds.slowest, D=D), own,
+                                      least_level,
+                                      refined_t - self.space.problem.timing.step_overhead_s)
+                        specs += pair_specs(self.space, Pair(sh, D, float(self.tau[e]), total),
+                                            self.pool, guide, ev.allocation_deadline())
                     j += 1
             except OutOfTime:
                 cut = ev.stats.truncated = ev.stats.timed_out = True

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
 from shoal.training.planners import sailor
 from shoal.training.planners.allocate import (
     Allocation,
+    Memoised,
     Option,
+    Pool,
     fastest,
     slots,
     tradeoffs,
@@ -30,24 +33,47 @@ from shoal.training.planners.space import Space
 PACKINGS = ("stage", "chain", "pipeline")  # zone placements tried for each allocation
 
 
-def pair_specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region_of, levels: int,
-           L: int, levels_of: Callable[[Shape], list[list[Option]]],
-           deadline: float | None = None, worth: Worth | None = None,
-           reach: Callable[[Shape], bool] | None = None,
-           slowest: Callable[[Shape], float] | None = None, own: bool | None = None,
-           least_level: float = 0.0, floor_level: float = 0.0) -> list:
+class Pair(NamedTuple):
+    """A (shape, degree) pair: ``D`` pipelines of ``sh``, whose slowest replicas take at
+    least ``tau`` seconds an iteration (its bound), ``total`` microbatches an iteration."""
+
+    sh: Shape
+    D: int
+    tau: float
+    total: int
+
+
+class Guide(NamedTuple):
+    """What the search knows of a pair before allocating it: ``levels`` allocations per
+    program (one for the fastest, several for the cost objectives), ``levels_of``'s option
+    levels (``Bounds.option_levels``), ``worth`` (allocations that cannot beat the incumbent
+    are not built), ``reach`` (nor plans of a split whose shape cannot, ``Bounds.refined``;
+    ``own``: what it says of the pair's own shape, when the caller has asked), ``slowest``
+    (where a re-split's allocation program starts, ``Bounds.slowest``), ``least_level`` (a
+    lower bound on the program's least level, ``Bounds.refined_level``'s third) and
+    ``floor_level`` (a lower bound on any plan's time before the step overhead)."""
+
+    levels_of: Callable[[Shape], list[list[Option]]]
+    levels: int = 1
+    worth: Worth | None = None
+    reach: Callable[[Shape], bool] | None = None
+    slowest: Callable[[Shape], float] | None = None
+    own: bool | None = None
+    least_level: float = 0.0
+    floor_level: float = 0.0
+
+
+def pair_specs(space: Space, pair: Pair, pool: Pool, guide: Guide,
+               deadline: float | None = None) -> list:
     """Plans of one (shape, degree) pair: its allocations of least level (the allocation
-    program over ``levels_of``'s option levels, ``Bounds.option_levels``), each in every zone
-    packing, and their variants; allocations ``worth`` says cannot beat the incumbent are
-    not built, nor plans of a split whose shape ``reach`` says cannot (``Bounds.refined``;
-    ``own``: what it says of ``sh``, when the caller has asked); a re-split's allocation
-    program starts from ``slowest`` (``Bounds.slowest``), and the program over the levels
-    from ``least_level``, a lower bound on its least level (``Bounds.refined_level``'s third);
-    ``floor_level``: a lower bound on any plan's time before the step overhead (the refined
-    bound's). Raises OutOfTime once an allocation passes ``deadline``."""
+    program over the guide's option levels), each in every zone packing, and their variants,
+    as far as the ``guide`` lets them beat the incumbent. Raises OutOfTime once an allocation
+    passes ``deadline``."""
+    sh, D, tau, total = pair
+    worth, reach, own = guide.worth, guide.reach, guide.own
+    avail, price, region_of = pool
     opts = [list(o) for o in sh.opts]
-    total = space.problem.job.global_batch // sh.mbs
-    memo, key = space.alloc_memo, (sh.split, sh.mbs, sh.recompute)
+    memo = Memoised(space.alloc_memo, (sh.split, sh.mbs, sh.recompute))
     if own is None and reach is not None:
         own = reach(sh)
     if own is not None and not own:
@@ -58,18 +84,17 @@ def pair_specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region
         # built, and on three kinds or more the cheapest takes a MIP). Not the allocation of
         # least level that a pair whose own plans are built re-splits to: here that program is
         # the slower, and its re-splits found no better plan on planner_speed.py's pools
-        a = fastest(opts, D, avail, price, region_of, at_least=tau / slots(D, total)[0],
-                    total=total, memo=memo, key=key, deadline=deadline, cheapest=False)
-        return [] if a is None else resplit(space, sh, a, opts, D, L, total, avail, price,
-                                             region_of, deadline, worth, reach, slowest,
-                                             cheapest=levels > 1)
+        a = fastest(opts, D, pool, at_least=tau / slots(D, total)[0], total=total, memo=memo,
+                    deadline=deadline, cheapest=False)
+        return [] if a is None else resplit(space, pair, a, pool, guide, deadline)
     # the allocations of least level (``levels_of``: each option's least cost to the whole
     # iteration, its stage's gradient ring and update included), and for cost objectives
     # the cheapest under several levels, with their slowest replicas' compute times
     least = tau / slots(D, total)[0]  # the least slowest-replica time of any allocation
-    by_level = tradeoffs(levels_of(sh), D, avail, price, region_of, levels=levels,
-                         at_least=least_level, total=None, memo=memo,
-                         key=(*key, "levels", space.zone_sets), deadline=deadline)
+    by_level = tradeoffs(guide.levels_of(sh), D, pool, levels=guide.levels,
+                         at_least=guide.least_level, total=None,
+                         memo=Memoised(memo.memo, (*memo.key, "levels", space.zone_sets)),
+                         deadline=deadline)
     allocs = [Allocation(a.per_stage, a.usage, slowest_s(a, opts)) for a in by_level]
     if allocs:
         # the same kinds at larger TPs, and faster kinds where GPUs are left
@@ -83,7 +108,7 @@ def pair_specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region
     # the program's allocations on some of the options or fewer GPUs take no less than the
     # least level on all of them: none where it has none, none worth building beyond the bar
     variants = bool(allocs) and (worth is None or not worth.beyond_level(
-        max(by_level[0].bottleneck_s, floor_level), D))
+        max(by_level[0].bottleneck_s, guide.floor_level), D))
 
     out = [build_spec(space, a, opts, sh.split, sh.mbs, D, recompute=sh.recompute, packing=pk,
                       home=home)
@@ -93,15 +118,15 @@ def pair_specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region
         # bottleneck program over every TP can choose allocations the estimate ranks below
         # it, and with it every plan that strategy costs is costed here too
         o_min = [list(o) for o in sh.sailors]
-        a_min = fastest(o_min, D, avail, price, region_of, at_least=least,
-                        total=total, memo=memo,
-                        key=(sh.split, sh.mbs, sh.recompute, "sailor's tp"),
+        a_min = fastest(o_min, D, pool, at_least=least, total=total,
+                        memo=Memoised(memo.memo, (*memo.key, "sailor's tp")),
                         deadline=deadline)
         if (a_min is not None and all(a_min.per_stage != a.per_stage for a in allocs)
                 and ok(a_min)):
             out.append(build_spec(space, a_min, o_min, sh.split, sh.mbs, D,
                                   recompute=sh.recompute))  # as that strategy packs it
-    if allocs and len(sh.split) <= PERMUTE_UP_TO and every_split(L, len(sh.split)):
+    if allocs and len(sh.split) <= PERMUTE_UP_TO and every_split(space.problem.n_layers,
+                                                                  len(sh.split)):
         # shallow pipelines of a short model: the same GPUs with the stages' replica mixes in
         # every other order (the bottleneck program ranks by compute; the sends, the fill and
         # drain and the optimizer steps may prefer another order)
@@ -115,8 +140,7 @@ def pair_specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region
                         out.append(build_spec(space, ap, opts, sh.split, sh.mbs, D,
                                               recompute=sh.recompute))
     if sh.rebalance and allocs:
-        out += resplit(space, sh, allocs[0], opts, D, L, total, avail, price, region_of,
-                        deadline, worth, reach, slowest, cheapest=levels > 1)
+        out += resplit(space, pair, allocs[0], pool, guide, deadline)
     # the allocation pools the zones of a region (H6) and counts no sends between zones, so
     # on a pool spread over zones it may take a faster GPU in another zone where the estimate,
     # with the sends and egress across zones, prefers the same plan inside one zone; and where
@@ -130,8 +154,8 @@ def pair_specs(space: Space, sh: Shape, D: int, tau: float, avail, price, region
     for z, sub in subpools:
         if sub.sum() < need:
             continue
-        a3 = fastest(opts, D, sub, price, region_of, at_least=least, total=total,
-                     memo=memo, key=key, deadline=deadline)
+        a3 = fastest(opts, D, Pool(sub, price, region_of), at_least=least, total=total,
+                     memo=memo, deadline=deadline)
         a3 = None if a3 is None else upgraded(a3, opts, sub)
         if a3 is not None and ok(a3):
             out += [build_spec(space, a3, opts, sh.split, sh.mbs, D, recompute=sh.recompute,
@@ -157,25 +181,25 @@ def packings(space: Space, a: Allocation) -> list[tuple[str, str | None]]:
         [("chain", z) for z, _ in zones] if len(zones) > 1 else [])
 
 
-def resplit(space: Space, sh: Shape, alloc: Allocation, opts: list[list[Option]], D: int, L: int,
-             total: int, avail, price, region_of, deadline: float | None, worth: Worth | None,
-             reach: Callable[[Shape], bool] | None,
-             slowest: Callable[[Shape], float] | None, cheapest: bool = True) -> list:
+def resplit(space: Space, pair: Pair, alloc: Allocation, pool: Pool, guide: Guide,
+            deadline: float | None) -> list:
     """The plan of the layers re-split to allocation ``alloc``'s slowest replica types
     (``rebalanced``) given the fastest allocation of the new split: none when the split is
-    the same, some stage would get no layer, or ``reach`` or ``worth`` rules it out (the
-    allocation program starts from ``slowest``'s least slowest-replica time). On three kinds
-    or more and unless ``cheapest`` (the cost objectives and caps), the allocation is the one
-    the program's search met at that bottleneck, not necessarily the cheapest, which takes a
-    MIP per re-split (planner_speed.py's three-type row: 1,244 MIPs against 1,934, and a
-    plan 0.5% faster)."""
+    the same, some stage would get no layer, or the guide's ``reach`` or ``worth`` rules it
+    out (the allocation program starts from its ``slowest``'s least slowest-replica time).
+    On three kinds or more and for the fastest allocation alone (``guide.levels`` 1: not the
+    cost objectives and caps), the allocation is the one the program's search met at that
+    bottleneck, not necessarily the cheapest, which takes a MIP per re-split
+    (planner_speed.py's three-type row: 1,244 MIPs against 1,934, and a plan 0.5% faster)."""
+    sh, D, _, total = pair
+    opts = [list(o) for o in sh.opts]
     # the re-split's shape (or None), kept with the stage options: it depends on the kinds
     # and their TPs, not on the GPU counts; one shape object per split (the bounds keep their
     # parts by shape object)
     key = ("resplit", alloc.per_stage, sh.split, sh.mbs, sh.recompute)
     sh2 = space.stage_opts.get(key, False)
     if sh2 is False:
-        new = rebalanced(space, alloc, opts, L, sh.mbs, sh.recompute)
+        new = rebalanced(space, alloc, opts, space.problem.n_layers, sh.mbs, sh.recompute)
         sh2 = None
         if new != sh.split and min(b - a for a, b in new) > 0:
             own = ("resplit shape", new, sh.mbs, sh.recompute)
@@ -189,15 +213,15 @@ def resplit(space: Space, sh: Shape, alloc: Allocation, opts: list[list[Option]]
     if sh2 is None:
         return []
     new, o2 = sh2.split, [list(o) for o in sh2.opts]
-    if reach is not None and not reach(sh2):
+    if guide.reach is not None and not guide.reach(sh2):
         return []
-    least = 0.0 if slowest is None else slowest(sh2)
+    least = 0.0 if guide.slowest is None else guide.slowest(sh2)
     if not np.isfinite(least):
         return []  # no allocation holds D replicas of every stage
-    a2 = fastest(o2, D, avail, price, region_of, at_least=least / slots(D, total)[0],
-                 total=total, memo=space.alloc_memo, key=(new, sh.mbs, sh.recompute),
-                 deadline=deadline, cheapest=cheapest)
-    if a2 is None or (worth is not None and not worth(a2, D, total, other=sh2)):
+    a2 = fastest(o2, D, pool, at_least=least / slots(D, total)[0], total=total,
+                 memo=Memoised(space.alloc_memo, (new, sh.mbs, sh.recompute)),
+                 deadline=deadline, cheapest=guide.levels > 1)
+    if a2 is None or (guide.worth is not None and not guide.worth(a2, D, total, other=sh2)):
         return []
     sp = build_spec(space, a2, o2, new, sh.mbs, D, recompute=sh.recompute)
     return [] if sp is None else [sp]
