@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from shoal.estimate.timeline import simulate_pipeline
 from shoal.specs.network import LinkSpec, WanSpec
 from shoal.training.geo import SCHEDULES, GeoJob, iteration_bounds, simulate
 from shoal.training.planners.atlas import algorithm1, best, ring_latency, uniform_cell_latency
-from shoal.training.schedule import simulate_pipeline
 
 TABLE1 = {10: 1220, 20: 600, 30: 396, 40: 293}  # Atlas Table 1: ms -> Mbit/s, one connection
 
