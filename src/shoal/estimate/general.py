@@ -24,8 +24,8 @@ import numpy as np
 
 from shoal.estimate import operations
 from shoal.estimate.encode import PlanSpec
-from shoal.estimate.kernel import exposed_sync, p2p_s
-from shoal.estimate.tables import CostTables
+from shoal.estimate.kernel import exposed_sync, p2p_s, worker_memory
+from shoal.estimate.tables import CostTables, state_bytes
 from shoal.problem import Problem
 from shoal.specs.plan import owners as plan_owners
 from shoal.specs.plan import stage_orders as plan_stage_orders
@@ -190,9 +190,6 @@ def in_flight(spec: PlanSpec) -> list[list[int]]:
 def memory(problem: Problem, tb: CostTables, spec: PlanSpec, res: dict) -> None:
     """Activations, peak and OOM of every replica from its order's in-flight microbatches,
     written into ``res`` (a one-plan kernel result with ``detail``)."""
-    from shoal.estimate.api import _state_bytes
-    from shoal.estimate.kernel import worker_memory
-
     mem = problem.memory
     mbs = float(spec[0])
     rc, zero = spec[2], spec[3]
@@ -202,7 +199,7 @@ def memory(problem: Problem, tb: CostTables, spec: PlanSpec, res: dict) -> None:
     for s, ((a, b, reps), held) in enumerate(zip(spec[4], in_flight(spec), strict=True)):
         for j, (gpu, tp, _, _) in enumerate(reps):
             states, buffers, act = worker_memory(
-                tb, mem, _state_bytes(problem)[1], tb.gi(gpu), a, b, tb.ti(tp), mbs, float(held[j]),
+                tb, mem, state_bytes(problem)[1], tb.gi(gpu), a, b, tb.ti(tp), mbs, float(held[j]),
                 np.bool_(rc), np.int64(zero), float(len(reps)))
             peak = mem.framework_bytes + float(states) + float(buffers) + float(act)
             res["inflight"][0, s, j] = held[j]

@@ -48,7 +48,7 @@ import numpy as np
 from shoal.estimate.encode import PlanSpec, parse_schedule
 from shoal.estimate.general import hop
 from shoal.estimate.kernel import ring_allreduce_s
-from shoal.estimate.tables import CostTables
+from shoal.estimate.tables import CostTables, state_bytes
 from shoal.problem import Problem
 from shoal.specs.plan import owners as plan_owners
 
@@ -161,10 +161,8 @@ def _weights(problem: Problem, tb: CostTables, spec: PlanSpec, cut: list[list[in
              host: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(S, V) seconds per stage and ministage: weights in (host shard, then all-gather),
     gradients out (reduce-scatter) with the optimizer state in and out, and the shard's update."""
-    from shoal.estimate.api import _state_bytes
-
     tc = problem.timing
-    grad_b, (w_b, _, o_b) = _state_bytes(problem)
+    grad_b, (w_b, _, o_b) = state_bytes(problem)
     S, V = len(spec[4]), len(cut[0]) - 1
     fetch, reduce, update = np.zeros((S, V)), np.zeros((S, V)), np.zeros((S, V))
     for s, (_, _, reps) in enumerate(spec[4]):
@@ -285,12 +283,10 @@ def _egress(tb: CostTables, spec: PlanSpec, own: list[np.ndarray], egress_ring: 
 def memory(problem: Problem, tb: CostTables, spec: PlanSpec, res: dict) -> None:
     """Every worker's memory under the zorse schedule (module docstring), written into ``res``
     (a one-plan kernel result with ``detail``): states, buffers, activations, peak, OOM."""
-    from shoal.estimate.api import _state_bytes
-
     mbs, key, _, _, stages = spec
     _, V = parse_schedule(key)
     mem = problem.memory
-    _, (w_b, g_b, o_b) = _state_bytes(problem)
+    _, (w_b, g_b, o_b) = state_bytes(problem)
     for k_ in ("inflight", "activations", "peak_bytes", "oom_workers", "states", "buffers"):
         res[k_] = res[k_].copy()
     for s, (a, b, reps) in enumerate(stages):
