@@ -15,10 +15,10 @@ import json
 import numpy as np
 
 from shoal.estimate import estimate
+from shoal.estimate.timeline import simulate
 from shoal.problem import build_problem
 from shoal.specs.plan import TrainingPlan
 from shoal.specs.scenario import parse_scenario
-from shoal.training.schedule import simulate
 
 GPUS = ["A100-40GB", "V100-16GB", "A100-80GB"]
 ZONES = ["us-central1-a", "us-central1-b", "us-west1-b"]

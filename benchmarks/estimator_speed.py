@@ -20,10 +20,10 @@ import numpy as np
 from shoal.estimate import estimate
 from shoal.estimate.api import run_kernel, tables_for
 from shoal.estimate.kernel import Batch
+from shoal.estimate.timeline import simulate
 from shoal.problem import build_problem
 from shoal.specs.plan import TrainingPlan
 from shoal.specs.scenario import parse_scenario
-from shoal.training.schedule import simulate
 
 GPUS = ["A100-40GB", "V100-16GB", "A100-80GB"]
 ZONES = ["us-central1-a", "us-central1-b"]

@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 from shoal import catalog
 from shoal.errors import SpecError
 from shoal.estimate import estimate
+from shoal.estimate.timeline import simulate
 from shoal.estimate.validate import validate_plan
 from shoal.problem import build_problem
 from shoal.profiles.analytic import AnalyticProfile
 from shoal.specs.plan import TrainingPlan
 from shoal.specs.scenario import parse_scenario
-from shoal.training.schedule import simulate
 
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -184,7 +184,8 @@ def test_zero_never_raises_memory(a, n, tp, dp, inflight, recompute):
 
 
 def test_timeline_of_an_asymmetric_plan_matches_the_estimate(het, tmp_path):
-    from shoal.training.schedule import draw_timeline, simulate
+    from shoal.estimate.timeline import simulate
+    from shoal.report.figures import draw_timeline
 
     pb, plan = het
     total = sum(r["microbatches"] for r in plan["stages"][2]["replicas"])

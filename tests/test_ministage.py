@@ -143,8 +143,8 @@ def test_zorse_finds_plans_that_fit_only_with_ministages():
 def test_the_runtime_and_the_timeline_refuse_the_zorse_schedule():
     pytest.importorskip("torch")
     from shoal.catalog import models
+    from shoal.estimate.timeline import simulate
     from shoal.runtime.pipeline import layout
-    from shoal.training.schedule import simulate
 
     p = TrainingPlan.model_validate({
         "microbatch_size": 1, "schedule": "zorse", "ministages": 2, "recompute": True,

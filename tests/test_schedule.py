@@ -9,9 +9,11 @@ import pytest
 
 from shoal.estimate import estimate
 from shoal.estimate.kernel import pipeline_makespan
+from shoal.estimate.pipeline import stage_order
+from shoal.estimate.timeline import simulate, simulate_pipeline
 from shoal.problem import load_problem
+from shoal.report.figures import draw_timeline
 from shoal.specs.plan import TrainingPlan
-from shoal.training.schedule import draw_timeline, simulate, simulate_pipeline, stage_order
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "het-a100-v100.yaml"

@@ -85,7 +85,7 @@ def estimate(
     est = run_estimate(problem, tplan, file=str(plan))
     tl_doc = None
     if timeline is not None or (as_json and tplan.schedule != "zorse"):
-        from shoal.training.schedule import timeline_json
+        from shoal.estimate.timeline import timeline_json
 
         tl_doc = timeline_json(problem, tplan)
     if timeline is not None:

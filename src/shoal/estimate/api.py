@@ -10,9 +10,9 @@ from shoal import catalog
 from shoal.estimate import general, kernel, ministage
 from shoal.estimate.encode import encode_specs, to_spec
 from shoal.estimate.tables import CostTables, build_tables, default_tp_values
+from shoal.estimate.tables import state_bytes as _state_bytes  # the planners' name for it
 from shoal.estimate.validate import validate_plan
 from shoal.problem import Problem
-from shoal.profiles.analytic import precision_class
 from shoal.specs.plan import TrainingPlan
 
 
@@ -85,21 +85,6 @@ class Estimate:
             "workers": [asdict(w) for w in self.workers],
             "stages": [asdict(s) | {"layers": list(s.layers)} for s in self.stages],
         }
-
-
-def _state_bytes(problem: Problem) -> tuple[float, tuple[float, float, float]]:
-    """(bytes per gradient element as reduced, (weights, gradients, optimizer state) bytes per
-    parameter): fp32 and tf32 keep everything in fp32; bf16 everything in bf16 (Adam's two
-    moments included); mixed precision as the stack lays it out (fp32 master weights with the
-    optimizer state, or fp32 weights cast to 16-bit as they are used). SGD keeps one moment."""
-    sgd = problem.job.optimizer == "sgd"
-    cls = precision_class(problem.job.precision)
-    if cls == "fp32":
-        return 4.0, (4.0, 4.0, 4.0 if sgd else 8.0)
-    if cls == "bf16":
-        return 2.0, (2.0, 2.0, 2.0 if sgd else 4.0)
-    w, gr, opt = problem.memory.mixed_state_bytes
-    return gr, (w, gr, opt - 4.0 if sgd else opt)
 
 
 def tables_for(problem: Problem, mbs_values: list[int]) -> CostTables:

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from shoal.estimate import operations
 from shoal.estimate.encode import PlanSpec
-from shoal.estimate.kernel import exposed_sync, p2p_s
-from shoal.estimate.tables import CostTables
+from shoal.estimate.kernel import exposed_sync, p2p_s, worker_memory
+from shoal.estimate.tables import CostTables, state_bytes
 from shoal.problem import Problem
 from shoal.specs.plan import owners as plan_owners
 from shoal.specs.plan import stage_orders as plan_stage_orders
@@ -43,53 +44,38 @@ def owners(spec: PlanSpec) -> list[np.ndarray]:
     return [np.array(plan_owners([r[3] for r in reps]), dtype=np.int64) for _, _, reps in spec[4]]
 
 
-def topological(schedule: str, shares: list[list[int]]) -> list[tuple[int, int, int]]:
-    """The stages' orders (``stage_orders``) merged into one order in which every operation
-    comes after the one it waits for: (stage, is_backward, microbatch). Each replica's order is
-    part of its stage's, so this order also respects every replica's."""
-    per = plan_stage_orders(schedule, shares)
-    S = len(per)
-    pos = [0] * S
-    M = sum(shares[0])
-    f_done = [[False] * M for _ in range(S)]
-    b_done = [[False] * M for _ in range(S)]
-    out: list[tuple[int, int, int]] = []
-    left = sum(len(p) for p in per)
-    while left:
-        progressed = False
-        for s in range(S):
-            ops = per[s]
-            while pos[s] < len(ops):
-                bk, i = ops[pos[s]]
-                ok = ((b_done[s + 1][i] if s + 1 < S else f_done[s][i]) if bk
-                      else (s == 0 or f_done[s - 1][i]))
-                if not ok:
-                    break
-                (b_done if bk else f_done)[s][i] = True
-                out.append((s, bk, i))
-                pos[s] += 1
-                left -= 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError("the plan's schedule has a cycle")
-    return out
-
-
 def simulate(spec: PlanSpec, fwd: np.ndarray, bwd: np.ndarray, hop: list[np.ndarray],
              recv_fraction: float, trace: list | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(end of each replica's last operation (S, R), busy seconds of each replica (S, R)).
+    """(end of each replica's last operation (S, R), busy seconds of each replica (S, R)), from
+    the event simulation of the stages' orders (``shoal.estimate.operations``).
 
     ``fwd``/``bwd``: (S, R) compute seconds per microbatch; ``hop[s]``: (R_s, R_{s+1}) seconds
     of one microbatch's transfer between replica a of stage s and replica b of stage s+1 (the
     same in both directions). ``trace``: a list to which every operation is appended as
     (stage, replica, is_backward, microbatch, start, end)."""
     stages = spec[4]
-    S = len(stages)
     own = owners(spec)
-    R = fwd.shape[1]
-    rf = recv_fraction
-    # per stage and microbatch: its owner and the seconds of its forward and backward there
-    # (compute, the send to the next owner, the blocking share of the receive)
+    d_f, d_b = durations(own, fwd, bwd, hop, recv_fraction)
+    shares = [[r[3] for r in reps] for _, _, reps in stages]
+    g = operations.graph(plan_stage_orders(spec[1], shares), np.stack(own),
+                         [len(sh) for sh in shares], d_f, d_b)
+    free = np.zeros((len(stages), fwd.shape[1]))
+    for (s, j), end_s in zip(g.where, operations.simulate(g, trace), strict=True):
+        free[s, j] = end_s
+    busy = np.zeros((len(stages), fwd.shape[1]))
+    for s, sh in enumerate(shares):
+        for j in range(len(sh)):
+            mine = own[s] == j
+            busy[s, j] = float(np.sum(d_f[s][mine]) + np.sum(d_b[s][mine]))
+    return free, busy
+
+
+def durations(own: list[np.ndarray], fwd: np.ndarray, bwd: np.ndarray, hop: list[np.ndarray],
+              recv_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(S, M) seconds of each microbatch's forward and backward on the replica that owns it in
+    each stage: compute, the send to the next stage's owner, and the blocking share
+    (``recv_fraction``) of the receive from the previous stage's."""
+    S = len(own)
     d_f, d_b = [], []
     for s in range(S):
         o = own[s]
@@ -97,39 +83,13 @@ def simulate(spec: PlanSpec, fwd: np.ndarray, bwd: np.ndarray, hop: list[np.ndar
         db = bwd[s, o].astype(float)
         if s + 1 < S:
             h = hop[s][o, own[s + 1]]
-            df, db = df + h, db + rf * h
+            df, db = df + h, db + recv_fraction * h
         if s > 0:
             h = hop[s - 1][own[s - 1], o]
-            df, db = df + rf * h, db + h
-        d_f.append(df.tolist())
-        d_b.append(db.tolist())
-    own_l = [o.tolist() for o in own]
-    shares = [[r[3] for r in reps] for _, _, reps in stages]
-    f_end = [[0.0] * len(own_l[0]) for _ in range(S)]
-    b_end = [[0.0] * len(own_l[0]) for _ in range(S)]
-    free = [[0.0] * R for _ in range(S)]
-    busy = np.zeros((S, R))
-    for s, bk, i in topological(spec[1], shares):
-        j = own_l[s][i]
-        if bk:
-            dep = b_end[s + 1][i] if s + 1 < S else f_end[s][i]
-            d = d_b[s][i]
-        else:
-            dep = f_end[s - 1][i] if s > 0 else 0.0
-            d = d_f[s][i]
-        t = free[s][j]
-        if dep > t:
-            t = dep
-        if trace is not None:
-            trace.append((s, j, bk, i, t, t + d))
-        t += d
-        free[s][j] = t
-        (b_end if bk else f_end)[s][i] = t
-    for s in range(S):
-        for j in range(len(shares[s])):
-            mine = own[s] == j
-            busy[s, j] = float(np.sum(np.asarray(d_f[s])[mine]) + np.sum(np.asarray(d_b[s])[mine]))
-    return np.array(free), busy
+            df, db = df + recv_fraction * h, db + h
+        d_f.append(df)
+        d_b.append(db)
+    return np.stack(d_f), np.stack(d_b)
 
 
 def hop(problem: Problem, tb: CostTables, mbs: int, src, dst) -> np.ndarray:
@@ -230,9 +190,6 @@ def in_flight(spec: PlanSpec) -> list[list[int]]:
 def memory(problem: Problem, tb: CostTables, spec: PlanSpec, res: dict) -> None:
     """Activations, peak and OOM of every replica from its order's in-flight microbatches,
     written into ``res`` (a one-plan kernel result with ``detail``)."""
-    from shoal.estimate.api import _state_bytes
-    from shoal.estimate.kernel import worker_memory
-
     mem = problem.memory
     mbs = float(spec[0])
     rc, zero = spec[2], spec[3]
@@ -242,7 +199,7 @@ def memory(problem: Problem, tb: CostTables, spec: PlanSpec, res: dict) -> None:
     for s, ((a, b, reps), held) in enumerate(zip(spec[4], in_flight(spec), strict=True)):
         for j, (gpu, tp, _, _) in enumerate(reps):
             states, buffers, act = worker_memory(
-                tb, mem, _state_bytes(problem)[1], tb.gi(gpu), a, b, tb.ti(tp), mbs, float(held[j]),
+                tb, mem, state_bytes(problem)[1], tb.gi(gpu), a, b, tb.ti(tp), mbs, float(held[j]),
                 np.bool_(rc), np.int64(zero), float(len(reps)))
             peak = mem.framework_bytes + float(states) + float(buffers) + float(act)
             res["inflight"][0, s, j] = held[j]

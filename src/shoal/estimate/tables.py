@@ -11,12 +11,27 @@ from dataclasses import dataclass
 import numpy as np
 
 from shoal.problem import Problem
-from shoal.profiles.analytic import architecture, element_bytes, peak_flops
+from shoal.profiles.analytic import architecture, element_bytes, peak_flops, precision_class
 from shoal.profiles.layers import activation_bytes, recompute_working_bytes
 
 
 def _prefix(x: np.ndarray) -> np.ndarray:
     return np.concatenate([np.zeros(x.shape[:-1] + (1,)), np.cumsum(x, axis=-1)], axis=-1)
+
+
+def state_bytes(problem: Problem) -> tuple[float, tuple[float, float, float]]:
+    """(bytes per gradient element as reduced, (weights, gradients, optimizer state) bytes per
+    parameter): fp32 and tf32 keep everything in fp32; bf16 everything in bf16 (Adam's two
+    moments included); mixed precision as the stack lays it out (fp32 master weights with the
+    optimizer state, or fp32 weights cast to 16-bit as they are used). SGD keeps one moment."""
+    sgd = problem.job.optimizer == "sgd"
+    cls = precision_class(problem.job.precision)
+    if cls == "fp32":
+        return 4.0, (4.0, 4.0, 4.0 if sgd else 8.0)
+    if cls == "bf16":
+        return 2.0, (2.0, 2.0, 2.0 if sgd else 4.0)
+    w, gr, opt = problem.memory.mixed_state_bytes
+    return gr, (w, gr, opt - 4.0 if sgd else opt)
 
 
 def default_tp_values(problem: Problem) -> list[int]:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shoal.estimate.timeline import timeline_json
 from shoal.files import save_figure
+from shoal.problem import Problem
+from shoal.specs.plan import TrainingPlan
 
 COLORS = {"F": "#4C72B0", "R": "#8172B3", "B": "#55A868", "sync": "#C44E52",
           "update": "#937860", "prefill": "#DD8452"}
@@ -53,6 +56,13 @@ def draw_timeline_doc(doc: dict, path: str | Path) -> Path:
                  f"{doc['stages']} stage{'s' * (doc['stages'] > 1)}; {doc['shown']})")
     _legend(ax, [k for k in COLORS if k in kinds], len(rows))
     return save_figure(fig, path)
+
+
+def draw_timeline(problem: Problem, plan: TrainingPlan, path: str | Path,
+                  max_pipelines: int = 4) -> Path:
+    """Simulate one iteration of ``plan`` (``shoal.estimate.timeline``) and draw it as a Gantt
+    chart (one row per worker, at most ``max_pipelines`` pipelines) into a PNG."""
+    return draw_timeline_doc(timeline_json(problem, plan, max_pipelines), path)
 
 
 def fullest(workers: list[dict], most: int) -> list[dict]:

@@ -28,8 +28,13 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+from shoal import catalog
+from shoal.errors import SpecError
+from shoal.estimate import estimate
+from shoal.estimate.events import Event, EventLoop
 from shoal.estimate.pipeline import stage_order
 from shoal.profiles import collectives
+from shoal.profiles.network import bandwidth
 
 SCHEDULES = ("gpipe", "1f1b", "varuna", "atlas")
 INTRA_DC_BPS = 100e9 / 8  # Atlas testbed: 100 Gbit/s between nodes of one datacenter (§6.1)
@@ -164,229 +169,296 @@ def iteration_bounds(job: GeoJob) -> tuple[float, float]:
     return lower, sum(work) + hops + max(ar)
 
 
+@dataclass(frozen=True, slots=True)
+class ComputeEnds(Event):
+    """GPU ``gpu`` (pipeline p, stage s at index p S + s) ends its forward ("F"), recompute
+    ("R") or backward ("B") of ``microbatch``."""
+
+    gpu: int
+    kind: str
+    microbatch: int
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationArrives(Event):
+    """The activations of ``microbatch`` reach GPU ``gpu`` from the previous stage."""
+
+    gpu: int
+    microbatch: int
+
+
+@dataclass(frozen=True, slots=True)
+class GradientArrives(Event):
+    """The gradient of ``microbatch`` reaches GPU ``gpu`` from the next stage."""
+
+    gpu: int
+    microbatch: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecomputeReady(Event):
+    """The next stage has started a backward, so GPU ``gpu`` may recompute that microbatch."""
+
+    gpu: int
+
+
+# At equal times the four kinds are handled first scheduled, first handled: a GPU that frees
+# the instant data arrives sees both in the order their causes happened.
+_ORDER = ((ComputeEnds, ActivationArrives, GradientArrives, RecomputeReady),)
+
+
 def simulate(job: GeoJob, schedule: str = "atlas", *, cell: int | None = None,
              max_inflight: int | None = None,
              blocked: dict[tuple[int, int], list[tuple[float, float]]] | None = None
              ) -> GeoTimeline:
-    """Simulate one iteration of ``job`` under ``schedule``. ``cell``: pipelines per DP-cell
-    (Atlas; default all). ``max_inflight``: forwards a stage may hold before their backward
-    (Varuna, Atlas; default every microbatch). ``blocked``: per GPU ``(p, s)``, windows in which
-    it runs something else (BubbleTea's prefills): training work starts only where it fits
-    between them."""
+    """Simulate one iteration of ``job`` under ``schedule`` on the event core
+    (``shoal.estimate.events``). ``cell``: pipelines per DP-cell (Atlas; default all).
+    ``max_inflight``: forwards a stage may hold before their backward (Varuna, Atlas; default
+    every microbatch). ``blocked``: per GPU ``(p, s)``, windows in which it runs something else
+    (BubbleTea's prefills): training work starts only where it fits between them."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
-    S, P, M = job.stages, job.pipelines, job.microbatches
-    cell = P if cell is None else max(1, min(int(cell), P))
-    cap = M if max_inflight is None else max(1, int(max_inflight))
-    dynamic = schedule in ("varuna", "atlas")
-    atlas = schedule == "atlas"
-    recompute = [job.recompute_s[s] if s < S - 1 else 0.0 for s in range(S)]
-    fixed_bwd = [job.bwd_s[s] + (recompute[s] if not dynamic else 0.0) for s in range(S)]
-    wan = [job.is_wan(b) for b in range(S - 1)]
+    run = _GeoRun(job, schedule, cell, max_inflight, blocked)
+    loop = EventLoop({ComputeEnds: run.compute_ends, ActivationArrives: run.activation_arrives,
+                      GradientArrives: run.gradient_arrives, RecomputeReady: run.recompute_ready},
+                     order=_ORDER)
+    for g in range(job.pipelines * job.stages):
+        loop.schedule(run.dispatch(g, 0.0))
+    loop.run()
+    return run.timeline()
 
-    def gid(p: int, s: int) -> int:
-        return p * S + s
 
-    G = P * S
-    windows = [sorted((blocked or {}).get((g // S, g % S), [])) for g in range(G)]
+class _GeoRun:
+    """The state of one ``simulate``: per GPU what has arrived and what it has done, the WAN
+    channels' free times, and the handlers of the four event kinds."""
 
-    def unblocked(g: int, start: float, dur: float) -> float:
-        for a, b in windows[g]:
-            if b <= start + 1e-9 or a >= start + dur - 1e-9:  # touching is not overlapping
-                continue
-            start = b
-        return start
+    __slots__ = ("job", "schedule", "S", "P", "M", "max_inflight", "cell", "cap", "dynamic",
+                 "atlas", "recompute", "fixed_bwd", "wan", "windows", "busy", "act_at",
+                 "grad_at", "f_done", "r_done", "rb", "rr", "n_f", "n_b", "orders", "pos",
+                 "chan", "wan_bytes", "idle")
 
-    free_at = [0.0] * G
-    busy: list[list[Busy]] = [[] for _ in range(G)]
-    act_at = [[None] * M for _ in range(G)]  # activation of microbatch m arrived (time)
-    grad_at = [[None] * M for _ in range(G)]
-    f_done = [[False] * M for _ in range(G)]
-    r_done = [[False] * M for _ in range(G)]
-    rb: list[list[int]] = [[] for _ in range(G)]  # dynamic: backwards ready (heap)
-    rr: list[list[int]] = [[] for _ in range(G)]  # dynamic: recomputes ready (heap)
-    n_f = [0] * G
-    n_b = [0] * G
-    orders = [stage_order("gpipe" if schedule == "gpipe" else "1f1b", S, s, M) for s in range(S)]
-    pos = [0] * G
-    chan: dict[tuple, float] = {}  # link or cell channel -> time it is free
-    wan_bytes = 0.0
-    heap: list[tuple[float, int, int, int, int]] = []  # (time, seq, kind, gpu, microbatch)
-    seq = 0
-    DONE, ARRIVE_ACT, ARRIVE_GRAD, WAKE = 0, 1, 2, 3
-    idle = [True] * G
+    def __init__(self, job: GeoJob, schedule: str, cell: int | None, max_inflight: int | None,
+                 blocked: dict[tuple[int, int], list[tuple[float, float]]] | None) -> None:
+        S, P, M = job.stages, job.pipelines, job.microbatches
+        self.job, self.schedule, self.S, self.P, self.M = job, schedule, S, P, M
+        self.max_inflight = max_inflight
+        self.cell = P if cell is None else max(1, min(int(cell), P))
+        self.cap = M if max_inflight is None else max(1, int(max_inflight))
+        self.dynamic = schedule in ("varuna", "atlas")
+        self.atlas = schedule == "atlas"
+        self.recompute = [job.recompute_s[s] if s < S - 1 else 0.0 for s in range(S)]
+        # the fixed schedules recompute right before each backward
+        self.fixed_bwd = [job.bwd_s[s] + (self.recompute[s] if not self.dynamic else 0.0)
+                          for s in range(S)]
+        self.wan = [job.is_wan(b) for b in range(S - 1)]
+        G = P * S
+        self.windows = [sorted((blocked or {}).get((g // S, g % S), [])) for g in range(G)]
+        self.busy: list[list[Busy]] = [[] for _ in range(G)]
+        self.act_at: list[list[float | None]] = [[None] * M for _ in range(G)]
+        self.grad_at: list[list[float | None]] = [[None] * M for _ in range(G)]
+        self.f_done = [[False] * M for _ in range(G)]
+        self.r_done = [[False] * M for _ in range(G)]
+        self.rb: list[list[int]] = [[] for _ in range(G)]  # dynamic: backwards ready (heap)
+        self.rr: list[list[int]] = [[] for _ in range(G)]  # dynamic: recomputes ready (heap)
+        self.n_f = [0] * G
+        self.n_b = [0] * G
+        self.orders = [stage_order("gpipe" if schedule == "gpipe" else "1f1b", S, s, M)
+                       for s in range(S)]
+        self.pos = [0] * G
+        self.chan: dict[tuple, float] = {}  # link or cell channel -> time it is free
+        self.wan_bytes = 0.0
+        self.idle = [True] * G
 
-    def push(t: float, kind: int, g: int, m: int) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(heap, (t, seq, kind, g, m))
+    # ---- links ------------------------------------------------------------------------------
+    def cell_of(self, p: int) -> tuple[int, int]:
+        """(DP-cell of pipeline p, pipelines in that cell)."""
+        c = p // self.cell
+        return c, min(self.cell, self.P - c * self.cell)
 
-    def cell_of(p: int) -> tuple[int, int]:
-        c = p // cell
-        return c, min(cell, P - c * cell)
+    def spread_s(self, p: int) -> float:
+        """Atlas: seconds to scatter a WAN send over the cell's GPUs (and to gather it)."""
+        k = self.cell_of(p)[1]
+        return (k - 1) / k * self.job.act_bytes / self.job.intra_bw
 
-    def send_plan(p: int, b: int, d: int, t_ready: float) -> tuple[float, float, float]:
-        """(channel start, channel free after, arrival) for a send over boundary b in direction d
-        (0 down, 1 up) whose data is ready at t_ready; the channel is not reserved."""
-        nb = job.act_bytes
-        if atlas and wan[b]:
-            c, k = cell_of(p)
-            key = ("cell", c, b, d)
-            spread = (k - 1) / k * nb / job.intra_bw  # scatter before, gather after
-            start = max(t_ready + spread, chan.get(key, 0.0))
+    def chan_key(self, p: int, b: int, d: int) -> tuple:
+        """The channel a send of pipeline p over boundary b in direction d (0 down, 1 up)
+        holds: the cell's on an Atlas WAN hop, else the node pair's link."""
+        if self.atlas and self.wan[b]:
+            return ("cell", self.cell_of(p)[0], b, d)
+        return ("pair", p, b, d)
+
+    def send_plan(self, p: int, b: int, d: int, t_ready: float) -> tuple[float, float, float]:
+        """(channel start, channel free after, arrival) for a send over boundary b in direction
+        d whose data is ready at t_ready; the channel is not reserved."""
+        job, nb = self.job, self.job.act_bytes
+        key = self.chan_key(p, b, d)
+        if key[0] == "cell":
+            k = self.cell_of(p)[1]
+            spread = self.spread_s(p)  # scatter before, gather after
+            start = max(t_ready + spread, self.chan.get(key, 0.0))
             hold = nb / (k * job.hop_bw[b])
             return start, start + hold, start + hold + spread + job.hop_latency_s[b]
-        key = ("pair", p, b, d)
-        start = max(t_ready, chan.get(key, 0.0))
+        start = max(t_ready, self.chan.get(key, 0.0))
         hold = nb / job.hop_bw[b]
         return start, start + hold, start + hold + job.hop_latency_s[b]
 
-    def chan_key(p: int, b: int, d: int) -> tuple:
-        if atlas and wan[b]:
-            return ("cell", cell_of(p)[0], b, d)
-        return ("pair", p, b, d)
-
-    def send(p: int, b: int, d: int, t_ready: float, m: int) -> None:
-        nonlocal wan_bytes
-        _, free_after, arrive = send_plan(p, b, d, t_ready)
-        chan[chan_key(p, b, d)] = free_after
-        if wan[b]:
-            wan_bytes += job.act_bytes
+    def send(self, p: int, b: int, d: int, t_ready: float, m: int) -> Event:
+        """Reserve the channel for microbatch m's send; its arrival."""
+        _, free_after, arrive = self.send_plan(p, b, d, t_ready)
+        self.chan[self.chan_key(p, b, d)] = free_after
+        if self.wan[b]:
+            self.wan_bytes += self.job.act_bytes
         if d == 0:
-            push(arrive, ARRIVE_ACT, gid(p, b + 1), m)
-        else:
-            push(arrive, ARRIVE_GRAD, gid(p, b), m)
+            return ActivationArrives(arrive, p * self.S + b + 1, m)
+        return GradientArrives(arrive, p * self.S + b, m)
 
-    def ready(g: int, kind: str, m: int) -> bool:
-        s = g % S
-        if kind == "F":
-            return s == 0 or act_at[g][m] is not None
-        if s == S - 1:
-            return f_done[g][m]
-        return grad_at[g][m] is not None and (r_done[g][m] or not dynamic or recompute[s] == 0.0)
-
-    def note_b(g: int, m: int) -> None:
-        """Backward m of GPU g may have become ready (dynamic schedules)."""
-        if dynamic and ready(g, "B", m):
-            heapq.heappush(rb[g], m)
-
-    def duration(g: int, kind: str) -> float:
-        s = g % S
-        if kind == "F":
-            return job.fwd_s[s]
-        if kind == "R":
-            return recompute[s]
-        return fixed_bwd[s]
-
-    def out_hop(g: int, kind: str) -> tuple[int, int] | None:
-        s = g % S
-        if kind == "F" and s < S - 1:
+    def out_hop(self, g: int, kind: str) -> tuple[int, int] | None:
+        """(boundary, direction) a computation's result crosses, if any."""
+        s = g % self.S
+        if kind == "F" and s < self.S - 1:
             return s, 0
         if kind == "B" and s > 0:
             return s - 1, 1
         return None
 
-    def candidates(g: int) -> list[tuple[str, int]]:
-        s = g % S
-        if not dynamic:
-            if pos[g] < len(orders[s]):
-                k, m = orders[s][pos[g]]
-                if ready(g, k, m):
+    # ---- what a GPU may run -----------------------------------------------------------------
+    def ready(self, g: int, kind: str, m: int) -> bool:
+        s = g % self.S
+        if kind == "F":
+            return s == 0 or self.act_at[g][m] is not None
+        if s == self.S - 1:
+            return self.f_done[g][m]
+        return self.grad_at[g][m] is not None and (
+            self.r_done[g][m] or not self.dynamic or self.recompute[s] == 0.0)
+
+    def note_b(self, g: int, m: int) -> None:
+        """Backward m of GPU g may have become ready (dynamic schedules)."""
+        if self.dynamic and self.ready(g, "B", m):
+            heapq.heappush(self.rb[g], m)
+
+    def duration(self, g: int, kind: str) -> float:
+        s = g % self.S
+        if kind == "F":
+            return self.job.fwd_s[s]
+        if kind == "R":
+            return self.recompute[s]
+        return self.fixed_bwd[s]
+
+    def candidates(self, g: int) -> list[tuple[str, int]]:
+        """What GPU g could run next: the fixed order's next operation once ready; for the
+        dynamic schedules the lowest ready backward, then recompute, then the next forward
+        under the in-flight cap."""
+        if not self.dynamic:
+            order = self.orders[g % self.S]
+            if self.pos[g] < len(order):
+                k, m = order[self.pos[g]]
+                if self.ready(g, k, m):
                     return [(k, m)]
             return []
         out = []
-        if rb[g]:  # backward first, lowest microbatch first
-            out.append(("B", rb[g][0]))
-        if rr[g]:
-            out.append(("R", rr[g][0]))
-        if n_f[g] - n_b[g] < cap and n_f[g] < M and ready(g, "F", n_f[g]):
-            out.append(("F", n_f[g]))
+        if self.rb[g]:
+            out.append(("B", self.rb[g][0]))
+        if self.rr[g]:
+            out.append(("R", self.rr[g][0]))
+        n_f = self.n_f[g]
+        if n_f - self.n_b[g] < self.cap and n_f < self.M and self.ready(g, "F", n_f):
+            out.append(("F", n_f))
         return out
 
-    def dispatch(g: int, now: float) -> None:
-        if not idle[g]:
-            return
+    def earliest_start(self, g: int, kind: str, dur: float, now: float) -> float:
+        """When GPU g could start ``kind``: now, or for Atlas on a WAN hop so late that its
+        send starts right at its end, and outside the GPU's blocked windows."""
+        start = now
+        hop = self.out_hop(g, kind) if self.atlas else None
+        if hop is not None and self.wan[hop[0]]:
+            p = g // self.S
+            c_start, _, _ = self.send_plan(p, hop[0], hop[1], now + dur)
+            start = max(now, c_start - self.spread_s(p) - dur)
+        for a, b in self.windows[g]:
+            if b <= start + 1e-9 or a >= start + dur - 1e-9:  # touching is not overlapping
+                continue
+            start = b
+        return start
+
+    def dispatch(self, g: int, now: float) -> list[Event]:
+        """If GPU g is idle, start the candidate that can start first; the events it causes."""
+        if not self.idle[g]:
+            return []
         best = None
-        for k, m in candidates(g):
-            dur = duration(g, k)
-            start = now
-            hop = out_hop(g, k) if atlas else None
-            if hop is not None and wan[hop[0]]:
-                p = g // S
-                # start so that the send can begin right when this computation ends
-                c_start, _, _ = send_plan(p, hop[0], hop[1], now + dur)
-                k_ = cell_of(p)[1]
-                spread = (k_ - 1) / k_ * job.act_bytes / job.intra_bw
-                start = max(now, c_start - spread - dur)
-            if windows[g]:
-                start = unblocked(g, start, dur)
+        shifts = self.atlas or self.windows[g]  # else every candidate could start now
+        for k, m in self.candidates(g):
+            dur = self.duration(g, k)
+            start = self.earliest_start(g, k, dur, now) if shifts else now
             if best is None or start < best[0]:
                 best = (start, k, m, dur)
         if best is None:
-            return
+            return []
         start, k, m, dur = best
         end = start + dur
-        idle[g] = False
-        free_at[g] = end
-        if not dynamic:
-            pos[g] += 1
+        self.idle[g] = False
+        if not self.dynamic:
+            self.pos[g] += 1
         elif k == "B":
-            heapq.heappop(rb[g])
+            heapq.heappop(self.rb[g])
         elif k == "R":
-            heapq.heappop(rr[g])
-        busy[g].append(Busy(start, end, k, m))
-        hop = out_hop(g, k)
-        if hop is not None and atlas and wan[hop[0]]:
-            send(g // S, hop[0], hop[1], end, m)  # reserve the cell's channel now
-        push(end, DONE, g, m * 4 + "FRB".index(k))
-        if k == "B" and g % S > 0 and dynamic and recompute[g % S - 1] > 0:
+            heapq.heappop(self.rr[g])
+        self.busy[g].append(Busy(start, end, k, m))
+        out: list[Event] = []
+        hop = self.out_hop(g, k)
+        if hop is not None and self.atlas and self.wan[hop[0]]:
+            out.append(self.send(g // self.S, hop[0], hop[1], end, m))  # reserve the cell now
+        out.append(ComputeEnds(end, g, k, m))
+        s = g % self.S
+        if k == "B" and s > 0 and self.dynamic and self.recompute[s - 1] > 0:
             # the gradient is on its way: the previous stage may recompute this microbatch now
-            heapq.heappush(rr[g - 1], m)
-            push(start, WAKE, g - 1, -1)
+            heapq.heappush(self.rr[g - 1], m)
+            out.append(RecomputeReady(start, g - 1))
+        return out
 
-    for g in range(G):
-        dispatch(g, 0.0)
-    while heap:
-        t, _, kind, g, code = heapq.heappop(heap)
-        if kind == DONE:
-            m, op = divmod(code, 4)
-            k = "FRB"[op]
-            idle[g] = True
-            s = g % S
-            p = g // S
-            if k == "F":
-                f_done[g][m] = True
-                n_f[g] += 1
-                if s == S - 1:
-                    note_b(g, m)
-            elif k == "R":
-                r_done[g][m] = True
-                note_b(g, m)
-            else:
-                n_b[g] += 1
-            hop = out_hop(g, k)
-            if hop is not None and not (atlas and wan[hop[0]]):
-                send(p, hop[0], hop[1], t, m)
-            dispatch(g, t)
-        elif kind == ARRIVE_ACT:
-            act_at[g][code] = t
-            dispatch(g, t)
-        elif kind == ARRIVE_GRAD:
-            grad_at[g][code] = t
-            note_b(g, code)
-            dispatch(g, t)
+    # ---- handlers ---------------------------------------------------------------------------
+    def compute_ends(self, ev: ComputeEnds) -> list[Event]:
+        g, k, m = ev.gpu, ev.kind, ev.microbatch
+        self.idle[g] = True
+        if k == "F":
+            self.f_done[g][m] = True
+            self.n_f[g] += 1
+            if g % self.S == self.S - 1:
+                self.note_b(g, m)
+        elif k == "R":
+            self.r_done[g][m] = True
+            self.note_b(g, m)
         else:
-            dispatch(g, t)
+            self.n_b[g] += 1
+        out: list[Event] = []
+        hop = self.out_hop(g, k)
+        if hop is not None and not (self.atlas and self.wan[hop[0]]):
+            out.append(self.send(g // self.S, hop[0], hop[1], ev.time_s, m))
+        return out + self.dispatch(g, ev.time_s)
 
-    stage_end = [max(busy[gid(p, s)][-1].end for p in range(P)) for s in range(S)]
-    ar = allreduce_s(job)
-    pipeline_s = max(stage_end)
-    iteration = max(stage_end[s] + ar[s] for s in range(S))
-    return GeoTimeline(
-        job=job, schedule=schedule, cell=cell,
-        busy={(p, s): busy[gid(p, s)] for p in range(P) for s in range(S)},
-        pipeline_s=pipeline_s, allreduce_s=ar, iteration_s=iteration, wan_bytes=wan_bytes,
-        stage_end=tuple(stage_end), max_inflight=max_inflight)
+    def activation_arrives(self, ev: ActivationArrives) -> list[Event]:
+        self.act_at[ev.gpu][ev.microbatch] = ev.time_s
+        return self.dispatch(ev.gpu, ev.time_s) if self.idle[ev.gpu] else []
+
+    def gradient_arrives(self, ev: GradientArrives) -> list[Event]:
+        self.grad_at[ev.gpu][ev.microbatch] = ev.time_s
+        self.note_b(ev.gpu, ev.microbatch)
+        return self.dispatch(ev.gpu, ev.time_s) if self.idle[ev.gpu] else []
+
+    def recompute_ready(self, ev: RecomputeReady) -> list[Event]:
+        return self.dispatch(ev.gpu, ev.time_s) if self.idle[ev.gpu] else []
+
+    def timeline(self) -> GeoTimeline:
+        """The iteration: compute intervals, then each stage's all-reduce after its last
+        backward."""
+        S, P, job = self.S, self.P, self.job
+        stage_end = [max(self.busy[p * S + s][-1].end for p in range(P)) for s in range(S)]
+        ar = allreduce_s(job)
+        return GeoTimeline(
+            job=job, schedule=self.schedule, cell=self.cell,
+            busy={(p, s): self.busy[p * S + s] for p in range(P) for s in range(S)},
+            pipeline_s=max(stage_end), allreduce_s=ar,
+            iteration_s=max(stage_end[s] + ar[s] for s in range(S)), wan_bytes=self.wan_bytes,
+            stage_end=tuple(stage_end), max_inflight=self.max_inflight)
 
 
 def job_from_profile(profile, gpu: str, stage_layers: list[tuple[int, int]],
@@ -417,11 +489,6 @@ def job_from_plan(problem, plan, est=None, *, file: str | None = None) -> GeoJob
     the same number of replicas and equal microbatch shares: compute, hand-off and
     gradient-sync times from shoal's estimator (``estimate``), links from the scenario's
     network (WAN links between regions)."""
-    from shoal import catalog
-    from shoal.errors import SpecError
-    from shoal.estimate import estimate
-    from shoal.profiles.network import bandwidth
-
     est = est or estimate(problem, plan, file=file)
     reg = catalog.gpus()
     dcs, firsts = [], []
