@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+from tests._clock import patience
 
 torch = pytest.importorskip("torch")
 
@@ -159,7 +160,7 @@ def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path):
     port = store.port
     p = mp.get_context("fork").Process(target=_slow_writer, args=(port, ck))
     p.start()
-    deadline = time.time() + 30
+    deadline = time.time() + patience(30)
     part = ck / "step-4.tmp-run-g0" / "rank0.pt"
     while not (part.exists() and part.stat().st_size) and time.time() < deadline:
         time.sleep(0.05)
@@ -359,7 +360,7 @@ def test_a_generation_that_cannot_start_stops_the_job_with_its_error(tmp_path, m
     with pytest.raises(RuntimeError, match="cannot build this stage") as e:
         run_with_a_join(tmp_path, armed.touch)
     assert f"failed {elastic.MAX_RETRIES + 1} times in a row" in str(e.value)
-    assert time.time() - started < 100
+    assert time.time() - started < patience(100)
 
 
 def test_cli_elastic_resume_runs_steps_more_and_a_used_folder_needs_resume(tmp_path):
@@ -458,7 +459,7 @@ def test_killing_the_controller_ends_its_workers_and_store(tmp_path, sig):
                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pids: list[int] = []
     try:
-        deadline = time.time() + 180  # a loaded machine may start the workers slowly
+        deadline = time.time() + patience(180)  # a loaded machine may start the workers slowly
         while ckpt.latest(ck) is None and time.time() < deadline and proc.poll() is None:
             time.sleep(0.1)
         assert ckpt.latest(ck) is not None, "the run did not start training"
@@ -504,7 +505,7 @@ def test_cli_elastic_prints_each_step_and_reconfiguration_as_it_happens(tmp_path
     reader = threading.Thread(target=lambda: seen.extend(proc.stderr), daemon=True)
     reader.start()
     try:
-        deadline = time.time() + 180  # a loaded machine may start the workers slowly
+        deadline = time.time() + patience(180)  # a loaded machine may start the workers slowly
         while not any("worker 2 left" in x for x in seen) and time.time() < deadline \
                 and proc.poll() is None:
             time.sleep(0.1)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests._clock import patience
 
 from shoal.errors import InfeasibleError
 from shoal.estimate import estimate
@@ -627,7 +628,7 @@ def test_exhaustive_keeps_to_its_budget():
         pool__gpus_per_node={"A100-40GB": 8, "V100-16GB": 8}, job__global_batch=64)
     t0 = time.perf_counter()
     res = search(pb, strategy="exhaustive", budget_s=1.0)
-    assert time.perf_counter() - t0 < 30
+    assert time.perf_counter() - t0 < patience(30)
     assert res.stats.truncated
 
 

@@ -4,6 +4,7 @@ as one process on the same data, and checkpoints move between plans."""
 from __future__ import annotations
 
 import pytest
+from tests._clock import patience
 
 torch = pytest.importorskip("torch")
 
@@ -464,7 +465,7 @@ def _train_and_kill_rank(tmp_path, rank: int, after_step: int, *args, until=None
             if words[:1] == ["step"] and int(words[1].rstrip(":")) >= after_step \
                     and (until is None or until()):
                 break
-        deadline = time.time() + 120  # a loaded machine may take long to start the ranks
+        deadline = time.time() + patience(120)  # a loaded machine may take long to start the ranks
         pid = None
         while pid is None and time.time() < deadline and proc.poll() is None:
             pid = rank_pid(f"SHOAL_TEST_RUN={run}", rank)
