@@ -97,6 +97,9 @@ def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path
         out.print(c)
     if placed.served is not None:
         _print_served(placed)
+    elif "serves_nothing" in placed.details:
+        out.print(f"simulated, the placement serves nothing: {placed.details['serves_nothing']}",
+                  soft_wrap=True)
     if links:
         lt = _cli._table("Flow on every link, tokens/s (routing weights)",
                          ["from", "to", "tokens/s"], left=("from", "to"), whole=("from", "to"))

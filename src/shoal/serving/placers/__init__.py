@@ -165,8 +165,12 @@ def with_served(cluster: Cluster, placed: Placed, lengths=None, seed: int = 0) -
     if placed.served is not None or placed.flow.value <= 0 \
             or not sv.simulatable(cluster, placed.placement):
         return placed
-    s = sv.served(cluster, placed.placement, lengths, seed=seed + SEARCH_SEED_OFFSET,
-                  warmup_s=SEARCH_WARMUP_S, window_s=SEARCH_WINDOW_S)
+    try:
+        s = sv.served(cluster, placed.placement, lengths, seed=seed + SEARCH_SEED_OFFSET,
+                      warmup_s=SEARCH_WARMUP_S, window_s=SEARCH_WINDOW_S)
+    except InfeasibleError as exc:  # no request can be admitted: say why instead
+        return dataclasses.replace(placed, details={**placed.details,
+                                                    "serves_nothing": str(exc)})
     return dataclasses.replace(placed, served=s)
 
 
@@ -240,8 +244,12 @@ def _for_decode(cluster: Cluster, *, time_limit_s: float, seed: int, lengths) ->
         if pl in tried or time.perf_counter() + slowest[0] > deadline and scored:
             return
         t = time.perf_counter()
-        s = sv.served(cluster, pl, lengths, seed=draw, warmup_s=SEARCH_WARMUP_S,
-                      window_s=SEARCH_WINDOW_S)
+        try:
+            s = sv.served(cluster, pl, lengths, seed=draw, warmup_s=SEARCH_WARMUP_S,
+                          window_s=SEARCH_WINDOW_S)
+        except InfeasibleError as exc:  # e.g. no node on some chain has KV for one prompt
+            tried[pl] = {"candidate": name, "serves_nothing": str(exc)}
+            return
         slowest[0] = max(slowest[0], time.perf_counter() - t)
         row = {"candidate": name, "flow_level": level, "kv_level": kv,
                "max_flow_tokens_per_s": max_flow(cluster, pl).value,
@@ -285,6 +293,13 @@ def _for_decode(cluster: Cluster, *, time_limit_s: float, seed: int, lengths) ->
     judge("max flow", top.placement, None, None)
     for name, q in _baselines(cluster, seed).items():
         judge(name, q, None, None)
+    if not scored:
+        raise InfeasibleError(
+            "no placement tried serves a request: " + next(
+                (r["serves_nothing"] for r in tried.values() if "serves_nothing" in r),
+                "none could be simulated in the time limit"),
+            binding="KV cache", relaxation="nodes with more memory, or --objective max-flow "
+                                           "for Helix's objective alone")
     pl = best()
     for r in rows:
         r["chosen"] = tried[pl] is r
