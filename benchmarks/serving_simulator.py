@@ -8,6 +8,8 @@ Prints one JSON object. Helix's numbers (from its artifact, ../shared/reference/
 and the issue): single24 offline, 10 minutes after 1 minute of warm-up: max-flow router decode
 248.3 tokens/s, prompt + decode 1176.7 tokens/s, prompt latency 3.09 s, decode latency 1.46 s per
 token; Swarm router 187.6, random 189.8 decode tokens/s; 1,778 s of wall time for that run.
+The fidelity rows run Helix's router as its code does (``helix-iwrr``); ``iwrr`` rows are shoal's
+default router on the same placement, for comparison.
 """
 
 from __future__ import annotations
@@ -58,14 +60,17 @@ def fidelity(h: Path) -> dict:
     fl = max_flow(c, pl)
     lengths = workload.load_lengths(h / "traces" / "azure_conv_lengths.csv")
     out = {}
-    for name, router, conc in (("iwrr", "iwrr", None),
+    for name, router, conc in (("iwrr", "helix-iwrr", None),
                                ("swarm", "swarm", HELIX_BASELINE_CONCURRENCY),
                                ("random", "random", HELIX_BASELINE_CONCURRENCY),
-                               ("iwrr_at_baseline_concurrency", "iwrr",
+                               ("iwrr_at_baseline_concurrency", "helix-iwrr",
+                                HELIX_BASELINE_CONCURRENCY),
+                               ("shoal_iwrr", "iwrr", None),
+                               ("shoal_iwrr_at_baseline_concurrency", "iwrr",
                                 HELIX_BASELINE_CONCURRENCY)):
         r = simulate(c, pl, fl, workload.offline(lengths, seed=0), router=router, warmup_s=60.0,
                      duration_s=600.0, concurrency=conc)
-        row = {"concurrency": "KV feeder" if conc is None else conc,
+        row = {"router": router, "concurrency": "KV feeder" if conc is None else conc,
                "in_flight_peak": r.in_flight_peak,
                "decode_tokens_per_s": round(r.decode_tokens_per_s, 1),
                "tokens_per_s": round(r.tokens_per_s, 1),
@@ -79,8 +84,8 @@ def fidelity(h: Path) -> dict:
             if k in ref}
         out[name] = row
     # the same run on shoal's placements (max flow, and the decode objective)
-    for name, kw in (("auto_max_flow", {}), ("auto_decode", {"objective": "decode",
-                                                             "lengths": lengths})):
+    for name, kw in (("auto_max_flow", {"objective": "max-flow"}),
+                     ("auto_decode", {"objective": "decode", "lengths": lengths})):
         placed = place(c, "auto", time_limit_s=60.0, **kw)
         r = simulate(c, placed.placement, placed.flow, workload.offline(lengths, seed=0),
                      warmup_s=60.0, duration_s=600.0)

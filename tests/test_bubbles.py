@@ -254,3 +254,53 @@ def test_uneven_shares_are_refused_with_the_even_share_allowed(tmp_path):
     r = CliRunner().invoke(app, ["bubbles", str(EXAMPLE), "--plan", str(plan), "--rate", "5"])
     assert r.exit_code == 2, r.output
     assert "2 replicas of 6 microbatches" in r.output and "[8, 4]" in r.output
+
+
+def test_the_sustainable_rate_keeps_rejections_under_one_percent(testbed_run):
+    """The rate found rejects at most 1% of its requests, a rate a few percent higher was tried
+    and rejected more (the search brackets it), and at that rate the bubbles are used and the
+    iteration is unchanged."""
+    tl, _ = testbed_run
+    model = bubbles.prefill_model("LLaMA-3-8B", "A100-80GB")
+    s = bubbles.sustainable(tl, model, max_wait_s=1.0, tolerance=0.05)
+    assert s.rate_per_s is not None and s.result["rejected_fraction"] <= 0.01
+    assert any(s.rate_per_s < r <= 1.06 * s.rate_per_s and f > 0.01 for r, f in s.trials)
+    assert s.result["utilization_after"] > s.result["utilization_before"]
+    assert s.result["iteration_time_after_s"] == pytest.approx(tl.iteration_s)
+    assert s.to_json()["rate_per_s"] == s.rate_per_s
+
+
+def test_no_sustainable_rate_when_prefills_find_no_bubble_in_time(testbed_run):
+    """With a wait too short for the bubbles, some prefills are rejected however few arrive:
+    no rate is sustainable, the share rejected at the lowest rate is given, and so is the rate
+    each longer wait sustains (here the longest ones some)."""
+    tl, _ = testbed_run
+    model = bubbles.prefill_model("LLaMA-3-8B", "A100-80GB")
+    s = bubbles.sustainable(tl, model, max_wait_s=0.05)
+    assert s.rate_per_s is None and s.result is None and s.floor > 0.01
+    assert [r["max_wait_s"] for r in s.relaxed] == pytest.approx(
+        [k * 0.05 for k in bubbles.WAIT_STEPS])
+    longest = s.relaxed[-1]
+    assert longest["rate_per_s"] is not None
+    again = bubbles.sustainable(tl, model, max_wait_s=longest["max_wait_s"])
+    assert again.rate_per_s == pytest.approx(longest["rate_per_s"])
+    assert s.relaxed[0]["rate_per_s"] is None and s.relaxed[0]["rejected_at_lowest_rate"] > 0.01
+
+
+def test_cli_bubbles_says_when_utilisation_comes_from_rejections():
+    """At 100 requests/s most prefills of the bundled example are turned away: the output says
+    so next to the utilisation, and gives the load served with at most 1% rejected."""
+    from typer.testing import CliRunner
+
+    from shoal.cli import app
+
+    args = ["bubbles", str(EXAMPLE), "--plan", str(EXAMPLE_PLAN), "--rate", "100",
+            "--duration", "20s", "--max-wait", "500ms"]
+    r = CliRunner().invoke(app, args + ["--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    sus = doc["sustainable"]
+    assert doc["rejected_fraction"] > 0.01
+    assert 0 < sus["rate_per_s"] < 100 and sus["at_rate"]["rejected_fraction"] <= 0.01
+    text = CliRunner().invoke(app, args).output
+    assert "were turned away" in text and "sustainable load" in text

@@ -123,7 +123,9 @@ def bubbles_cmd(
         tl = simulate(job, schedule.value, cell=cell)
         model = bt.prefill_model(inference_model, gpu)
         res = bt.place(tl, reqs, model, depth=depth, guard_s=g, max_wait_s=w)
+        sus = bt.sustainable(tl, model, depth=depth, guard_s=g, max_wait_s=w, seed=seed)
     doc = res.summary() | {"schedule": schedule.value, "requests_source": source,
+                           "sustainable": sus.to_json(),
                            "inference_model": inference_model, "training": tl.to_json(),
                            "estimate_iteration_time_s": est.iteration_time_s,
                            "fill": res.fill_json(tl.iteration_s)}
@@ -144,6 +146,7 @@ def bubbles_cmd(
     t.add_row("GPU busy", f"{s['utilization_before']:.1%}", f"{s['utilization_after']:.1%}")
     t.add_row("training iteration", fmt_seconds(s["iteration_time_before_s"]),
               fmt_seconds(s["iteration_time_after_s"]))
+    t.add_row("prefills rejected", "", f"{s['rejected_fraction']:.1%}")
     out.print(t)
     out.print(f"(`shoal estimate` gives {fmt_seconds(est.iteration_time_s)} for this plan: its "
               "pipeline formula adds each microbatch's hand-off to its stage's busy time"
@@ -158,5 +161,37 @@ def bubbles_cmd(
               fmt_seconds(s["ttft_s"]["p95"]) if s["ttft_s"]["p95"] is not None else "-",
               f"{s['decision_us']['p50']:.0f} us")
     out.print(q)
+    if s["rejected_fraction"] > sus.max_rejected:
+        out.print(f"[yellow]warning:[/yellow] {s['rejected_fraction']:.1%} of these prefills "
+                  f"were turned away: the GPU busy after ({s['utilization_after']:.1%}) counts "
+                  f"only the {1 - s['rejected_fraction']:.1%} placed", soft_wrap=True)
+    _print_sustainable(sus)
     if figure is not None:
         out.print(f"timeline written to {figure}")
+
+
+def _print_sustainable(sus) -> None:
+    out = _out()
+    wait = fmt_seconds(sus.max_wait_s)
+    if sus.rate_per_s is None:
+        msg = (f"no request rate is served with at most {sus.max_rejected:.0%} rejected at "
+               f"--max-wait {wait}: even at {sus.lowest_rate_per_s:.3g}/s, "
+               f"{sus.floor:.1%} of the prefills find no bubble long enough within the wait")
+        if sus.relaxed:
+            msg += "; with a longer --max-wait: " + ", ".join(
+                f"{fmt_seconds(r['max_wait_s'])} "
+                + (f"{r['rate_per_s']:.3g}/s (GPU busy {r['utilization_after']:.1%})"
+                   if r["rate_per_s"] is not None else
+                   f"none ({r['rejected_at_lowest_rate']:.1%} rejected at the lowest rate)")
+                for r in sus.relaxed)
+        out.print(msg, soft_wrap=True)
+        return
+    a = sus.result
+    q = _table(f"sustainable load (at most {sus.max_rejected:.0%} rejected)",
+               ["requests/s", "rejected", "GPU busy", "training iteration", "TTFT p95"])
+    q.add_row(f"{sus.rate_per_s:.3g}", f"{a['rejected_fraction']:.1%}",
+              f"{a['utilization_before']:.1%} -> {a['utilization_after']:.1%}",
+              f"{fmt_seconds(a['iteration_time_before_s'])} -> "
+              f"{fmt_seconds(a['iteration_time_after_s'])}",
+              fmt_seconds(a["ttft_s"]["p95"]) if a["ttft_s"]["p95"] is not None else "-")
+    out.print(q)

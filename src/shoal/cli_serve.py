@@ -55,6 +55,7 @@ def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path
            "max_flow_tokens_per_s": placed.flow.value,
            "upper_bound_tokens_per_s": placed.upper_bound,
            "gap_to_upper_bound": 1.0 - placed.flow.value / placed.upper_bound,
+           "served": placed.served.to_json() if placed.served is not None else None,
            "nodes_used": sum(r is not None for r in placed.placement.ranges),
            "layers_on_no_node": [list(r) for r in placed.placement.uncovered(cluster)],
            "details": placed.details, "placement": _placement_json(cluster, placed)}
@@ -89,10 +90,16 @@ def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path
                         ["candidate", "max flow", "stages", "nodes", "decode tokens/s",
                          "s/token"], left=("candidate",))
         for r in cands:
-            c.add_row(r["candidate"], f"{r['max_flow_tokens_per_s']:,.1f}", str(r["stages"]),
+            c.add_row(("* " if r.get("chosen") else "") + r["candidate"],
+                      f"{r['max_flow_tokens_per_s']:,.1f}", str(r["stages"]),
                       str(r["nodes"]), f"{r['decode_tokens_per_s']:,.1f}",
                       f"{r['decode_latency_s']:.3f}" if r["decode_latency_s"] else "—")
         out.print(c)
+    if placed.served is not None:
+        _print_served(placed)
+    elif "serves_nothing" in placed.details:
+        out.print(f"simulated, the placement serves nothing: {placed.details['serves_nothing']}",
+                  soft_wrap=True)
     if links:
         lt = _cli._table("Flow on every link, tokens/s (routing weights)",
                          ["from", "to", "tokens/s"], left=("from", "to"), whole=("from", "to"))
@@ -114,16 +121,41 @@ def _report(cluster, placed, as_json: bool, output: Path | None, helix_out: Path
             out.print(f"{what} written to {path}")
 
 
+def _print_served(placed) -> None:
+    """What the placement serves, next to its max flow, and what binds."""
+    s = placed.served
+    out = _cli._out()
+
+    def lat(d):
+        return "—" if d["mean"] is None else f"{d['mean']:.3f} s mean, {d['p95']:.3f} s p95"
+
+    t = _cli._table(f"Served, simulated offline ({s.window_s:g} s after {s.warmup_s:g} s of "
+                    f"warm-up, {s.lengths})", ["", "value"], left=("",))
+    t.add_row("decode tokens/s", f"{s.decode_tokens_per_s:,.1f}")
+    t.add_row("prompt + decode tokens/s", f"{s.tokens_per_s:,.1f}")
+    t.add_row("prompt latency", lat(s.prompt_latency_s))
+    t.add_row("decode latency per token", lat(s.decode_latency_s))
+    t.add_row("requests in flight, nodes per request", f"{s.in_flight:,.0f}, {s.hops:.1f}")
+    t.add_row("max flow at the nodes' T(k) (Helix's objective)",
+              f"{placed.flow.value:,.1f} tokens/s")
+    if s.compute_bound_tokens_per_s is not None:
+        t.add_row("compute bound (each node at its largest batch)",
+                  f"{s.compute_bound_tokens_per_s:,.1f} tokens/s")
+    out.print(t)
+    out.print(f"binding: {s.binding['text']}", soft_wrap=True)
+
+
 @serve_app.command("plan")
 @_cli.handles_errors
 def plan_cmd(
     serving: Annotated[Path, typer.Argument(metavar="SERVING", help="serving file (YAML or JSON)")],
     placer: Annotated[Placer, typer.Option(help="placement algorithm")] = Placer.auto,
-    objective: Annotated[Objective, typer.Option(
-        help="max-flow (Helix's), or decode: the simulated decode throughput, which also "
-             "weighs the hops per token (auto only; needs layer times)")] = Objective.max_flow,
+    objective: Annotated[Objective | None, typer.Option(
+        help="auto only: decode (default where the nodes have layer times): the simulated "
+             "decode throughput; max-flow: Helix's objective", show_default=False)] = None,
     lengths: Annotated[Path | None, typer.Option(
-        "--lengths", help="decode objective: request lengths to simulate (CSV)")] = None,
+        "--lengths", help="request lengths to simulate (CSV input_tokens,output_tokens; "
+                          "default: seeded synthetic ones)")] = None,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="seconds")] = 60.0,
     seed: Annotated[int | None, typer.Option(
         min=0, help="petals' node order (auto and milp start from it too) [default: 0]")] = None,
@@ -138,13 +170,14 @@ def plan_cmd(
         "--helix-out", help="also write the placement in Helix's solution format")] = None,
     figure: Annotated[Path | None, _cli.output_option("--figure", help="draw the placement")] = None,
 ) -> None:
-    """Place the model's layers on the nodes for the largest max flow (tokens/s)."""
+    """Place the model's layers on the nodes: by default for the most decode tokens/s the request
+    simulator serves (or, with --objective max-flow, the largest max flow); reports what the
+    placement serves next to its max flow, and what binds."""
     from shoal.files import check_outputs
-    from shoal.serving.placers import place
+    from shoal.serving.placers import place, with_served
 
     check_outputs([(output, "--output"), (helix_out, "--helix-out"), (figure, "--figure")],
                   [serving, lengths])
-    _cli.only_with("--objective decode", objective is Objective.decode, ("--lengths", lengths))
     _cli.only_with("--placer milp", placer is Placer.milp, ("--prune", prune),
                    ("--cold", None if warm_start else "--cold"))
     _cli.only_with("--placer auto, milp or petals", placer not in (Placer.swarm, Placer.separate),
@@ -152,11 +185,16 @@ def plan_cmd(
     seed = 0 if seed is None else seed
     prune = 12 if prune is None else prune
     cluster = _load(serving)
-    obj = objective.value
+    obj = objective.value if objective is not None else None
     L = None
     if lengths is not None:
+        from shoal.serving.served import simulatable
         from shoal.serving.workload import load_lengths
 
+        if not simulatable(cluster):
+            raise SpecError("request lengths are simulated, which needs layer times and memory "
+                            "for every node", field="--lengths", value=str(lengths),
+                            allowed="machines with a 'profile' or a catalog 'gpu'")
         L = load_lengths(lengths)
     kw = dict(time_limit_s=time_limit, seed=seed, prune=prune, warm_start=warm_start,
               objective=obj, lengths=L)
@@ -164,8 +202,9 @@ def plan_cmd(
         placed = place(cluster, placer.value, **kw)
     else:
         with _cli._progress().status(f"placing {cluster.layers} layers on {cluster.n} nodes "
-                                f"({placer.value}, {obj}, up to {time_limit:g} s)"):
+                                f"({placer.value}, up to {time_limit:g} s)"):
             placed = place(cluster, placer.value, **kw)
+    placed = with_served(cluster, placed, L, seed)
     _report(cluster, placed, as_json, output, helix_out, figure)
 
 
@@ -177,12 +216,15 @@ def flow_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
     figure: Annotated[Path | None, _cli.output_option("--figure", help="draw the placement")] = None,
 ) -> None:
-    """The max flow (tokens/s) of a given placement and the flow on every link."""
+    """The max flow (tokens/s) of a given placement, the flow on every link, and what the
+    placement serves (simulated) and what binds."""
     from shoal.files import check_outputs
+    from shoal.serving.placers import with_served
 
     check_outputs([(figure, "--figure")], [serving, placement])
     cluster = _load(serving)
-    _report(cluster, _placement(cluster, placement), as_json, None, None, figure, links=True)
+    _report(cluster, with_served(cluster, _placement(cluster, placement)), as_json, None, None,
+            figure, links=True)
 
 
 def _trace(trace: Path, **others):
@@ -204,6 +246,7 @@ class Mode(StrEnum):
 
 class RouterName(StrEnum):
     iwrr = "iwrr"
+    helix_iwrr = "helix-iwrr"
     swarm = "swarm"
     random = "random"
     shortest_queue = "shortest-queue"

@@ -51,13 +51,17 @@ class Model:
     cost: list[float] = field(default_factory=list)
     integer: list[bool] = field(default_factory=list)
     rows: list[tuple[float, float, list[int], list[float]]] = field(default_factory=list)
+    quad: list[float] = field(default_factory=list)
 
     def var(self, lo: float = 0.0, hi: float = INF, cost: float = 0.0,
-            integer: bool = False) -> int:
+            integer: bool = False, quad: float = 0.0) -> int:
+        """A column; ``quad``: a cost ``quad x²`` besides ``cost x`` (convex: a minimising
+        model of continuous columns only, which HiGHS solves as a quadratic program)."""
         self.lo.append(lo)
         self.hi.append(hi)
         self.cost.append(cost)
         self.integer.append(integer)
+        self.quad.append(quad)
         return len(self.lo) - 1
 
     def row(self, idx: list[int], val: list[float], lo: float = -INF, hi: float = INF) -> None:
@@ -123,6 +127,17 @@ class Model:
         for name, value in (options or {}).items():
             h.setOptionValue(name, value)
         h.passModel(lp)
+        if any(self.quad):
+            if self.maximize or integer or min(self.quad) < 0:
+                raise ValueError("quadratic costs need a minimising model of continuous "
+                                 "columns with quad >= 0")
+            hes = highspy.HighsHessian()  # HiGHS minimises c x + x' Q x / 2: Q = 2 diag(quad)
+            hes.dim_ = self.n_vars
+            hes.format_ = highspy.HessianFormat.kTriangular
+            hes.start_ = np.arange(self.n_vars + 1, dtype=np.int32)
+            hes.index_ = np.arange(self.n_vars, dtype=np.int32)
+            hes.value_ = 2.0 * np.asarray(self.quad, dtype=float)
+            h.passHessian(hes)
         if start is not None:
             sol = highspy.HighsSolution()
             sol.col_value = list(np.asarray(start, dtype=float))

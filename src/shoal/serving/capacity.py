@@ -2,9 +2,11 @@
 counts them) a node sustains while holding k layers, and how many layers it may hold.
 
 The node runs a typical batch: as many requests as its KV cache holds beside k layers of
-weights (each at the mean context, prompt plus half the output), at most ``max_batch``. A request
-costs, per layer, its prompt tokens' prefill time and its output tokens' share of the batch's
-decode steps (Helix's ``(prompt + decode tokens) / (layers x (t_prompt + t_decode))``). Times
+weights (each at the mean context, prompt plus half the output), at most ``max_batch`` and its
+machine's decode limit; the KV cache and the limits are the simulator's (``perf``, one
+performance model). A request costs, per layer, its prompt tokens' prefill time and its output
+tokens' share of the batch's decode steps (Helix's ``(prompt + decode tokens) / (layers x
+(t_prompt + t_decode))``). Times
 come from measured per-layer profiles in Helix's CSV format (milliseconds per layer against
 prompt tokens / decode batch, linearly interpolated) or, without them, from the GPU's catalog
 FLOP/s and memory bandwidth: prefill at the compute roof, a decode step at the slower of its
@@ -116,15 +118,19 @@ def layer_times(model: ModelSpec | None, gpu: GPU | None, gpus: int, *,
 
 def table(times: LayerTimes, *, memory: float, layer_bytes: float, kvb: float,
           weights_fraction: float, prompt_tokens: float, output_tokens: float,
-          max_batch: int) -> tuple[int, list[float]]:
-    """(max layers, [T(1), ..., T(max layers)]) for a node with ``memory`` bytes."""
+          max_batch: int, batch=None) -> tuple[int, list[float]]:
+    """(max layers, [T(1), ..., T(max layers)]) for a node with ``memory`` bytes: at each layer
+    count, the tokens/s of the performance model the simulator runs (``perf.tokens_per_s``:
+    its KV cache, and its decode batches capped by the machine's ``batch`` limits and by
+    ``max_batch``)."""
+    from shoal.serving import perf
+    from shoal.serving.spec import Batch
+
+    b = batch if batch is not None else Batch()
     kmax = int(weights_fraction * memory // layer_bytes)
-    ctx = prompt_tokens + output_tokens / 2.0
-    out = []
-    for k in range(1, kmax + 1):
-        batch = max(1.0, min(float(max_batch), (memory - k * layer_bytes) / (k * kvb * ctx)))
-        t_prompt = times.prompt_s(prompt_tokens)
-        t_step = times.decode_s(batch, ctx)
-        per_request = k * (t_prompt + output_tokens * t_step / batch)
-        out.append((prompt_tokens + output_tokens) / per_request)
+    out = [perf.tokens_per_s(times, k, kv_token_layers_total=perf.kv_token_layers(
+               memory, k, layer_bytes, kvb),
+               decode_batch_cap=min(max_batch, perf.decode_cap(b, k)),
+               prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+           for k in range(1, kmax + 1)]
     return kmax, out

@@ -140,7 +140,7 @@ def _machines(spec: ServingSpec, file: str | None) -> dict[str, MachineModel]:
         kmax, T = capacity.table(times, memory=memory, layer_bytes=layer_b, kvb=kv_b,
                                  weights_fraction=c.weights_fraction,
                                  prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens,
-                                 max_batch=c.max_batch)
+                                 max_batch=c.max_batch, batch=mc.batch)
         if kmax == 0:
             raise SpecError("not even one layer's weights fit in this machine's memory share",
                             file=file, field=f"machines.{name}",

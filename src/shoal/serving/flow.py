@@ -25,8 +25,9 @@ def valid(partial: bool, a: tuple[int, int], b: tuple[int, int]) -> bool:
     return b[0] == a[1]
 
 
-def graph(cluster: Cluster, pl: Placement) -> nx.DiGraph:
-    """Vertices ``source``, ``sink`` and ``(i, "in")`` / ``(i, "out")`` per node holding layers."""
+def graph(cluster: Cluster, pl: Placement, node_cap=None) -> nx.DiGraph:
+    """Vertices ``source``, ``sink`` and ``(i, "in")`` / ``(i, "out")`` per node holding layers;
+    each node passes its T(k), or ``node_cap[i]`` when given."""
     G = nx.DiGraph()
     L = cluster.layers
     src = SOURCE
@@ -35,7 +36,8 @@ def graph(cluster: Cluster, pl: Placement) -> nx.DiGraph:
         G.add_edge(SOURCE, src, capacity=cluster.src_total)
     held = [(i, r) for i, r in enumerate(pl.ranges) if r is not None]
     for i, (s, e) in held:
-        G.add_edge((i, "in"), (i, "out"), capacity=float(cluster.T[i, e - s]))
+        G.add_edge((i, "in"), (i, "out"), capacity=float(
+            cluster.T[i, e - s] if node_cap is None else node_cap[i]))
         if s == 0 and cluster.src[i] > 0:
             G.add_edge(src, (i, "in"), capacity=float(cluster.src[i]))
         if e == L and cluster.snk[i] > 0:
@@ -63,11 +65,12 @@ class Flow:
 SCALE = 1e6  # capacities in micro-tokens/s, as integers
 
 
-def max_flow(cluster: Cluster, pl: Placement) -> Flow:
+def max_flow(cluster: Cluster, pl: Placement, node_cap=None) -> Flow:
     """The placement's max flow with networkx (preflow-push), on capacities rounded to whole
     micro-tokens/s: preflow-push's relabelling can overrun its height bound on floating-point
-    capacities (an IndexError inside networkx on clusters of ~100 nodes)."""
-    G = graph(cluster, pl)
+    capacities (an IndexError inside networkx on clusters of ~100 nodes). ``node_cap``: each
+    node's capacity instead of its T(k)."""
+    G = graph(cluster, pl, node_cap)
     for _, _, d in G.edges(data=True):
         if math.isinf(d["capacity"]):
             del d["capacity"]  # networkx: no capacity, no limit
@@ -76,6 +79,49 @@ def max_flow(cluster: Cluster, pl: Placement) -> Flow:
     value, fd = nx.maximum_flow(G, SOURCE, SINK)
     value /= SCALE
     fd = {u: {v: f / SCALE for v, f in outs.items()} for u, outs in fd.items()}
+    return _flow(cluster, float(value), fd)
+
+
+def balanced(cluster: Cluster, pl: Placement, value: float | None = None) -> Flow:
+    """Of the flows of ``value`` tokens/s (default: the max flow), the one with the least sum
+    over nodes and links of flow² / capacity: parallel nodes and links carry shares in
+    proportion to their capacity, and of two paths the one through fewer nodes carries more.
+    A max flow is rarely unique (every node off the bottleneck can carry any share of it);
+    Helix routes by whichever one its solver returns (§5.1). This one is unique (the cost is
+    strictly convex in every capacity-limited edge) and follows only the placement. Solved
+    as a quadratic program by HiGHS; the max flow itself when that fails."""
+    from shoal.mip import Model
+
+    best = max_flow(cluster, pl)
+    target = best.value if value is None else min(float(value), best.value)
+    if target <= 0:
+        return best
+    G = graph(cluster, pl)
+    m = Model(maximize=False)
+    col = {}
+    for u, v, d in G.edges(data=True):
+        c = d["capacity"]  # infinite: the coordinator's NIC when unlimited, no cost
+        col[(u, v)] = m.var(0.0, c, quad=1.0 / c) if math.isfinite(c) else m.var(0.0)
+    for x in G.nodes:
+        if x in (SOURCE, SINK):
+            continue
+        ins = [col[(u, x)] for u in G.predecessors(x)]
+        outs = [col[(x, v)] for v in G.successors(x)]
+        m.row(ins + outs, [1.0] * len(ins) + [-1.0] * len(outs), 0.0, 0.0)
+    out = [col[(SOURCE, v)] for v in G.successors(SOURCE)]
+    # a hair under the max flow: the program stays feasible after HiGHS's own rounding
+    m.row(out, [1.0] * len(out), target * (1.0 - 1e-7), target)
+    sol = m.solve(time_limit_s=10.0)
+    if sol.x is None:
+        return best
+    fd: dict = {}
+    for (u, v), c in col.items():
+        fd.setdefault(u, {})[v] = float(sol.x[c])
+    return _flow(cluster, target, fd)
+
+
+def _flow(cluster: Cluster, value: float, fd: dict) -> Flow:
+    """A ``Flow`` from per-edge flows of ``graph``'s vertices."""
     edges: dict[tuple[object, object], float] = {}
     through = [0.0] * cluster.n
 
@@ -92,4 +138,4 @@ def max_flow(cluster: Cluster, pl: Placement) -> Flow:
                 through[u[0]] = f
             elif (u, v) not in ((SOURCE, "coordinator"), ("sink-in", SINK)):
                 edges[(end(u), end(v))] = f
-    return Flow(float(value), edges, tuple(through))
+    return Flow(value, edges, tuple(through))

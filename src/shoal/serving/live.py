@@ -491,8 +491,9 @@ class LiveServer:
         import zmq
 
         from shoal.runtime.model import Stage
+        from shoal.serving.perf import kv_capacity
         from shoal.serving.routing import KVCache, Router
-        from shoal.serving.simulator import KV_SETTINGS, kv_capacity
+        from shoal.serving.simulator import KV_SETTINGS
 
         if cluster.layers != spec.num_layers:
             raise SpecError(f"the placement splits {cluster.layers} layers but {spec.name} has "
@@ -503,7 +504,7 @@ class LiveServer:
         self.n = cluster.n
         self.names = cluster.names
         self.index = {nm: i for i, nm in enumerate(self.names)}
-        self.router = Router(router, cluster, placement, flow, seed)
+        self.router = Router(router, cluster, placement, flow, seed, mean_output=mean_output)
         layers = np.array([(r[1] - r[0]) if r else 0 for r in placement.ranges], dtype=float)
         hw, ratio = KV_SETTINGS[mode]
         self.kv = KVCache(kv_capacity(cluster, placement), layers, hw, ratio, mean_output)
@@ -994,6 +995,7 @@ class LiveServer:
             if v not in self.dead:
                 self._send(self.names[v], {"kind": FREE, "key": r.key})
         self.kv.release(r.nodes, len(r.prompt))
+        self.router.finish(r.nodes + [self.n + 1], len(r.prompt))
 
     def _alive(self, name: str) -> bool:
         if name in self.procs:

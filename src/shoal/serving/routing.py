@@ -2,15 +2,27 @@
 back to it, chosen hop by hop; its decode iterations follow the same chain (KV locality).
 
 Routers, one interface (``choose(u, candidates, weight) -> v``):
-- ``iwrr``: Helix's scheduler — at each vertex, the next node in proportion to the flow on the
-  edge in the max-flow solution, interleaved without bursts: the candidate with the smallest
-  virtual finish time ``load + weight / flow`` is taken and its load grows by ``weight / flow``
-  (weight: the prompt's tokens; each decode iteration adds ``1 / flow`` on every hop). Edges with
-  less than 5% of a vertex's outgoing flow are not used;
+- ``iwrr`` (default): Helix's interleaved weighted round-robin over the max flow's edges (§5.1),
+  with two changes that make it win at equal load (BENCHMARKS.md). Its weights are the max flow
+  that spreads load over parallel nodes and links in proportion to their capacity
+  (``flow.balanced``: of all the max flows, the one with the least sum of flow² / capacity),
+  not whichever one preflow-push returns, which can leave one of two equal nodes at a third of
+  the other's load. And its virtual finish time counts the work *in flight* on each edge: a
+  request adds its expected tokens (prompt + mean output) when it is routed and takes them back
+  when it completes, and the candidate with the smallest ``(in flight + weight) / flow`` is
+  taken. So each path holds requests in proportion to its flow, and a path whose requests take
+  longer gets fewer new ones (Little's law), where a count of all past requests does not see
+  how long they stay;
+- ``helix-iwrr``: the same scheduler as Helix's code runs it — the virtual finish time
+  ``load + weight / flow`` of all requests so far, the weight the prompt's tokens and each
+  decode iteration adding ``1 / flow`` on every hop, the weights the edge flows of the max flow
+  networkx's preflow-push returns;
 - ``swarm``: the next node with the smallest recent time per token (exponential moving average
   of its batches), as Swarm's scheduler;
 - ``random``: uniformly among the valid next nodes;
 - ``shortest-queue``: the valid next node with the fewest queued items.
+
+Both IWRR routers leave out edges with less than 5% of a vertex's outgoing flow (Helix's code).
 
 Admission (KV cache, §5.2): each node on a chain reserves, for the request, the KV it expects to
 hold: ``(prompt + mean output x ratio) x its layers`` token-layers; a node whose free KV would fall
@@ -23,10 +35,11 @@ from __future__ import annotations
 import numpy as np
 
 from shoal.serving.cluster import Cluster
-from shoal.serving.flow import SINK, SOURCE, Flow, valid
+from shoal.serving.flow import SINK, SOURCE, Flow, balanced, valid
 from shoal.serving.placement import Placement
 
-ROUTERS = ("iwrr", "swarm", "random", "shortest-queue")
+ROUTERS = ("iwrr", "helix-iwrr", "swarm", "random", "shortest-queue")
+IWRR = ("iwrr", "helix-iwrr")
 MIN_SHARE = 0.05  # iwrr: edges under this share of a vertex's outgoing flow are not used
 
 
@@ -46,16 +59,22 @@ def candidates(cluster: Cluster, pl: Placement) -> dict[int, list[int]]:
 
 
 class Router:
+    """``mean_output``: the requests' mean output tokens (``iwrr`` counts a request's expected
+    tokens in flight)."""
+
     def __init__(self, kind: str, cluster: Cluster, pl: Placement, flow: Flow | None,
-                 seed: int = 0):
+                 seed: int = 0, mean_output: float = 0.0):
         self.kind = kind
         self.n = cluster.n
         self.rng = np.random.default_rng(seed)
+        self.mean_output = float(mean_output)
         cand = candidates(cluster, pl)
         self.cap: dict[tuple[int, int], float] = {}
-        if kind == "iwrr":
+        if kind in IWRR:
             if flow is None:
                 raise ValueError("iwrr routes by the max flow's edge flows")
+            if kind == "iwrr":
+                flow = balanced(cluster, pl, flow.value)
 
             def vid(x) -> int:
                 return self.n if x == SOURCE else self.n + 1 if x == SINK else int(x)
@@ -72,7 +91,7 @@ class Router:
         self.cand = cand
         self.eid = {e: k for k, e in enumerate(self.cap)}  # iwrr: edge -> index
         self.cap_arr = np.array([self.cap[e] for e in self.eid], dtype=float)
-        self.load = np.zeros(len(self.eid))
+        self.load = np.zeros(len(self.eid))  # helix-iwrr: virtual time; iwrr: tokens in flight
         self.ema = np.zeros(self.n)  # swarm: seconds per token, recent
         self.queued = np.zeros(self.n)  # shortest-queue: items waiting or running
 
@@ -84,6 +103,9 @@ class Router:
         if len(opts) == 1:
             v = opts[0]
         elif self.kind == "iwrr":
+            w = weight + self.mean_output
+            v = min(opts, key=lambda v: ((self.load[self.eid[(u, v)]] + w) / self.cap[(u, v)], v))
+        elif self.kind == "helix-iwrr":
             v = min(opts, key=lambda v: (self.load[self.eid[(u, v)]] + weight / self.cap[(u, v)],
                                          v))
         elif self.kind == "random":
@@ -92,25 +114,39 @@ class Router:
             v = min(opts, key=lambda v: (self.ema[v] if v < self.n else 0.0, self.rng.random()))
         else:
             v = min(opts, key=lambda v: (self.queued[v] if v < self.n else 0.0, v))
-        if self.kind == "iwrr":
-            self.load[self.eid[(u, v)]] += weight / self.cap[(u, v)]
+        if self.kind in IWRR:
+            self.load[self.eid[(u, v)]] += self._share(u, v, weight)
         return v
+
+    def _share(self, u: int, v: int, weight: float) -> float:
+        """What routing a request of ``weight`` prompt tokens over (u, v) adds to its load."""
+        if self.kind == "iwrr":
+            return weight + self.mean_output
+        return weight / self.cap[(u, v)]
 
     def undo(self, u: int, v: int, weight: float) -> None:
         """Take back a choice whose chain could not be completed."""
+        if self.kind in IWRR:
+            self.load[self.eid[(u, v)]] -= self._share(u, v, weight)
+
+    def finish(self, chain: list[int], weight: float) -> None:
+        """iwrr: a request of ``weight`` prompt tokens on ``chain`` (its nodes, the coordinator
+        last) is no longer in flight."""
         if self.kind == "iwrr":
-            self.load[self.eid[(u, v)]] -= weight / self.cap[(u, v)]
+            for e in self.edges_of(chain):
+                self.load[e] -= weight + self.mean_output
 
     def edges_of(self, chain: list[int]) -> list[int]:
-        """iwrr: the edge indices of a chain (coordinator -> ... -> coordinator)."""
-        if self.kind != "iwrr":
+        """IWRR: the edge indices of a chain (coordinator -> ... -> coordinator)."""
+        if self.kind not in IWRR:
             return []
         hops = [self.n, *chain]
         return [self.eid[(a, b)] for a, b in zip(hops[:-1], hops[1:], strict=True)]
 
     def decode_step(self, edges: np.ndarray) -> None:
-        """iwrr: one decode iteration over each of ``edges`` (indices, repeated) adds 1 / flow."""
-        if self.kind == "iwrr" and len(edges):
+        """helix-iwrr: one decode iteration over each of ``edges`` (indices, repeated) adds
+        1 / flow."""
+        if self.kind == "helix-iwrr" and len(edges):
             np.add.at(self.load, edges, 1.0 / self.cap_arr[edges])
 
     def observe(self, node: int, seconds: float, tokens: float) -> None:

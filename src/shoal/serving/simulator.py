@@ -34,14 +34,13 @@ import numpy as np
 from shoal.errors import InfeasibleError, SpecError
 from shoal.serving.cluster import Cluster
 from shoal.serving.flow import Flow
+from shoal.serving.perf import batch_caps, kv_capacity
 from shoal.serving.placement import Placement
 from shoal.serving.routing import ROUTERS, KVCache, Router, route_chain
-from shoal.serving.spec import Batch
 from shoal.serving.workload import Workload
 
 # Helix's admission settings (code, §9 of the notes): (high water, expected-output ratio)
 KV_SETTINGS = {"online": (0.9, 0.6), "offline": (0.85, 1.0)}
-GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of GPU memory it manages
 # Helix's offline feeder: requests at the start, then one more after each prompt and each
 # request completes while the expected KV use of the fullest layer is at most the high water
 FEED_INITIAL = 20
@@ -67,6 +66,11 @@ class SimResult:
     latency_histogram: dict | None = None
     measured: int = 0  # requests that entered after the warm-up (their latencies are measured)
     warnings: list[str] = field(default_factory=list)
+    in_flight_mean: float = 0.0  # requests admitted and not done, averaged over the window
+    hops_mean: float = 0.0  # nodes on a request's chain, averaged over the requests routed
+    busiest_link: tuple | None = None  # (from, to, fraction of the window it was sending)
+    kv_fill_peak: float | None = None  # offline feeder: the fullest layer's expected KV use
+    kv_fill_nodes: tuple[int, ...] = ()  # the nodes holding that layer
 
     def to_json(self, names) -> dict:
         return {"mode": self.mode, "router": self.router, "window_s": self.window_s,
@@ -82,8 +86,19 @@ class SimResult:
                           for i, (u, k) in enumerate(zip(self.node_utilization,
                                                          self.kv_peak_fraction, strict=True))
                           if u > 0 or k > 0],
+                "in_flight_mean": self.in_flight_mean, "hops_mean": self.hops_mean,
+                "busiest_link": None if self.busiest_link is None else {
+                    "from": _end_name(self.busiest_link[0], names),
+                    "to": _end_name(self.busiest_link[1], names),
+                    "utilization": self.busiest_link[2]},
+                "kv_fill_peak": self.kv_fill_peak,
                 "simulated_events": self.events, "wall_s": self.wall_s,
                 "latency_histogram": self.latency_histogram}
+
+
+def _end_name(v: int, names) -> str:
+    """A node's name, or ``coordinator`` for the simulator's source and sink vertices."""
+    return names[v] if v < len(names) else "coordinator"
 
 
 def _histogram(x: np.ndarray, bins: int = 40) -> dict:
@@ -104,34 +119,6 @@ def _stats(x: np.ndarray) -> dict:
         return {"mean": None, "p50": None, "p95": None, "requests": 0}
     return {"mean": float(x.mean()), "p50": float(np.percentile(x, 50)),
             "p95": float(np.percentile(x, 95)), "requests": int(len(x))}
-
-
-def kv_capacity(cluster: Cluster, pl: Placement) -> np.ndarray:
-    """Token-layers of KV cache per node: the memory vLLM manages less the held weights."""
-    if cluster.kv_bytes is None or cluster.layer_bytes is None or cluster.memory is None \
-            or np.isnan(cluster.memory).any():
-        raise SpecError("simulation needs each machine's memory and the model's layer and KV "
-                        "bytes (a catalog model and gpu, or memory, layer_bytes, kv_bytes)")
-    out = np.zeros(cluster.n)
-    for i, r in enumerate(pl.ranges):
-        if r is not None:
-            free = GPU_MEMORY_UTILIZATION * cluster.memory[i] - (r[1] - r[0]) * cluster.layer_bytes
-            out[i] = max(free, 0.0) / cluster.kv_bytes
-    return out
-
-
-def batch_caps(cluster: Cluster, pl: Placement) -> list[tuple[float, int, int]]:
-    """Per node: (prompts, prompt tokens, decode steps) one batch takes at most, from its
-    machine's ``batch`` limits (the decode limit at the node's layer count)."""
-    out = []
-    for i, r in enumerate(pl.ranges):
-        b = cluster.batch[i] if cluster.batch else Batch()
-        dec = b.decode
-        if isinstance(dec, list):
-            k = (r[1] - r[0]) if r else 1
-            dec = dec[min(k, len(dec)) - 1]
-        out.append((b.prompts or float("inf"), b.prompt_tokens, dec))
-    return out
 
 
 class _Clock:
@@ -207,7 +194,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
     mode = "offline" if work.arrival_s is None else "online"
     n = cluster.n
     SRC, SNK = n, n + 1
-    R = Router(router, cluster, pl, flow, seed)
+    R = Router(router, cluster, pl, flow, seed, mean_output=float(work.output.mean()))
     layers_np = np.array([(r[1] - r[0]) if r else 0 for r in pl.ranges], dtype=float)
     layers = layers_np.tolist()
     hw, ratio = KV_SETTINGS[mode]
@@ -239,9 +226,9 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
     in_flight = peak_in_flight = waited = completed = 0
     waiting: deque[int] = deque()
     next_req = 0
-    iwrr = router == "iwrr"
+    helix = router == "helix-iwrr"  # its loads grow with every decode step
     caps = batch_caps(cluster, pl)
-    inv_cap = (1.0 / R.cap_arr).tolist() if iwrr else []
+    inv_cap = (1.0 / R.cap_arr).tolist() if helix else []
     load = R.load
 
     def route(r: int) -> bool:
@@ -261,6 +248,9 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
             t0 = t
         t1 = t0 + nbytes / rate
         link_free[(u, v)] = t1
+        lo, hi = max(t0, warmup_s), min(t1, end)
+        if hi > lo:
+            link_busy[(u, v)] = link_busy.get((u, v), 0.0) + hi - lo
         heapq.heappush(heap, (t1 + delay, seq, 1 if v != SNK else 2, v, items))
         seq += 1
 
@@ -362,6 +352,7 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
     def enter(t: float, r: int) -> None:
         nonlocal in_flight, peak_in_flight
         start_t[r] = t if arrival is None else arrival[r]
+        entered_t[r] = t
         in_flight += 1
         peak_in_flight = max(peak_in_flight, in_flight)
         first = chains[r][0]
@@ -374,6 +365,9 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
             per_layer[r[0]:r[1], i] = 1.0 / (r[1] - r[0])
     per_layer = per_layer[per_layer.sum(axis=1) > 0]
     layer_total = np.maximum(per_layer @ kv.total, 1e-9)
+    kv_fill = [0.0, -1]  # the fullest layer's expected KV use after the warm-up, and its row
+    link_busy: dict[tuple[int, int], float] = {}
+    entered_t = [nan] * N
 
     def admit(t: float, count: int = 1) -> None:
         """Offline: up to ``count`` requests while the fullest layer's expected KV use is under
@@ -381,9 +375,15 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         nonlocal next_req, waited
         if mode == "offline":
             for _ in range(count):
-                if next_req >= N or (concurrency is None and ((per_layer @ kv.used) / layer_total)
-                                     .max() > FEED_HIGH_WATER):
+                if next_req >= N:
                     break
+                if concurrency is None:
+                    fill = (per_layer @ kv.used) / layer_total
+                    top = int(fill.argmax())
+                    if t >= warmup_s and fill[top] > kv_fill[0]:
+                        kv_fill[0], kv_fill[1] = float(fill[top]), top
+                    if fill[top] > FEED_HIGH_WATER:
+                        break
                 if not route(next_req):
                     waited += 1
                     break
@@ -468,11 +468,12 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
                 if done[r] >= output[r]:
                     finish_t[r] = t
                     kv.release(chains[r][:-1], prompt[r])
+                    R.finish(chains[r], prompt[r])
                     in_flight -= 1
                     completed += 1
                     fed += 1
                 else:
-                    if iwrr:
+                    if helix:
                         for e in chain_edges[r]:
                             load[e] += inv_cap[e]
                     go.setdefault(chains[r][0], []).append((r, 0))
@@ -499,6 +500,14 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         fin_ok = ~np.isnan(fin) & (start >= warmup_s) & (out_arr > 1)
     pl_lat = (first - start)[ok]
     dl = ((fin - first) / np.maximum(out_arr - 1, 1))[fin_ok]
+    # requests in flight, averaged over the window: each from its admission to its end
+    entered = np.array(entered_t)
+    with np.errstate(invalid="ignore"):
+        a = np.clip(entered, warmup_s, t_end)
+        b = np.clip(np.where(np.isnan(fin), t_end, fin), warmup_s, t_end)
+    in_flight_mean = float(np.nansum(np.maximum(b - a, 0.0))) / window
+    routed = [len(c) - 1 for c in chains if c]
+    busiest = max(link_busy.items(), key=lambda kv_: kv_[1], default=None)
     warnings = []
     if np.isfinite(start).any() and not (start >= warmup_s).any():
         warnings.append(
@@ -516,4 +525,9 @@ def simulate(cluster: Cluster, pl: Placement, flow: Flow | None, work: Workload,
         kv_peak_fraction=[float(p / t) if t > 0 else 0.0 for p, t in zip(kv.peak, kv.total,
                                                                           strict=True)],
         wall_s=time.perf_counter() - wall0, events=events, measured=int(ok.sum()),
-        warnings=warnings)
+        warnings=warnings, in_flight_mean=in_flight_mean,
+        hops_mean=float(np.mean(routed)) if routed else 0.0,
+        busiest_link=None if busiest is None else (*busiest[0], busiest[1] / window),
+        kv_fill_peak=kv_fill[0] if kv_fill[1] >= 0 else None,
+        kv_fill_nodes=tuple(int(i) for i in np.flatnonzero(per_layer[kv_fill[1]]))
+        if kv_fill[1] >= 0 else ())

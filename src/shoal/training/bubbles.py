@@ -306,6 +306,103 @@ def _iteration_with_prefill(tl: GeoTimeline, reserved, cells: int, max_checks: i
     return worst
 
 
+MAX_REJECTED = 0.01  # a rate is sustainable while at most this share of its requests is rejected
+PROBE_REQUESTS = 400  # requests per trial rate: a 1% share is 4 of them
+WAIT_STEPS = (2.0, 4.0, 10.0, 20.0)  # longer --max-wait tried (x the given) when none sustains
+
+
+@dataclass(frozen=True)
+class Sustainable:
+    """The largest Poisson request rate found at which at most ``max_rejected`` of the requests
+    are rejected, and what it does to training (None fields: no rate tried was sustainable)."""
+
+    max_rejected: float
+    max_wait_s: float
+    rate_per_s: float | None
+    result: dict | None  # BubbleResult.summary() at that rate
+    floor: float  # rejected share at the lowest rate tried (requests finding no bubble in time)
+    lowest_rate_per_s: float
+    trials: list[tuple[float, float]]  # (rate, rejected share) of every trial
+    relaxed: list[dict] | None = None  # when none: each longer max wait tried, and its rate
+
+    def to_json(self) -> dict:
+        return {"max_rejected": self.max_rejected, "max_wait_s": self.max_wait_s,
+                "rate_per_s": self.rate_per_s, "at_rate": self.result,
+                "rejected_at_lowest_rate": self.floor,
+                "lowest_rate_per_s": self.lowest_rate_per_s,
+                "trials": [{"rate_per_s": r, "rejected_fraction": f} for r, f in self.trials],
+                "longer_wait": self.relaxed}
+
+
+def sustainable(tl: GeoTimeline, model: PrefillModel, *, cells: int = 1, depth: int = 8,
+                guard_s: float = 0.005, max_wait_s: float = 0.05, seed: int = 0,
+                max_rejected: float = MAX_REJECTED, requests: int = PROBE_REQUESTS,
+                relax: bool = True, tolerance: float = 0.05) -> Sustainable:
+    """The largest request rate BubbleTea serves with at most ``max_rejected`` rejected
+    (Atlas §5 places every prefill or turns it away at once, so a rate is only served if
+    almost none is turned away). Each trial rate places ``requests`` Poisson prefills like
+    the Azure conversation trace (``synthetic_requests``, seeded); the rate starts low
+    enough for the bubbles to be nearly empty, doubles while it is sustainable, then is
+    bisected (geometrically, to ``tolerance``). At the rate found, the full result with the
+    iteration re-simulated. When even the lowest rate rejects more (requests whose prefill
+    fits no bubble within ``max_wait_s``, however idle the GPUs), ``relaxed`` gives, for each
+    longer wait of ``WAIT_STEPS``, the rate it sustains (None: none)."""
+    T = tl.iteration_s
+    trials: list[tuple[float, float]] = []
+
+    def rejected(rate: float) -> float:
+        reqs = _poisson(rate, requests, seed)
+        res = place(tl, reqs, model, cells=cells, depth=depth, guard_s=guard_s,
+                    max_wait_s=max_wait_s, max_checks=0)
+        share = res.summary()["rejected_fraction"]
+        trials.append((rate, share))
+        return share
+
+    low = 0.1 / T  # one request every ten iterations: the bubbles are nearly empty
+    floor = rejected(low)
+    if floor > max_rejected:
+        relaxed = None
+        if relax:
+            relaxed = []
+            for k in WAIT_STEPS:
+                s = sustainable(tl, model, cells=cells, depth=depth, guard_s=guard_s,
+                                max_wait_s=k * max_wait_s, seed=seed,
+                                max_rejected=max_rejected, requests=requests, relax=False,
+                                tolerance=tolerance)
+                relaxed.append({"max_wait_s": s.max_wait_s, "rate_per_s": s.rate_per_s,
+                                "utilization_after": s.result and s.result["utilization_after"],
+                                "rejected_at_lowest_rate": s.floor})
+        return Sustainable(max_rejected, max_wait_s, None, None, floor, low, trials, relaxed)
+    ok, bad = low, None
+    while bad is None:
+        r = 2.0 * ok
+        if rejected(r) <= max_rejected:
+            ok = r
+        else:
+            bad = r
+        if ok > 1e6:
+            break
+    while bad is not None and bad / ok > 1.0 + tolerance:
+        mid = (ok * bad) ** 0.5
+        if rejected(mid) <= max_rejected:
+            ok = mid
+        else:
+            bad = mid
+    reqs = _poisson(ok, requests, seed)
+    res = place(tl, reqs, model, cells=cells, depth=depth, guard_s=guard_s,
+                max_wait_s=max_wait_s)
+    return Sustainable(max_rejected, max_wait_s, ok, res.summary(), floor, low, trials)
+
+
+def _poisson(rate_per_s: float, n: int, seed: int) -> list[tuple[float, int]]:
+    """``n`` Poisson prefills at ``rate_per_s``, prompts like the Azure conversation trace (the
+    same prompts in the same order at every rate, so trials differ only in the rate)."""
+    from shoal.serving.workload import poisson, synthetic_lengths
+
+    w = poisson(synthetic_lengths(n, seed), rate_per_s, n, seed)
+    return [(float(a), int(p)) for a, p in zip(w.arrival_s, w.prompt, strict=True)]
+
+
 def load_requests(path) -> list[tuple[float, int]]:
     """Prefill requests from a CSV with the header ``arrival_s,prompt_tokens`` (arrivals sorted,
     non-negative; prompts > 0); every problem is a SpecError naming the line."""

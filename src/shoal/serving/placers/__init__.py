@@ -1,7 +1,12 @@
 """Serving placers behind one interface: ``place(cluster, placer, ...) -> Placed``.
 
-- ``auto`` (default): shoal's stage-template integer program, the baselines, and a local search
-  on the exact max flow, best kept (see ``stages``);
+- ``auto`` (default): shoal's. By default (objective ``decode``) it chooses among placements by
+  what the request simulator says they serve (``served``): the max-flow placement and stage
+  placements of several depths and KV floors, each simulated offline, the highest decode
+  throughput kept (the lowest decode latency among those within ``TIE`` of it), then the
+  depth and KV floor refined around it while time remains. With objective ``max-flow`` (and
+  wherever the cluster lacks layer times to simulate): the stage-template integer program, the
+  baselines, and a local search on the exact max flow, best kept (see ``stages``);
 - ``milp``: Helix's MILP (see ``milp``), warm-started from the best baseline;
 - ``swarm``, ``petals``, ``separate``: Helix's baselines.
 """
@@ -18,8 +23,21 @@ from shoal.serving.placement import Placement
 from shoal.serving.placers import baselines, milp, stages
 
 PLACERS = ("auto", "milp", "swarm", "petals", "separate")
-OBJECTIVES = ("max-flow", "decode")
-DEPTH_LEVELS = (1.0, 0.85, 0.7, 0.55, 0.4)  # decode objective: flow targets tried, x max flow
+OBJECTIVES = ("decode", "max-flow")
+# decode objective: the stage placements tried, fewest stages at each flow target (x the max
+# flow) and KV floor (x ``kv_bound``): a grid, then finer steps around the best pair, then the
+# grid's far corners if time is left
+GRID = tuple((f, k) for k in (0.0, 0.4) for f in (0.85, 0.7, 0.55))
+REFINE_STEPS = ((0.075, 0.1), (0.0375, 0.05))
+OUTER = ((1.0, 0.0), (0.4, 0.0), (0.4, 0.4), (0.85, 0.6))
+TIE = 0.02  # decode throughputs this close are a tie, broken by the lower decode latency
+# each candidate's offline run: a warm-up long enough for the KV feeder to fill the cache of
+# KV-rich placements (shorter ones over-rate them), then the window measured
+SEARCH_WARMUP_S, SEARCH_WINDOW_S = 150.0, 210.0
+MARGIN = 0.05  # of the time limit, left for what follows the last simulation
+# the candidates are simulated on another draw of the lengths than `serve simulate --seed S`
+# takes by default, so that the choice is not fitted to the run it is judged by
+SEARCH_SEED_OFFSET = 1
 
 
 @dataclass(frozen=True)
@@ -30,6 +48,7 @@ class Placed:
     upper_bound: float
     solve_time_s: float
     details: dict = field(default_factory=dict)
+    served: object | None = None  # served.Served: what the placement serves, simulated
 
 
 def _check_fits(cluster: Cluster) -> None:
@@ -62,24 +81,32 @@ def _best(cluster: Cluster, cands: dict[str, Placement]) -> tuple[str, Placement
 
 def place(cluster: Cluster, placer: str = "auto", *, time_limit_s: float = 60.0, seed: int = 0,
           prune: int = 12, warm_start: bool = True, stall_s: float | None = None,
-          objective: str = "max-flow", lengths=None) -> Placed:
+          objective: str | None = None, lengths=None) -> Placed:
     """The placement ``placer`` finds within ``time_limit_s``, with its max flow.
 
-    ``objective="decode"`` (auto only): among the max-flow placement and the shallowest stage
-    placements (fewest stages, so fewest hops per token) that carry 85%, 70%, ... of it, the one
-    whose simulated offline decode throughput is highest (``lengths``: request lengths to
-    simulate, default seeded synthetic ones)."""
+    ``objective`` (auto only; default ``decode``): ``decode`` chooses by the simulated offline
+    decode throughput (``lengths``: request lengths to simulate, default seeded synthetic ones;
+    the max flow when the cluster lacks what the simulator needs), ``max-flow`` by Helix's
+    objective."""
     if placer not in PLACERS:
         raise SpecError("unknown placer", field="--placer", value=placer,
                         allowed=", ".join(PLACERS))
-    if objective not in OBJECTIVES:
+    if objective is not None and objective not in OBJECTIVES:
         raise SpecError("unknown objective", field="--objective", value=objective,
                         allowed=", ".join(OBJECTIVES))
-    if objective == "decode":
-        if placer != "auto":
-            raise SpecError("the decode objective is for the auto placer", field="--objective",
-                            value=objective, allowed="--placer auto")
-        return _for_decode(cluster, time_limit_s=time_limit_s, seed=seed, lengths=lengths)
+    if objective is not None and placer != "auto":
+        raise SpecError("an objective is for the auto placer", field="--objective",
+                        value=objective, allowed="--placer auto")
+    if placer == "auto" and objective != "max-flow":
+        from shoal.serving.served import simulatable
+
+        if simulatable(cluster):
+            return _for_decode(cluster, time_limit_s=time_limit_s, seed=seed, lengths=lengths)
+        if objective == "decode":
+            raise SpecError("the decode objective simulates requests, which needs layer times "
+                            "and memory for every node", field="--objective", value=objective,
+                            allowed="machines with a 'profile' or a catalog 'gpu' (and the "
+                                    "model's layer and KV bytes), or --objective max-flow")
     _check_fits(cluster)
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
@@ -127,6 +154,26 @@ def place(cluster: Cluster, placer: str = "auto", *, time_limit_s: float = 60.0,
     return Placed(placer, pl, fl, ub, time.perf_counter() - t0, details)
 
 
+def with_served(cluster: Cluster, placed: Placed, lengths=None, seed: int = 0) -> Placed:
+    """``placed`` with what its placement serves (``served.served``, simulated offline on
+    ``lengths`` drawn with the search's seed), unless it has that already or the cluster
+    cannot be simulated."""
+    import dataclasses
+
+    from shoal.serving import served as sv
+
+    if placed.served is not None or placed.flow.value <= 0 \
+            or not sv.simulatable(cluster, placed.placement):
+        return placed
+    try:
+        s = sv.served(cluster, placed.placement, lengths, seed=seed + SEARCH_SEED_OFFSET,
+                      warmup_s=SEARCH_WARMUP_S, window_s=SEARCH_WINDOW_S)
+    except InfeasibleError as exc:  # no request can be admitted: say why instead
+        return dataclasses.replace(placed, details={**placed.details,
+                                                    "serves_nothing": str(exc)})
+    return dataclasses.replace(placed, served=s)
+
+
 def no_flow_reason(cluster: Cluster, pl: Placement) -> tuple[str, str]:
     """Why no request can get through ``pl`` (its max flow is 0), and what would help."""
     gaps = pl.uncovered_text(cluster)
@@ -162,37 +209,101 @@ def no_flow_reason(cluster: Cluster, pl: Placement) -> tuple[str, str]:
             "`between` or `pairs`), or place with `shoal serve plan --placer auto`")
 
 
-SIM_WARMUP_S, SIM_WINDOW_S = 60.0, 300.0  # decode objective: each candidate's offline run
+def kv_bound(cluster: Cluster) -> float:
+    """Tokens of KV cache per layer if every node's memory beside one copy of the weights held
+    KV, spread evenly over the layers: no placement's fullest layer holds more."""
+    from shoal.serving.perf import GPU_MEMORY_UTILIZATION
+
+    free = GPU_MEMORY_UTILIZATION * float(cluster.memory.sum()) \
+        - cluster.layers * cluster.layer_bytes
+    return max(free, 0.0) / (cluster.kv_bytes * cluster.layers)
 
 
 def _for_decode(cluster: Cluster, *, time_limit_s: float, seed: int, lengths) -> Placed:
-    """Candidates of several depths, each simulated offline; the best decode throughput wins."""
-    from shoal.serving import workload
-    from shoal.serving.simulator import simulate
+    """Stage placements of several depths and KV floors (``GRID``), each simulated offline
+    (``served``); the flow target and KV floor of the best refined (``REFINE_STEPS``), then
+    the grid's far corners, the max-flow placement and the baselines while time remains. The
+    best decode throughput wins (ties within ``TIE``: the lower mean decode latency). A new
+    simulation starts only if the longest so far still fits before the deadline."""
+    from shoal.serving import served as sv
 
     t0 = time.perf_counter()
-    deadline = t0 + time_limit_s
-    top = place(cluster, "auto", time_limit_s=time_limit_s / 4, seed=seed)
-    cands = [("max-flow", top.placement)]
-    for level in DEPTH_LEVELS:
-        pl = stages.shallowest(cluster, level * top.flow.value, deadline)
-        if pl is not None and all(pl != c for _, c in cands):
-            cands.append((f"fewest stages at {level:.0%} of the max flow", pl))
-    L = lengths if lengths is not None else workload.synthetic_lengths(20000, seed)
-    rows, best = [], None
-    for name, pl in cands:
-        if time.perf_counter() > deadline and best is not None:
-            break
-        fl = max_flow(cluster, pl)
-        r = simulate(cluster, pl, fl, workload.offline(L, seed), warmup_s=SIM_WARMUP_S,
-                     duration_s=SIM_WINDOW_S, seed=seed)
-        row = {"candidate": name, "max_flow_tokens_per_s": fl.value,
+    deadline = t0 + (1.0 - MARGIN) * time_limit_s
+    top = place(cluster, "auto", time_limit_s=time_limit_s / 4, seed=seed, objective="max-flow")
+    F, K = top.flow.value, kv_bound(cluster)
+    draw = seed + SEARCH_SEED_OFFSET
+    rows: list[dict] = []
+    tried: dict[Placement, dict] = {}
+    scored: dict[Placement, object] = {}
+    slowest = [0.0]  # the longest simulation so far: another must fit before the deadline
+
+    def build(level: float, kv: float) -> Placement | None:
+        return stages.shallowest(cluster, level * F, deadline, K=kv * K)
+
+    def judge(name: str, pl: Placement, level: float | None, kv: float | None) -> None:
+        if pl in tried or time.perf_counter() + slowest[0] > deadline and scored:
+            return
+        t = time.perf_counter()
+        try:
+            s = sv.served(cluster, pl, lengths, seed=draw, warmup_s=SEARCH_WARMUP_S,
+                          window_s=SEARCH_WINDOW_S)
+        except InfeasibleError as exc:  # e.g. no node on some chain has KV for one prompt
+            tried[pl] = {"candidate": name, "serves_nothing": str(exc)}
+            return
+        slowest[0] = max(slowest[0], time.perf_counter() - t)
+        row = {"candidate": name, "flow_level": level, "kv_level": kv,
+               "max_flow_tokens_per_s": max_flow(cluster, pl).value,
                "stages": len({x for x in pl.ranges if x is not None}),
                "nodes": sum(x is not None for x in pl.ranges),
-               "decode_tokens_per_s": r.decode_tokens_per_s,
-               "decode_latency_s": r.decode_latency_s["mean"]}
+               "decode_tokens_per_s": s.decode_tokens_per_s,
+               "decode_latency_s": s.decode_latency_s["mean"]}
         rows.append(row)
-        if best is None or r.decode_tokens_per_s > best[0]:
-            best = (r.decode_tokens_per_s, pl, fl)
-    return Placed("auto", best[1], best[2], cluster.upper_bound(), time.perf_counter() - t0,
-                  {"objective": "decode", "candidates": rows})
+        tried[pl] = row
+        scored[pl] = s
+
+    def best() -> Placement:
+        top_v = max(tried[p]["decode_tokens_per_s"] for p in scored)
+        near = [p for p in scored if tried[p]["decode_tokens_per_s"] >= (1 - TIE) * top_v]
+        return min(near, key=lambda p: (tried[p]["decode_latency_s"] or float("inf"),
+                                        -tried[p]["decode_tokens_per_s"]))
+
+    def trial(level: float, kv: float) -> None:
+        if 0 < level <= 1 and kv >= 0 and time.perf_counter() < deadline:
+            pl = build(level, kv)
+            if pl is not None:
+                judge(f"fewest stages at {level:.1%} of the max flow, KV floor {kv:.0%}", pl,
+                      level, kv)
+
+    for level, kv in GRID:
+        trial(level, kv)
+    for dl, dk in REFINE_STEPS:  # around the best (flow target, KV floor) pair, finer
+        if not scored:
+            break
+        b = tried[best()]
+        if b["flow_level"] is None:
+            break
+        for level, kv in ((b["flow_level"] + dl, b["kv_level"]),
+                          (b["flow_level"] - dl, b["kv_level"]),
+                          (b["flow_level"], b["kv_level"] + dk),
+                          (b["flow_level"], b["kv_level"] - dk)):
+            trial(level, kv)
+    for level, kv in OUTER:
+        trial(level, kv)
+    # the deepest, the max-flow placement, last: its run is the longest and it rarely serves most
+    judge("max flow", top.placement, None, None)
+    for name, q in _baselines(cluster, seed).items():
+        judge(name, q, None, None)
+    if not scored:
+        raise InfeasibleError(
+            "no placement tried serves a request: " + next(
+                (r["serves_nothing"] for r in tried.values() if "serves_nothing" in r),
+                "none could be simulated in the time limit"),
+            binding="KV cache", relaxation="nodes with more memory, or --objective max-flow "
+                                           "for Helix's objective alone")
+    pl = best()
+    for r in rows:
+        r["chosen"] = tried[pl] is r
+    return Placed("auto", pl, max_flow(cluster, pl), cluster.upper_bound(),
+                  time.perf_counter() - t0,
+                  {"objective": "decode", "max_flow_placement": top.flow.value,
+                   "kv_bound_tokens_per_layer": K, "candidates": rows}, served=scored[pl])

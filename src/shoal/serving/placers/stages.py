@@ -16,6 +16,12 @@ the links between them (with ``a`` and ``b`` nodes on the two sides, each node p
 ``b`` (resp. ``a``) links' worth), which the program enforces through a choice of the pair
 (a, b). The result is then improved by moving single range ends while the exact max flow (with
 every link's real capacity) rises; partial inference, when allowed, is used by that search.
+
+What a placement *serves* also depends on its KV cache (how many requests can be in flight:
+every request holds KV in every layer, so the layer whose nodes hold the least KV caps them) and
+on its depth (each hop adds to every token's time). ``shallowest`` therefore also takes a KV
+floor K: every stage's nodes must together hold the KV of K tokens in each of its layers
+(``perf.kv_tokens_per_layer``, the simulator's KV cache), and it minimises the number of stages.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shoal.mip import Model
+from shoal.serving import perf
 from shoal.serving.cluster import Cluster
 from shoal.serving.flow import max_flow
 from shoal.serving.placement import Placement
@@ -37,11 +44,12 @@ FAST = 0.1  # links at least this fraction of a region's fastest are "inside" it
 
 @dataclass(frozen=True)
 class Group:
-    """Identical nodes: one region, one capacity table."""
+    """Identical nodes: one region, one capacity table, one KV cache table."""
 
     region: int
     T: tuple[float, ...]  # T[k], k = 0 .. kmax
     nodes: tuple[int, ...]
+    kv: tuple[float, ...] = ()  # kv[k]: tokens of KV per layer holding k layers (0: unknown)
 
     @property
     def kmax(self) -> int:
@@ -52,9 +60,11 @@ def groups(cluster: Cluster) -> tuple[list[Group], list[str]]:
     regions = sorted(set(cluster.regions))
     by: dict[tuple, list[int]] = {}
     for i in range(cluster.n):
-        row = tuple(float(x) for x in cluster.T[i, :int(cluster.kmax[i]) + 1])
-        by.setdefault((regions.index(cluster.regions[i]), row), []).append(i)
-    return [Group(r, row, tuple(ix)) for (r, row), ix in sorted(by.items())], regions
+        k = int(cluster.kmax[i])
+        row = tuple(float(x) for x in cluster.T[i, :k + 1])
+        kv = tuple(perf.kv_tokens_per_layer(cluster, i, j) for j in range(k + 1))
+        by.setdefault((regions.index(cluster.regions[i]), row, kv), []).append(i)
+    return [Group(r, row, tuple(ix), kv) for (r, row, kv), ix in sorted(by.items())], regions
 
 
 @dataclass(frozen=True)
@@ -68,34 +78,43 @@ class Template:
         return sum(c for _, c in self.counts)
 
 
-def templates(gs: list[Group], region: int, F: float, per_node=None) -> list[Template]:
-    """Minimal node multisets of ``region`` whose stage capacity reaches F, for every length.
-    ``per_node(g, l)``: a node's contribution (default its T(l))."""
+def templates(gs: list[Group], region: int, F: float, per_node=None,
+              K: float = 0.0) -> list[Template]:
+    """Minimal node multisets of ``region`` whose stage capacity reaches F and whose KV cache
+    holds K tokens in each layer, for every length. ``per_node(g, l)``: a node's contribution
+    to the capacity (default its T(l))."""
     out: list[Template] = []
     cand = [gi for gi, g in enumerate(gs) if g.region == region]
     for ln in range(1, max((gs[g].kmax for g in cand), default=0) + 1):
         val = {gi: (per_node(gi, ln) if per_node else gs[gi].T[ln]) for gi in cand
                if gs[gi].kmax >= ln and gs[gi].T[ln] > 0}
-        out += [Template(ln, region, c) for c in _minimal(gs, [g for g in val if val[g] > 0],
-                                                           val, F)]
+        kv = {gi: (gs[gi].kv[ln] if gs[gi].kv else 0.0) for gi in val}
+        use = [g for g in val if val[g] > 0 and (K <= 0 or kv[g] > 0)]
+        out += [Template(ln, region, c) for c in _minimal(gs, use, val, F, kv, K)]
     return out
 
 
-def _minimal(gs: list[Group], use: list[int], val: dict[int, float], F: float):
-    """Multisets (group, count) of ``use`` with total ``val`` >= F from which no node can go."""
-    stack: list[tuple[int, tuple[tuple[int, int], ...], float]] = [(0, (), 0.0)]
+def _minimal(gs: list[Group], use: list[int], val: dict[int, float], F: float,
+             kv: dict[int, float], K: float):
+    """Multisets (group, count) of ``use`` with total ``val`` >= F and total ``kv`` >= K from
+    which no node can go."""
+    def enough(tot: float, kt: float) -> bool:
+        return tot >= F and kt >= K
+
+    stack: list[tuple[int, tuple[tuple[int, int], ...], float, float]] = [(0, (), 0.0, 0.0)]
     while stack:
-        k, chosen, tot = stack.pop()
-        if tot >= F:
-            if all(tot - val[g] < F for g, _ in chosen):
+        k, chosen, tot, kt = stack.pop()
+        if enough(tot, kt):
+            if all(not enough(tot - val[g], kt - kv[g]) for g, _ in chosen):
                 yield chosen
             continue
         if k == len(use):
             continue
         g = use[k]
         for c in range(len(gs[g].nodes) + 1):
-            stack.append((k + 1, (*chosen, (g, c)) if c else chosen, tot + c * val[g]))
-            if tot + c * val[g] >= F:
+            stack.append((k + 1, (*chosen, (g, c)) if c else chosen, tot + c * val[g],
+                          kt + c * kv[g]))
+            if enough(tot + c * val[g], kt + c * kv[g]):
                 break
 
 
@@ -125,10 +144,11 @@ class _FanCap:
 
 
 def _program(gs: list[Group], seq: tuple[int, ...], F: float, links: np.ndarray, L: int,
-             fewest: bool = False):
-    """The integer program for visiting the regions in ``seq`` with flow F: (model, decode)
-    or None when some stage has no template. ``fewest``: minimise the number of stages (the
-    hops of every request), else any feasible point."""
+             fewest: bool = False, K: float = 0.0):
+    """The integer program for visiting the regions in ``seq`` with flow F (and every stage's
+    KV cache holding K tokens per layer): (model, decode) or None when some stage has no
+    template. ``fewest``: minimise the number of stages (the hops of every request), else any
+    feasible point."""
     m = Model(maximize=False)
     segs: list[tuple[int, int, Template, str]] = []  # (column, block, template, role)
     use: dict[int, tuple[list[int], list[float]]] = {}
@@ -147,7 +167,7 @@ def _program(gs: list[Group], seq: tuple[int, ...], F: float, links: np.ndarray,
         return col
 
     for b, r in enumerate(seq):
-        inner = templates(gs, r, F)
+        inner = templates(gs, r, F, K=K)
         for t in inner:
             add(b, t, "inner", False)
     for b in range(len(seq) - 1):
@@ -167,7 +187,7 @@ def _program(gs: list[Group], seq: tuple[int, ...], F: float, links: np.ndarray,
             cols: list[int] = []
             found: dict[Template, list[int]] = {}
             for fan in range(1, MAX_FAN + 1):
-                for t in templates(gs, reg, F, _FanCap(gs, fan * S)):
+                for t in templates(gs, reg, F, _FanCap(gs, fan * S), K=K):
                     if t.size <= MAX_FAN:
                         found.setdefault(t, []).append(fan)
             if not found:
@@ -247,15 +267,15 @@ def staged(cluster: Cluster, deadline: float) -> Placement | None:
     return best[1] if best else None
 
 
-def shallowest(cluster: Cluster, F: float, deadline: float) -> Placement | None:
-    """The stage placement with the fewest stages whose every stage carries F (over every
-    order of regions), or None."""
+def shallowest(cluster: Cluster, F: float, deadline: float, K: float = 0.0) -> Placement | None:
+    """The stage placement with the fewest stages whose every stage carries F and holds the KV
+    of K tokens in each of its layers (over every order of regions), or None."""
     gs, regions = groups(cluster)
     L = cluster.layers
     links = _region_links(cluster, regions)
     best: tuple[float, Placement] | None = None
     for seq in _sequences(gs, regions, links, L):
-        built = _program(gs, seq, F, links, L, fewest=True)
+        built = _program(gs, seq, F, links, L, fewest=True, K=K)
         if built is None or time.perf_counter() > deadline:
             continue
         sol = built[0].solve(time_limit_s=max(0.05, min(10.0, deadline - time.perf_counter())))
