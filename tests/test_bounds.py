@@ -121,7 +121,7 @@ def test_no_plan_across_regions_beats_its_refined_bound():
         assert c.iteration_time_s * (1 + 1e-9) >= T, (c.spec, T, c.iteration_time_s)
         assert c.cost_usd * (1 + 1e-9) >= C, (c.spec, C, c.cost_usd)
         checked += 1
-        crossing += len({pb.zone_region[st[2][0][2]] for st in c.spec[4]}) > 1
+        crossing += len({pb.zone_region[st[2][0][2]] for st in c.spec.stages}) > 1
         if plain.refined(sh, D, total)[0] * (1 + 1e-6) < T:
             above.add((sh, D))
     assert checked > 10 and crossing > 5
@@ -177,7 +177,7 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
             tuple((k, tp, n) for (k, tp), n in sorted(Counter(
                 (space.kinds.index(Kind(g, pb.zone_region[z])), tp)
                 for g, tp, z, _ in reps).items()))
-            for _, _, reps in c.spec[4])
+            for _, _, reps in c.spec.stages)
         allocs[(sh, D, per_stage)] = None
     floors, specs = [], []  # per allocation: its two floors and the range of its plans
     worths: dict = {}

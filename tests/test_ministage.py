@@ -64,7 +64,7 @@ def test_ministage_edges_tile_the_stage():
 def test_spec_round_trip_keeps_the_ministages():
     p = plan(3)
     sp = to_spec(p)
-    assert sp[1] == schedule_key("zorse", 3) and parse_schedule(sp[1]) == ("zorse", 3)
+    assert sp.schedule == schedule_key("zorse", 3) and parse_schedule(sp.schedule) == ("zorse", 3)
     assert to_plan(sp) == p
     assert parse_schedule("1f1b") == ("1f1b", 1)
 

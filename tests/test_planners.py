@@ -14,6 +14,7 @@ from tests._clock import patience
 from shoal.errors import InfeasibleError
 from shoal.estimate import estimate
 from shoal.estimate.api import run_specs, tables_for
+from shoal.estimate.encode import PlanSpec, ReplicaSpec, StageSpec
 from shoal.estimate.validate import validate_plan
 from shoal.io.sailor import import_sailor
 from shoal.problem import build_problem, load_problem
@@ -410,12 +411,12 @@ def test_a_pair_whose_balanced_split_cannot_win_is_re_split_to_its_gpus():
     gpus = [("A100-40GB", 2)] * 2 + [("V100-16GB", 4)] * 4
 
     def plan(edges):  # one replica per stage, running all 32 microbatches of 2
-        return (2, "1f1b", False, 0, tuple(
-            (a, b, ((g, tp, "us-central1-a", 32),))
+        return PlanSpec(2, "1f1b", False, 0, tuple(
+            StageSpec(a, b, (ReplicaSpec(g, tp, "us-central1-a", 32),))
             for a, b, (g, tp) in zip(edges, edges[1:], gpus, strict=False)))
 
     witness, even = plan([0, 5, 10, 14, 18, 22, 26]), plan([0, 4, 8, 12, 16, 21, 26])
-    assert balanced_split(26, 6) == tuple((a, b) for a, b, _ in even[4])
+    assert balanced_split(26, 6) == tuple((a, b) for a, b, _ in even.stages)
     out = run_specs(pb, tables_for(pb, mbs_options(pb)), [witness, even])
     assert not out["oom"].any()
     assert out["iteration_time_s"][0] < out["iteration_time_s"][1] * 0.9
@@ -448,7 +449,7 @@ def test_a_boundary_moved_away_is_moved_back():
     assert worse, "some move of the best plan's boundaries makes it slower"
     tuned = refine.refine(ev, worse[0], "max-throughput")
     assert tuned.iteration_time_s <= best.iteration_time_s * (1 + 1e-12)
-    assert [(a, b) for a, b, _ in tuned.spec[4]] != [(a, b) for a, b, _ in worse[0].spec[4]]
+    assert [(a, b) for a, b, _ in tuned.spec.stages] != [(a, b) for a, b, _ in worse[0].spec.stages]
 
 
 def test_a_descent_is_not_walked_again_from_a_plan_on_its_way():
@@ -696,7 +697,7 @@ def test_plans_alike_in_all_a_user_sees_are_ranked_once():
                     stacks()["sailor-testbed"])
     # a plan with a stage whose replicas are in two zones
     c = next(c for c in search(pb, objective="max-throughput", top_k=50).ranked
-             if any(len({r[2] for r in reps}) > 1 for _, _, reps in c.spec[4]))
+             if any(len({r[2] for r in reps}) > 1 for _, _, reps in c.spec.stages))
     mb, sched, rc, zero, stages = c.spec
     flipped = (mb, sched, rc, zero, tuple((a, b, tuple(reversed(reps))) for a, b, reps in stages))
     alike = replace(c, spec=flipped)

@@ -53,7 +53,7 @@ def running(problem: Problem, cand: Candidate) -> Running:
     per_param = checkpoint_bytes_per_param(problem)
     bw = problem.switching.storage_bandwidth
     save_s = load_s = 0.0
-    for a, b, reps in cand.spec[4]:
+    for a, b, reps in cand.spec.stages:
         stage_bytes = float(problem.sizes.params[a:b].sum()) * per_param
         gpus = sum(tp for _, tp, _, _ in reps)
         save_s = max(save_s, stage_bytes / gpus / bw)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from shoal import catalog
@@ -9,11 +11,35 @@ from shoal.estimate.kernel import Batch
 from shoal.estimate.tables import CostTables
 from shoal.specs.plan import TrainingPlan
 
-# A plan in compact form, cheap to build by the thousand (the planners' currency):
-# (mbs, schedule, recompute, zero, ((layer_start, layer_end, ((gpu, tp, zone, microbatches), ...)), ...))
-ReplicaSpec = tuple[str, int, str, int]
-StageSpec = tuple[int, int, tuple[ReplicaSpec, ...]]
-PlanSpec = tuple[int, str, bool, int, tuple[StageSpec, ...]]
+
+class ReplicaSpec(NamedTuple):
+    """One data-parallel replica of a stage: its GPU type, TP degree, zone and microbatches
+    per iteration."""
+
+    gpu: str
+    tp: int
+    zone: str
+    microbatches: int
+
+
+class StageSpec(NamedTuple):
+    """A pipeline stage: layers [first_layer, end_layer) and its replicas."""
+
+    first_layer: int
+    end_layer: int
+    replicas: tuple[ReplicaSpec, ...]
+
+
+class PlanSpec(NamedTuple):
+    """A training plan in compact form, cheap to build and hash by the thousand (the
+    planners' currency; ``to_plan`` makes it a TrainingPlan): microbatch size, schedule key
+    (``schedule_key``), activation recompute, ZeRO stage and the stages."""
+
+    mbs: int
+    schedule: str
+    recompute: bool
+    zero: int
+    stages: tuple[StageSpec, ...]
 
 
 def schedule_key(schedule: str, ministages: int = 1) -> str:
@@ -31,9 +57,10 @@ def parse_schedule(key: str) -> tuple[str, int]:
 def to_spec(plan: TrainingPlan) -> PlanSpec:
     reg = catalog.gpus()
     key = schedule_key(plan.schedule, plan.ministages)
-    return (plan.microbatch_size, key, plan.recompute, plan.zero_stage, tuple(
-        (st.layers[0], st.layers[1], tuple((reg.canonical(r.gpu), r.tp, r.zone, r.microbatches)
-                                           for r in st.replicas))
+    return PlanSpec(plan.microbatch_size, key, plan.recompute, plan.zero_stage, tuple(
+        StageSpec(st.layers[0], st.layers[1],
+                  tuple(ReplicaSpec(reg.canonical(r.gpu), r.tp, r.zone, r.microbatches)
+                        for r in st.replicas))
         for st in plan.stages))
 
 
@@ -44,8 +71,8 @@ def encode(tb: CostTables, plans: list[TrainingPlan]) -> Batch:
 def encode_specs(tb: CostTables, specs: list[PlanSpec]) -> Batch:
     """Padded kernel arrays for compact plan specs."""
     B = len(specs)
-    S = max(len(sp[4]) for sp in specs)
-    R = max(len(st[2]) for sp in specs for st in sp[4])
+    S = max(len(sp.stages) for sp in specs)
+    R = max(len(st.replicas) for sp in specs for st in sp.stages)
     ls = np.zeros((B, S), dtype=np.int64)
     le = np.zeros((B, S), dtype=np.int64)
     smask = np.zeros((B, S), dtype=bool)
@@ -73,11 +100,12 @@ def encode_specs(tb: CostTables, specs: list[PlanSpec]) -> Batch:
         seen: dict[tuple, int] = {}
         which = np.fromiter((seen.setdefault(r, len(seen)) for r in reps_all), np.int64,
                             len(reps_all))
-        rows = np.array([(gi[r[0]], ti[r[1]], zi[r[2]], r[3]) for r in seen],
+        rows = np.array([(gi[r.gpu], ti[r.tp], zi[r.zone], r.microbatches) for r in seen],
                         dtype=np.int64).reshape(len(seen), 4)[which]
         g[rb, rs, rr], t[rb, rs, rr], z[rb, rs, rr], m[rb, rs, rr] = rows.T
         rmask[rb, rs, rr] = True
     return Batch(
-        mbs_idx=np.array([mi[sp[0]] for sp in specs]), ls=ls, le=le, smask=smask, g=g, t=t,
-        z=z, m=m, rmask=rmask, recompute=np.array([sp[2] for sp in specs]),
-        zero=np.array([sp[3] for sp in specs]), gpipe=np.array([sp[1] == "gpipe" for sp in specs]))
+        mbs_idx=np.array([mi[sp.mbs] for sp in specs]), ls=ls, le=le, smask=smask, g=g, t=t,
+        z=z, m=m, rmask=rmask, recompute=np.array([sp.recompute for sp in specs]),
+        zero=np.array([sp.zero for sp in specs]),
+        gpipe=np.array([sp.schedule == "gpipe" for sp in specs]))

@@ -34,14 +34,15 @@ from shoal.specs.plan import warmups as plan_warmups
 
 def is_pipelines(spec: PlanSpec) -> bool:
     """True when replica j of every stage runs the same microbatches (a set of pipelines)."""
-    stages = spec[4]
-    shares = [tuple(r[3] for r in reps) for _, _, reps in stages]
+    stages = spec.stages
+    shares = [tuple(r.microbatches for r in reps) for _, _, reps in stages]
     return all(s == shares[0] for s in shares)
 
 
 def owners(spec: PlanSpec) -> list[np.ndarray]:
     """Per stage: the replica that runs each microbatch of the iteration (``plan.owners``)."""
-    return [np.array(plan_owners([r[3] for r in reps]), dtype=np.int64) for _, _, reps in spec[4]]
+    return [np.array(plan_owners([r.microbatches for r in reps]), dtype=np.int64)
+            for _, _, reps in spec.stages]
 
 
 def simulate(spec: PlanSpec, fwd: np.ndarray, bwd: np.ndarray, hop: list[np.ndarray],
@@ -53,11 +54,11 @@ def simulate(spec: PlanSpec, fwd: np.ndarray, bwd: np.ndarray, hop: list[np.ndar
     of one microbatch's transfer between replica a of stage s and replica b of stage s+1 (the
     same in both directions). ``trace``: a list to which every operation is appended as
     (stage, replica, is_backward, microbatch, start, end)."""
-    stages = spec[4]
+    stages = spec.stages
     own = owners(spec)
     d_f, d_b = durations(own, fwd, bwd, hop, recv_fraction)
-    shares = [[r[3] for r in reps] for _, _, reps in stages]
-    g = operations.graph(plan_stage_orders(spec[1], shares), np.stack(own),
+    shares = [[r.microbatches for r in reps] for _, _, reps in stages]
+    g = operations.graph(plan_stage_orders(spec.schedule, shares), np.stack(own),
                          [len(sh) for sh in shares], d_f, d_b)
     free = np.zeros((len(stages), fwd.shape[1]))
     for (s, j), end_s in zip(g.where, operations.simulate(g, trace), strict=True):
@@ -96,29 +97,29 @@ def hop(problem: Problem, tb: CostTables, mbs: int, src, dst) -> np.ndarray:
     """(R_src, R_dst) seconds of one microbatch's transfer from each replica of a stage
     (``src``: its replica specs) to each of another's, as the kernel computes a pipeline send
     (the sender's TP sets the link's flows)."""
-    ga, za, ta = (np.array([tb.gi(r[0]) for r in src]), np.array([tb.zones.index(r[2]) for r in src]),
+    ga, za, ta = (np.array([tb.gi(r.gpu) for r in src]), np.array([tb.zones.index(r.zone) for r in src]),
                   np.array([tb.ti(r[1]) for r in src]))
-    gb, zb = np.array([tb.gi(r[0]) for r in dst]), np.array([tb.zones.index(r[2]) for r in dst])
+    gb, zb = np.array([tb.gi(r.gpu) for r in dst]), np.array([tb.zones.index(r.zone) for r in dst])
     lid = tb.link_id(ga[:, None], za[:, None], gb[None, :], zb[None, :], ta[:, None])
     return np.asarray(p2p_s(tb, problem.timing, tb.mi(mbs), lid), dtype=float)
 
 
 def hops(problem: Problem, tb: CostTables, spec: PlanSpec) -> list[np.ndarray]:
     """Per stage boundary: ``hop`` from every replica of stage s to every replica of s + 1."""
-    stages = spec[4]
-    return [hop(problem, tb, spec[0], stages[s][2], stages[s + 1][2])
+    stages = spec.stages
+    return [hop(problem, tb, spec.mbs, stages[s].replicas, stages[s + 1].replicas)
             for s in range(len(stages) - 1)]
 
 
 def egress(tb: CostTables, spec: PlanSpec) -> float:
     """USD of the iteration's pipeline transfers (activations forward, gradients back)."""
     own = owners(spec)
-    msg = tb.boundary_bytes * spec[0]
-    stages = spec[4]
+    msg = tb.boundary_bytes * spec.mbs
+    stages = spec.stages
     total = 0.0
     for s in range(len(stages) - 1):
-        za = [tb.zones.index(r[2]) for r in stages[s][2]]
-        zb = [tb.zones.index(r[2]) for r in stages[s + 1][2]]
+        za = [tb.zones.index(r.zone) for r in stages[s].replicas]
+        zb = [tb.zones.index(r.zone) for r in stages[s + 1].replicas]
         for i in range(len(own[s])):
             total += 2.0 * msg * tb.egress_per_byte[za[own[s][i]], zb[own[s + 1][i]]]
     return float(total)
@@ -127,7 +128,7 @@ def egress(tb: CostTables, spec: PlanSpec) -> float:
 def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
     """Replace the schedule-dependent outputs of a one-plan kernel result (``detail=True``) by
     the event simulation's: iteration time, stage ends, per-microbatch send shares, money."""
-    S = len(spec[4])
+    S = len(spec.stages)
     fwd, bwd = out["fwd"][0, :S], out["bwd"][0, :S]
     hop = hops(problem, tb, spec)
     ends, busy = simulate(spec, fwd, bwd, hop, problem.timing.recv_fraction)
@@ -146,9 +147,9 @@ def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
     res["sync"][0, :S] = sync
     # per-microbatch hand-off seconds of each replica: its busy time beyond compute, averaged
     counts = np.zeros_like(fwd)
-    for s, (_, _, reps) in enumerate(spec[4]):
+    for s, (_, _, reps) in enumerate(spec.stages):
         for j, r in enumerate(reps):
-            counts[s, j] = r[3]
+            counts[s, j] = r.microbatches
     extra = np.where(counts > 0, (busy - counts * (fwd + bwd)) / np.maximum(counts, 1), 0.0)
     res["send_fwd"] = out["send_fwd"].copy()
     res["send_bwd"] = out["send_bwd"].copy()
@@ -168,12 +169,12 @@ def in_flight(spec: PlanSpec) -> list[list[int]]:
     In the 1F1B stage order (W forwards, then forward W+k before backward k), a replica holds
     after forward W+k its microbatches in [k, W+k]: the most it ever holds is the most of its
     microbatches in any W+1 consecutive ones. Under GPipe, all of them."""
-    stages = spec[4]
-    shares = [[r[3] for r in reps] for _, _, reps in stages]
+    stages = spec.stages
+    shares = [[r.microbatches for r in reps] for _, _, reps in stages]
     warm = plan_warmups(shares)
     out = []
     for s, sh in enumerate(shares):
-        if spec[1] == "gpipe":
+        if spec.schedule == "gpipe":
             out.append(list(sh))
             continue
         own = np.array(plan_owners(sh), dtype=np.int64)
@@ -191,12 +192,12 @@ def memory(problem: Problem, tb: CostTables, spec: PlanSpec, res: dict) -> None:
     """Activations, peak and OOM of every replica from its order's in-flight microbatches,
     written into ``res`` (a one-plan kernel result with ``detail``)."""
     mem = problem.memory
-    mbs = float(spec[0])
-    rc, zero = spec[2], spec[3]
+    mbs = float(spec.mbs)
+    rc, zero = spec.recompute, spec.zero
     keys = ("inflight", "activations", "peak_bytes", "oom_workers")
     for k in keys:
         res[k] = res[k].copy()
-    for s, ((a, b, reps), held) in enumerate(zip(spec[4], in_flight(spec), strict=True)):
+    for s, ((a, b, reps), held) in enumerate(zip(spec.stages, in_flight(spec), strict=True)):
         for j, (gpu, tp, _, _) in enumerate(reps):
             states, buffers, act = worker_memory(
                 tb, mem, state_bytes(problem)[1], tb.gi(gpu), a, b, tb.ti(tp), mbs, float(held[j]),

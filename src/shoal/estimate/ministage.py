@@ -54,7 +54,7 @@ from shoal.specs.plan import owners as plan_owners
 
 
 def is_ministage(spec: PlanSpec) -> bool:
-    return parse_schedule(spec[1])[0] == "zorse"
+    return parse_schedule(spec.schedule)[0] == "zorse"
 
 
 def edges(a: int, b: int, V: int) -> list[int]:
@@ -110,7 +110,7 @@ def apply(problem: Problem, tb: CostTables, spec: PlanSpec, out: dict) -> dict:
     memory(problem, tb, spec, res)
     for k_ in ("t_mb", "send_fwd", "send_bwd", "sync", "update"):
         res[k_] = res[k_].copy()
-    for s, (_, _, reps) in enumerate(spec[4]):
+    for s, (_, _, reps) in enumerate(spec.stages):
         for j, (_, _, _, m) in enumerate(reps):
             comp = m * (c.f[s][j].sum() + c.b[s][j].sum())
             res["t_mb"][0, s, j] = busy[s][j] / m if m else 0.0
@@ -149,9 +149,9 @@ def _costs(problem: Problem, tb: CostTables, spec: PlanSpec) -> _Costs:
                 act_io[s][j, k] = ((tb.cum_act_rc[gi, ti, e1] - tb.cum_act_rc[gi, ti, e0]) * mbs
                                    / host[s][j])
     # hand-offs: stage s -> s + 1 inside a round, the last stage -> stage 0 between rounds
-    nxt_hop = [hop(problem, tb, mbs, stages[s][2], stages[(s + 1) % S][2]) if S > 1
-               else np.zeros((len(stages[0][2]),) * 2) for s in range(S)]  # one stage: no hand-off
-    own = [np.array(plan_owners([r[3] for r in reps]), dtype=np.int64) for _, _, reps in stages]
+    nxt_hop = [hop(problem, tb, mbs, stages[s].replicas, stages[(s + 1) % S].replicas) if S > 1
+               else np.zeros((len(stages[0].replicas),) * 2) for s in range(S)]  # one stage: no hand-off
+    own = [np.array(plan_owners([r.microbatches for r in reps]), dtype=np.int64) for _, _, reps in stages]
     fetch, reduce, update = _weights(problem, tb, spec, cut, host)
     return _Costs(S=S, V=V, M=len(own[0]), recv_fraction=tc.recv_fraction, own=own, f=f, b=bw,
                   act_io=act_io, hop=nxt_hop, fetch=fetch, reduce=reduce, update=update)
@@ -163,12 +163,12 @@ def _weights(problem: Problem, tb: CostTables, spec: PlanSpec, cut: list[list[in
     gradients out (reduce-scatter) with the optimizer state in and out, and the shard's update."""
     tc = problem.timing
     grad_b, (w_b, _, o_b) = state_bytes(problem)
-    S, V = len(spec[4]), len(cut[0]) - 1
+    S, V = len(spec.stages), len(cut[0]) - 1
     fetch, reduce, update = np.zeros((S, V)), np.zeros((S, V)), np.zeros((S, V))
-    for s, (_, _, reps) in enumerate(spec[4]):
+    for s, (_, _, reps) in enumerate(spec.stages):
         d = len(reps)
         g = np.array([tb.gi(r[0]) for r in reps])
-        z = np.array([tb.zones.index(r[2]) for r in reps])
+        z = np.array([tb.zones.index(r.zone) for r in reps])
         t = np.array([tb.ti(r[1]) for r in reps])
         tpv = np.array([r[1] for r in reps], dtype=float)
         nx = (np.arange(d) + 1) % d
@@ -270,7 +270,7 @@ def _egress(tb: CostTables, spec: PlanSpec, own: list[np.ndarray], egress_ring: 
     S = len(stages)
     msg = tb.boundary_bytes * mbs
     eg = 1.5 * egress_ring
-    zones = [np.array([tb.zones.index(r[2]) for r in reps]) for _, _, reps in stages]
+    zones = [np.array([tb.zones.index(r.zone) for r in reps]) for _, _, reps in stages]
     for s in range(S):
         s2 = (s + 1) % S
         rounds = V if s + 1 < S else (V - 1 if S > 1 else 0)  # hand-offs out of s per microbatch

@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from shoal.estimate.encode import PlanSpec, ReplicaSpec, StageSpec
 from shoal.training.geo import GeoJob, ring_allreduce_s, simulate
 
 
@@ -219,9 +220,9 @@ def _layouts(ev, space, gpu, dcs, kinds, zone0, ranges, mbs, m_total, recompute,
                     if z is None:
                         ok = False
                         break
-                    reps.append((gpu, tp, z, share))
-                stages.append((a, b, tuple(reps)))
+                    reps.append(ReplicaSpec(gpu, tp, z, share))
+                stages.append(StageSpec(a, b, tuple(reps)))
                 s += 1
         if ok:
-            out.append((mbs, schedule, recompute, zero, tuple(stages)))
+            out.append(PlanSpec(mbs, schedule, recompute, zero, tuple(stages)))
     return out

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from shoal.estimate.encode import PlanSpec, ReplicaSpec, StageSpec
 from shoal.training.planners.allocate import Allocation, Option
-from shoal.training.planners.common import PlanSpec
 from shoal.training.planners.space import Space
 
 SPEC_MEMO_MAX = 200_000  # placements a Space's memo keeps before it starts again
@@ -65,14 +65,14 @@ def _build(space: Space, alloc: Allocation, stage_opts: list[list[Option]],
             if packing == "pipeline":
                 j, end = len(zones), len(zones) + n
                 while j < end:
-                    prefer = stages[-1][2][j][2] if stages else None
+                    prefer = stages[-1].replicas[j].zone if stages else None
                     z = space.place(kind, tp, used, prefer)
                     if z is None:
                         return None
                     more = 0
                     if z == prefer:  # the next replicas preferring it too go there while it has room
                         run = 1
-                        while j + run < end and stages[-1][2][j + run][2] == prefer:
+                        while j + run < end and stages[-1].replicas[j + run].zone == prefer:
                             run += 1
                         more = min(run - 1, space.free(kind, z, used) // tp)
                         used[(kind.gpu, z)] += more * tp
@@ -82,7 +82,7 @@ def _build(space: Space, alloc: Allocation, stage_opts: list[list[Option]],
             if zones:
                 prefer = zones[-1]
             elif packing == "chain":  # the zone where the last stage began
-                prefer = stages[-1][2][0][2] if stages else home
+                prefer = stages[-1].replicas[0].zone if stages else home
             else:
                 prefer = home
             left = n
@@ -100,5 +100,6 @@ def _build(space: Space, alloc: Allocation, stage_opts: list[list[Option]],
         for _, k, tp, n in runs:
             gpus += [space.kinds[k].gpu] * n
             tps += [tp] * n
-        stages.append((a, b, tuple(zip(gpus, tps, zones, m, strict=True))))
-    return (mbs, schedule, recompute, zero, tuple(stages))
+        stages.append(StageSpec(a, b, tuple(map(ReplicaSpec._make,
+                                                zip(gpus, tps, zones, m, strict=True)))))
+    return PlanSpec(mbs, schedule, recompute, zero, tuple(stages))

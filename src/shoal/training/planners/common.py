@@ -37,7 +37,7 @@ def to_plan(spec: PlanSpec) -> TrainingPlan:
 def usage(spec: PlanSpec) -> dict[tuple[str, str], int]:
     """GPUs a compact plan holds per (GPU type, zone)."""
     out: dict[tuple[str, str], int] = {}
-    for _, _, reps in spec[4]:
+    for _, _, reps in spec.stages:
         for g, tp, z, _ in reps:
             out[(g, z)] = out.get((g, z), 0) + tp
     return out
@@ -142,7 +142,7 @@ class Evaluator:
 
     def _within_quotas(self, sp: PlanSpec) -> bool:
         used: dict[str, int] = {}
-        for _, _, reps in sp[4]:
+        for _, _, reps in sp.stages:
             for g, tp, _, _ in reps:
                 used[g] = used.get(g, 0) + tp
         return all(used.get(g, 0) <= q for g, q in self.problem.quotas.items())
@@ -164,16 +164,16 @@ class Evaluator:
         """``sp``'s variants under the ZeRO stages and schedules the job allows, or None when
         it allows ``sp``'s own (the strategies' own shapes are ZeRO 0 with 1F1B, which a job
         may rule out)."""
-        schedule_ok = self._key_ok.get(sp[1])
+        schedule_ok = self._key_ok.get(sp.schedule)
         if schedule_ok is None:
-            name = parse_schedule(sp[1])[0]
-            schedule_ok = self._key_ok[sp[1]] = name == "zorse" or name in self._schedules
-        zero_ok = sp[3] in self._zeros
+            name = parse_schedule(sp.schedule)[0]
+            schedule_ok = self._key_ok[sp.schedule] = name == "zorse" or name in self._schedules
+        zero_ok = sp.zero in self._zeros
         if zero_ok and schedule_ok:
             return None
-        zeros = [sp[3]] if zero_ok else self._zeros
-        keys = [sp[1]] if schedule_ok else self._schedules
-        return [(sp[0], k, sp[2], z, sp[4]) for z in zeros for k in keys]
+        zeros = [sp.zero] if zero_ok else self._zeros
+        keys = [sp.schedule] if schedule_ok else self._schedules
+        return [sp._replace(schedule=k, zero=z) for z in zeros for k in keys]
 
     def cost(self, specs: list[PlanSpec]) -> list[Candidate | None]:
         """Candidates for ``specs`` (None where OOM or against a constraint), batch-costed.
@@ -219,7 +219,7 @@ class Evaluator:
                 self.best_oom_margin = min(self.best_oom_margin, ratio_)
                 res.append(None)
                 continue
-            n_gpus = sum(tp for _, _, reps in sp[4] for _, tp, _, _ in reps)
+            n_gpus = sum(tp for _, _, reps in sp.stages for _, tp, _, _ in reps)
             if self.problem.quotas and not self._within_quotas(sp):
                 self.stats.infeasible += 1
                 res.append(None)

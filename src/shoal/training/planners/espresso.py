@@ -62,9 +62,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shoal.estimate.encode import PlanSpec, ReplicaSpec, StageSpec
 from shoal.estimate.kernel import p2p_s, ring_allreduce_s, worker_memory
 from shoal.training.planners.build import shares
-from shoal.training.planners.common import Evaluator, PlanSpec, cannot_beat, score
+from shoal.training.planners.common import Evaluator, cannot_beat, score
 from shoal.training.planners.space import Space, balanced_split
 
 
@@ -324,10 +325,10 @@ class _Tree:
                 if z is None:
                     return None
                 last[j] = z
-                reps.append((u.gpu, u.tp, z, m[j]))
-            out.append((a, a + n, tuple(reps)))
+                reps.append(ReplicaSpec(u.gpu, u.tp, z, m[j]))
+            out.append(StageSpec(a, a + n, tuple(reps)))
             a += n
-        return (self.mbs, "1f1b", self.recompute, self.zero, tuple(out))
+        return PlanSpec(self.mbs, "1f1b", self.recompute, self.zero, tuple(out))
 
 
 def k_lower(space: Space, mbs: int, recompute: bool, zero: int, d: int) -> int:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import itertools
 
 from shoal.errors import SpecError
+from shoal.estimate.encode import PlanSpec, ReplicaSpec, StageSpec
 from shoal.training.planners.build import shares
-from shoal.training.planners.common import Evaluator, PlanSpec
+from shoal.training.planners.common import Evaluator
 from shoal.training.planners.space import Space
 
 BATCH = 4096
@@ -84,8 +85,9 @@ def _enumerate(ev, space, L, gbs, kinds, total_gpus, mbs_values, max_stages, pen
                             m = shares(total, D)
                             for stages in _assign(space, split, kinds, D, mbs, recompute,
                                                   ev, tried):
-                                pending.append((mbs, "1f1b", recompute, zero, tuple(
-                                    (a, b, tuple((g, tp, z, m[j]) for j, (g, tp, z) in enumerate(reps)))
+                                pending.append(PlanSpec(mbs, "1f1b", recompute, zero, tuple(
+                                    StageSpec(a, b, tuple(ReplicaSpec(g, tp, z, m[j])
+                                                          for j, (g, tp, z) in enumerate(reps)))
                                     for (a, b), reps in zip(split, stages, strict=True))))
                                 count += 1
                                 if count > LIMIT:

@@ -14,7 +14,7 @@ statistics count it; of the plans a descent makes, only where it ends stays in t
 
 from __future__ import annotations
 
-from shoal.estimate.encode import PlanSpec
+from shoal.estimate.encode import PlanSpec, StageSpec
 from shoal.training.planners.common import Candidate, Evaluator, score
 
 MOVES = (-2, -1, 1, 2)  # layers a boundary moves by
@@ -37,8 +37,8 @@ def moves(spec: PlanSpec) -> list[PlanSpec]:
     for i in range(1, P - 1):
         for d in (-1, 1):
             news.append(edges[:i] + [edges[i] + d, edges[i + 1] + d] + edges[i + 2:])
-    return [(mbs, key, recompute, zero, tuple((e[s], e[s + 1], reps)
-                                              for s, (_, _, reps) in enumerate(stages)))
+    return [PlanSpec(mbs, key, recompute, zero, tuple(StageSpec(e[s], e[s + 1], reps)
+                                                      for s, (_, _, reps) in enumerate(stages)))
             for e in news if all(x < y for x, y in zip(e, e[1:]))]
 
 
@@ -92,7 +92,7 @@ def refine(ev: Evaluator, cand: Candidate, objective: str) -> Candidate:
 def refine_best(ev: Evaluator, objective: str, top: int = TOP) -> None:
     """The ``top`` best plans found so far (by ``objective``), each tuned by ``refine``."""
     ranked = sorted((c for c in ev.feasible.values()
-                     if len(c.spec[4]) > 1 and c.spec[1] in PIPELINE_SCHEDULES),
+                     if len(c.spec.stages) > 1 and c.spec.schedule in PIPELINE_SCHEDULES),
                     key=lambda c: score(c, objective))
     for cand in ranked[:top]:
         refine(ev, cand, objective)

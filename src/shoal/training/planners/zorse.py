@@ -46,10 +46,10 @@ import numpy as np
 from shoal.errors import InfeasibleError
 from shoal.estimate import general, ministage
 from shoal.estimate.api import run_kernel
-from shoal.estimate.encode import encode_specs, schedule_key
+from shoal.estimate.encode import PlanSpec, ReplicaSpec, StageSpec, encode_specs, schedule_key
 from shoal.jit import compiled
 from shoal.problem import Problem
-from shoal.training.planners.common import Evaluator, PlanSpec, cannot_beat
+from shoal.training.planners.common import Evaluator, cannot_beat
 from shoal.training.planners.space import Space
 
 SAME_TYPE_BONUS = 1.01
@@ -219,7 +219,7 @@ def build(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: 
         got = layout(space, vertices, groups, mbs, recompute, memo)
         memo[key] = None if got is None else _stages(space, vertices, groups, mbs, got)
     stages = memo[key]
-    return None if stages is None else (mbs, schedule, recompute, zero, stages)
+    return None if stages is None else PlanSpec(mbs, schedule, recompute, zero, stages)
 
 
 def layout(space: Space, vertices, groups: list[list[int]], mbs: int, recompute: bool,
@@ -286,8 +286,9 @@ def _stages(space: Space, vertices, groups: list[list[int]], mbs: int, lay: tupl
             gpus += [g] * count
             zones += [z] * count
         # a GPU whose share rounds to no microbatch would only hold its GPU (and join the sync)
-        reps = tuple(r for r in zip(gpus, [1] * len(gpus), zones, shares, strict=True) if r[3] > 0)
-        stages.append((a, b, reps))
+        reps = tuple(ReplicaSpec(*r) for r in zip(gpus, [1] * len(gpus), zones, shares,
+                                                  strict=True) if r[3] > 0)
+        stages.append(StageSpec(a, b, reps))
     return tuple(stages)
 
 
@@ -295,9 +296,9 @@ def _with_ministages(sp: PlanSpec) -> list[PlanSpec]:
     """The plan under the zorse schedule at every ministage count of MINISTAGES its shortest
     stage allows, and at one layer per ministage there (more ministages hold less on the GPU
     and wait more on the host link)."""
-    fewest = min(b - a for a, b, _ in sp[4])
+    fewest = min(b - a for a, b, _ in sp.stages)
     counts = sorted({v for v in MINISTAGES if v <= fewest} | {fewest})
-    return [(sp[0], schedule_key("zorse", v), *sp[2:]) for v in counts]
+    return [sp._replace(schedule=schedule_key("zorse", v)) for v in counts]
 
 
 def _cannot_fit(space: Space, sizes: list[tuple[int, tuple[str, ...]]], lay: tuple, mbs: int,
@@ -328,8 +329,8 @@ def floors(problem: Problem, specs: list[PlanSpec], out: dict) -> np.ndarray:
     followed by the stage's gradient sync and update, and the step overhead."""
     shares = np.zeros(out["fwd"].shape)
     for b, sp in enumerate(specs):
-        for s_, (_, _, reps) in enumerate(sp[4]):
-            shares[b, s_, :len(reps)] = [r[3] for r in reps]
+        for s_, (_, _, reps) in enumerate(sp.stages):
+            shares[b, s_, :len(reps)] = [r.microbatches for r in reps]
     busiest = ((out["fwd"] + out["bwd"]) * shares).max(axis=2)  # (plans, stages)
     tail = out["sync"] + out["update"].max(axis=2)
     staged = np.array([not ministage.is_ministage(sp) for sp in specs])
