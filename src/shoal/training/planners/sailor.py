@@ -24,7 +24,7 @@ WALK_CHUNK = 4  # data-parallel degrees allocated and costed together on the H3/
 # header the reference does not include). Each TP it chose on the runs of
 # reference/sailor/sailor_runs.md needs a factor of at most 1.52 (the least speedup along those
 # choices in its measured profiles), and every value from 1.0 to 1.5 gives the `sailor`
-# strategy the same plans on those runs (benchmarks/sailor_faithfulness.py, BENCHMARKS.md)
+# strategy the same plans on those runs (benchmarks/sailor_faithfulness.py, benchmarks/NOTES.md)
 TP_SPEEDUP = 1.2
 
 

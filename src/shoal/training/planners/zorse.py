@@ -56,7 +56,7 @@ SAME_TYPE_BONUS = 1.01
 MINISTAGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # tried under the zorse schedule
 MESSAGE = 64e6  # bytes at which link bandwidths are compared
 # SPLIT's minimum cuts take O(n^3) time and an n x n matrix over the pool's nodes: pools of more
-# nodes get no Zorse plans (one cut over 1,024 nodes: 0.6 s on a 2-core machine, 5.8 s over 2,048)
+# nodes get no Zorse plans (benchmarks/NOTES.md, Strategies)
 MAX_NODES = 1024
 
 

@@ -13,8 +13,8 @@ import numpy as np
 BIG = np.int64(1) << 60  # no allocation (the dynamic program's fronts)
 MEMO_POOLS = 6  # pools remembered per PoolMemo key
 DP_KINDS = 2  # up to this many kinds the program is the dynamic program, above it a MIP
-# the MIPs are small and mostly solved at the root: HiGHS's feasibility-jump heuristic took
-# about half of their time (one-off timing over 300 of them, the same optima without it)
+# the MIPs are small and mostly solved at the root, where HiGHS's feasibility-jump heuristic
+# costs time and finds no better optimum (benchmarks/NOTES.md, the allocation MIP)
 MIP_OPTIONS = {"mip_heuristic_run_feasibility_jump": False}
 COMBO_COLUMNS_PER_OPTION = 4  # how the MIP's form is chosen (``by_choices``) ...
 ONE_REGION_COMBOS = 2.5  # ... on one region

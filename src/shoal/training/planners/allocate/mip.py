@@ -65,12 +65,9 @@ def by_choices(allowed: list[list[Option]], D: int, pool: Pool, bound: Bound,
                deadline: float | None) -> Allocation | None:
     """``solve_mip``'s MIP over the choices themselves, in one of two forms (``by_combo``,
     ``by_option``). The combo form has no big-M rows, no binaries per region and no symmetry
-    between equal stages: on pools of two regions the option form was 10-100x slower. With one
-    region the option form was about 16x faster (one-off timings over a few hundred programs
-    of each), except where the combos are few: of the 13 programs of one region that reached
-    this MIP on planner_speed.py's three-type row, the 5 with at most 10 combo columns per
-    option column (4 with no allocation) took 0.054 s in all as combos against 0.915 s as
-    options. So: combos when the combo columns are at most COMBO_COLUMNS_PER_OPTION times the
+    between equal stages, which matters on pools of several regions; on one region the option
+    form is the faster except where the combos are few (benchmarks/NOTES.md, the allocation
+    MIP). So: combos when the combo columns are at most COMBO_COLUMNS_PER_OPTION times the
     option columns (ONE_REGION_COMBOS times that on one region)."""
     avail, region_of = pool.avail, pool.region_of
     K = len(avail)

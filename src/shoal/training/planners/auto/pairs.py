@@ -83,7 +83,7 @@ def pair_specs(space: Space, pair: Pair, pool: Pool, guide: Guide,
         # the least bottleneck give its layers (any such allocation: its own plans are not
         # built, and on three kinds or more the cheapest takes a MIP). Not the allocation of
         # least level that a pair whose own plans are built re-splits to: here that program is
-        # the slower, and its re-splits found no better plan on planner_speed.py's pools
+        # the slower one, and its re-splits are no better (benchmarks/NOTES.md)
         a = fastest(opts, D, pool, at_least=tau / slots(D, total)[0], total=total, memo=memo,
                     deadline=deadline, cheapest=False)
         return [] if a is None else resplit(space, pair, a, pool, guide, deadline)
@@ -189,8 +189,8 @@ def resplit(space: Space, pair: Pair, alloc: Allocation, pool: Pool, guide: Guid
     out (the allocation program starts from its ``slowest``'s least slowest-replica time).
     On three kinds or more and for the fastest allocation alone (``guide.levels`` 1: not the
     cost objectives and caps), the allocation is the one the program's search met at that
-    bottleneck, not necessarily the cheapest, which takes a MIP per re-split
-    (planner_speed.py's three-type row: 1,244 MIPs against 1,934, and a plan 0.5% faster)."""
+    bottleneck, not necessarily the cheapest, which would take a MIP per re-split
+    (benchmarks/NOTES.md)."""
     sh, D, _, total = pair
     opts = [list(o) for o in sh.opts]
     # the re-split's shape (or None), kept with the stage options: it depends on the kinds
