@@ -5,7 +5,7 @@ Scenarios (built from the bundled examples; the catalog's models):
 - espresso-*: Espresso's testbed (examples/espresso-llama-1.3b.yaml: A6000 x8, A30 x16,
   RTX-3090 x16, A4000 x16, one GPU per instance, 2.5 Gbps) with Espresso's LLaMA-1.3B/3B/7B,
   min-cost under an SLO of 100 iterations within 1 h / 2 h / 3 h (about 1.4, 2 and 2 times the
-  fastest plan shoal finds). ``espresso-ref`` is ``search_every_order`` with at most 12 stages:
+  fastest plan shoal finds). ``espresso-ref`` is ``propose_every_order`` with at most 12 stages:
   every allocation in every stage order with its bottleneck-optimal split, cut only by valid
   lower bounds: the minimum of Espresso's space that the 4.5% claim is measured against.
 - zorse-B-*, zorse-C-*: Zorse's clusters B (one region: 8 A100-40GB, 16 A10G, 16 V100, 24 T4)
@@ -37,9 +37,7 @@ from shoal.errors import InfeasibleError  # noqa: E402
 from shoal.problem import build_problem  # noqa: E402
 from shoal.specs.scenario import parse_scenario  # noqa: E402
 from shoal.training.planners import search  # noqa: E402
-from shoal.training.planners.common import Evaluator, SearchStats, finish  # noqa: E402
-from shoal.training.planners.espresso import search_every_order  # noqa: E402
-from shoal.training.planners.space import Space, mbs_options  # noqa: E402
+from shoal.training.planners.espresso import propose_every_order  # noqa: E402
 
 NET = {"defaults": {"same_zone": {"bandwidth": "100Gbps", "latency": "50us"},
                     "same_region": {"bandwidth": "25Gbps", "latency": "1ms"},
@@ -97,11 +95,8 @@ def run(pb, strategy: str, budget: float) -> dict:
     t0 = time.perf_counter()
     try:
         if strategy == "espresso-ref":
-            mbs = mbs_options(pb)
-            ev = Evaluator(pb, mbs, pb.constraints, SearchStats(strategy), pb.objective)
-            ev.deadline = ev.stats.started + budget
-            search_every_order(ev, Space(pb, ev.tb), pb.objective, mbs, max_stages=REF_STAGES)
-            res = finish(ev, pb.objective, 1)
+            res = search(pb, strategy=propose_every_order, top_k=1, budget_s=budget,
+                         max_stages=REF_STAGES)
         else:
             res = search(pb, strategy=strategy, top_k=1, budget_s=budget)
     except InfeasibleError as e:

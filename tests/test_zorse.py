@@ -20,6 +20,7 @@ from shoal.specs.scenario import parse_scenario
 from shoal.training.planners import search
 from shoal.training.planners.common import Evaluator, SearchStats
 from shoal.training.planners.space import Space, mbs_options
+from shoal.training.planners.strategy import Context, drive
 from shoal.training.planners.zorse import _with_ministages, build, floors, min_cut, nodes, split
 
 BASE = {
@@ -141,7 +142,7 @@ def test_a_spent_budget_stops_the_pass_before_it_builds_plans(setup, monkeypatch
         built.clear()
         ev = Evaluator(pb, mbs, pb.constraints, SearchStats("z"), "max-throughput")
         ev.deadline = -1.0 if spent else None
-        zorse.search(ev, Space(pb, ev.tb), "max-throughput", mbs)
+        drive(ev.cost, zorse.propose(Context(ev, Space(pb, ev.tb), "max-throughput", tuple(mbs))))
         assert ev.stats.truncated == spent
         assert (not built and ev.stats.candidates_costed == 0) if spent else built
 

@@ -25,6 +25,7 @@ from shoal.training.planners.common import (
 )
 from shoal.training.planners.refine import refine_best
 from shoal.training.planners.space import Space, mbs_options
+from shoal.training.planners.strategy import Context, SearchState, Strategy, drive
 
 
 @dataclass
@@ -43,20 +44,24 @@ class Reuse:
     tuned: dict = field(default_factory=dict)
 
 
-STRATEGIES = {"auto": auto.search, "sailor": sailor.search, "espresso": espresso.search,
-              "zorse": zorse.search, "atlas": atlas.search, "exhaustive": exhaustive.search}
+# every strategy proposes plans (``strategy.Strategy``); ``search`` costs and ranks them
+STRATEGIES: dict[str, Strategy] = {
+    "auto": auto.propose, "sailor": sailor.propose, "espresso": espresso.propose,
+    "zorse": zorse.propose, "atlas": atlas.propose, "exhaustive": exhaustive.propose}
 
-__all__ = ["OBJECTIVES", "STRATEGIES", "Candidate", "Reuse", "SearchResult", "complete_front",
-           "search"]
+__all__ = ["OBJECTIVES", "STRATEGIES", "Candidate", "Context", "Reuse", "SearchResult",
+           "SearchState", "Strategy", "complete_front", "drive", "search"]
 
 
-def search(problem: Problem, *, strategy: str = "auto", objective: str | None = None,
+def search(problem: Problem, *, strategy: str | Strategy = "auto", objective: str | None = None,
            constraints: Constraints | None = None, top_k: int = 10,
            max_stages: int | None = None, budget_s: float | None = None,
            reuse: Reuse | None = None, seeds: tuple = (),
            max_pairs: int | None = None, front: bool = True) -> SearchResult:
     """Ranked plans for ``problem`` under ``objective`` and ``constraints`` (default: the
-    scenario's), with the throughput-cost Pareto front and search statistics. ``budget_s``
+    scenario's), with the throughput-cost Pareto front and search statistics. ``strategy``:
+    a name of ``STRATEGIES`` or any ``Strategy`` (which then runs alone, as every strategy
+    but ``auto`` does). ``budget_s``
     bounds the search time (``auto`` stops taking new plan shapes; the result says it was
     truncated). ``reuse`` carries what does not depend on GPU counts from one search of this
     problem to the next (cost tables, smallest fitting TPs); ``seeds`` are plans known to fit
@@ -74,9 +79,13 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     those met on the way. Raises InfeasibleError naming the binding
     constraint when nothing fits, and a relaxation that works (``_nearest``: when plans fit
     but the constraints cut them, searches without the binding one, within the budget)."""
-    if strategy not in STRATEGIES:
-        raise SpecError("unknown strategy", field="--strategy", value=strategy,
-                        allowed=", ".join(STRATEGIES))
+    if isinstance(strategy, str):
+        if strategy not in STRATEGIES:
+            raise SpecError("unknown strategy", field="--strategy", value=strategy,
+                            allowed=", ".join(STRATEGIES))
+        name, propose = strategy, STRATEGIES[strategy]
+    else:
+        name, propose = getattr(strategy, "__name__", type(strategy).__name__), strategy
     objective = objective or problem.objective
     if objective not in OBJECTIVES:
         raise SpecError("unknown objective", field="--objective", value=objective,
@@ -84,7 +93,7 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
     constraints = constraints or problem.constraints
     problem = _capped(problem, constraints)
     mbs = mbs_options(problem)
-    stats = SearchStats(strategy=strategy)
+    stats = SearchStats(strategy=name)
     reuse = reuse if reuse is not None else Reuse()
     if reuse.tables is None or reuse.tables.mbs != mbs:
         reuse.tables, reuse.min_tp, reuse.estimates, reuse.memos = None, {}, {}, {}
@@ -104,21 +113,22 @@ def search(problem: Problem, *, strategy: str = "auto", objective: str | None = 
             " (a mixed-bf16 job needs GPUs with bf16)" if bf16 and any(problem.avail.values())
             else ""),
             binding="pool", relaxation="add GPUs to the pool" + (" with bf16" if bf16 else ""))
-    full = strategy == "auto" and max_pairs is None
+    full = name == "auto" and max_pairs is None
     seeds = tuple(dict.fromkeys(seeds))
     if seeds and not full:
         ev.cost(list(seeds))  # the incumbent a bounded search must beat
     ev.fallback = bool(seeds)
+    ctx = Context(ev, space, objective, tuple(mbs), max_stages)
     if full and len({k.region for k in space.kinds}) > 1:
-        atlas.search(ev, space, objective, mbs, max_stages)  # pipelines across datacenters
-    STRATEGIES[strategy](ev, space, objective, mbs, max_stages)
+        drive(ev.cost, atlas.propose(ctx))  # pipelines across datacenters
+    drive(ev.cost, propose(ctx))
     if full and len({k.gpu for k in space.kinds}) > 1 and not ev.out_of_time():
         # mixed groups, each simulated event by event: after the search, whose best plan
         # spares most of them by their bounds
-        zorse.search(ev, space, objective, mbs, max_stages)
+        drive(ev.cost, zorse.propose(ctx))
     if full and objective == "min-cost" and not ev.out_of_time():
-        espresso.search(ev, space, objective, mbs, max_stages)  # its bounds use the incumbent
-    if strategy == "auto" and not ev.out_of_time():
+        drive(ev.cost, espresso.propose(ctx))  # its bounds use the incumbent
+    if name == "auto" and not ev.out_of_time():
         refine_best(ev, objective)  # the best plans' layer boundaries tuned on their replicas
     if seeds and full:
         # after the tuning: with the seeds as its incumbent, the search would not build the
@@ -183,7 +193,7 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
                         objective=result.objective)
 
 
-def _nearest(ev: Evaluator, problem: Problem, strategy: str, constraints: Constraints,
+def _nearest(ev: Evaluator, problem: Problem, strategy: str | Strategy, constraints: Constraints,
              max_stages: int | None, budget_s: float | None, reuse: Reuse) -> None:
     """Plans fit in memory but none meets the constraints: the fastest plan under the other
     constraints (for a throughput floor or a deadline) and the cheapest (for a cost cap), each

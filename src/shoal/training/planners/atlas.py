@@ -8,7 +8,7 @@ as few datacenters as possible), and the iteration time is the Atlas schedule of
 (``shoal.training.geo``) plus the gradient all-reduce over the D·C pipelines; throughput is
 D·C / total_time and the smallest D that reaches the highest throughput wins.
 
-``search`` is ``--strategy atlas`` on a scenario: datacenters are the pool's regions, one GPU type
+``propose`` is ``--strategy atlas`` on a scenario: datacenters are the pool's regions, one GPU type
 at a time; for every stage count P (balanced layers, smallest TP that fits) and microbatch size,
 C is the WAN hand-off of one microbatch over its stage's forward time (rounded up), and every D of
 Algorithm 1's partitioning whose D·C pipelines divide the global batch becomes a plan (stage s on
@@ -23,9 +23,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from shoal.estimate.encode import PlanSpec, ReplicaSpec, StageSpec
+from shoal.profiles.network import bandwidth
 from shoal.training.geo import GeoJob, ring_allreduce_s, simulate
+from shoal.training.planners.space import Kind, Space, balanced_split, zero_stages
+from shoal.training.planners.strategy import Context, Proposals, SearchState
 
 
 @dataclass(frozen=True)
@@ -140,89 +144,126 @@ def partitions(dcs: Sequence[tuple[str, int]], per_stage: int, stages: int
     return None
 
 
-def search(ev, space, objective: str, mbs_values: list[int], max_stages: int | None = None) -> None:
-    """``--strategy atlas``: Atlas layouts of the pool (module docstring), costed by ``ev``."""
-    from shoal.profiles.network import bandwidth
-    from shoal.training.planners.space import balanced_split
-    from shoal.training.planners.zorse import _zero_stages
+class _Fleet(NamedTuple):
+    """One GPU type's datacenters: (region, GPUs) most GPUs first, the type's kind and first
+    zone in each region."""
 
-    problem = space.problem
-    job = problem.job
-    L = problem.n_layers
-    regions = sorted({k.region for k in space.kinds})
-    specs = []
+    gpu: str
+    dcs: tuple[tuple[str, int], ...]
+    kinds: dict[str, Kind]
+    zone0: dict[str, str]
+
+
+class _Shape(NamedTuple):
+    """The stages' layer ranges and the settings a layout's plans run under."""
+
+    ranges: tuple[tuple[int, int], ...]
+    mbs: int
+    recompute: bool
+    zero: int
+    schedule: str
+
+
+def propose(ctx: Context) -> Proposals:
+    """``--strategy atlas``: Atlas layouts of the pool (module docstring), one batch."""
+    space, job = ctx.space, ctx.space.problem.job
+    L = space.problem.n_layers
+    geo = len({k.region for k in space.kinds}) > 1
+    specs: list[PlanSpec] = []
+    for fleet in _fleets(space):
+        total = sum(n for _, n in fleet.dcs)
+        for P in range(1, min(ctx.max_stages or L, L, total) + 1):
+            for mbs in ctx.mbs_values:
+                if job.global_batch % mbs:
+                    continue
+                for recompute in sorted(set(job.recompute), reverse=True):
+                    for zero in zero_stages(job.zero_stage):
+                        for schedule in (x for x in job.schedule if x != "zorse"):
+                            shape = _Shape(balanced_split(L, P), mbs, recompute, zero, schedule)
+                            specs += _layouts(ctx.state, space, fleet, shape, geo)
+    if specs:
+        yield list(dict.fromkeys(specs))
+
+
+def _fleets(space: Space) -> list[_Fleet]:
+    out = []
     for gpu in sorted({k.gpu for k in space.kinds}):
         kinds = {k.region: k for k in space.kinds if k.gpu == gpu}
         dcs = sorted(((r, space.avail[k]) for r, k in kinds.items()), key=lambda x: (-x[1], x[0]))
-        total = sum(n for _, n in dcs)
-        zone0 = {r: space.zones_of[k][0][0] for r, k in kinds.items()}
-        for P in range(1, min(max_stages or L, L, total) + 1):
-            ranges = balanced_split(L, P)
-            for mbs in mbs_values:
-                if job.global_batch % mbs:
-                    continue
-                m_total = job.global_batch // mbs
-                for recompute in sorted(set(job.recompute), reverse=True):
-                    for zero in _zero_stages(job.zero_stage):
-                        for schedule in (x for x in job.schedule if x != "zorse"):
-                            specs += _layouts(ev, space, gpu, dcs, kinds, zone0, ranges, mbs, m_total,
-                                              recompute, zero, schedule, bandwidth,
-                                              len(regions) > 1)
-    if specs:
-        ev.cost(list(dict.fromkeys(specs)))
+        out.append(_Fleet(gpu, tuple(dcs), kinds,
+                          {r: space.zones_of[k][0][0] for r, k in kinds.items()}))
+    return out
 
 
-def _layouts(ev, space, gpu, dcs, kinds, zone0, ranges, mbs, m_total, recompute, zero, schedule,
-             bandwidth, geo: bool) -> list:
-    """The compact plans of one (GPU type, P, mbs, recompute, ZeRO, schedule) for every D."""
-    problem = space.problem
-    P = len(ranges)
+def _pipelines_per_cell(space: Space, fleet: _Fleet, shape: _Shape, geo: bool) -> int:
+    """C: the WAN hand-off of one microbatch between the first two datacenters over the
+    shortest stage's forward time, rounded up (1 inside one datacenter)."""
+    if not geo or len(fleet.dcs) < 2:
+        return 1
+    tb, gpu, mbs = space.tb, fleet.gpu, shape.mbs
+    cum = tb.cum_f[tb.gi(gpu), tb.ti(1), tb.mi(mbs)]
+    fwd = [float(cum[b] - cum[a]) for a, b in shape.ranges]
+    link = space.problem.network.link(fleet.zone0[fleet.dcs[0][0]],
+                                      fleet.zone0[fleet.dcs[1][0]], gpu, gpu)
+    nbytes = float(space.problem.sizes.boundary_bytes) * mbs
+    hop = nbytes / float(bandwidth(link.single, nbytes)) + link.latency_s
+    return max(1, math.ceil(hop / max(min(fwd), 1e-9) - 1e-9))
+
+
+def _layouts(state: SearchState, space: Space, fleet: _Fleet, shape: _Shape,
+             geo: bool) -> list[PlanSpec]:
+    """The plans of one (GPU type, stages, microbatch size, recompute, ZeRO, schedule) for
+    every D whose D·C pipelines divide the microbatches."""
+    P, m_total = len(shape.ranges), space.problem.job.global_batch // shape.mbs
+    C = _pipelines_per_cell(space, fleet, shape, geo)
     out = []
-    fwd = [float(space.tb.cum_f[space.tb.gi(gpu), space.tb.ti(1), space.tb.mi(mbs)][b]
-                 - space.tb.cum_f[space.tb.gi(gpu), space.tb.ti(1), space.tb.mi(mbs)][a])
-           for a, b in ranges]
-    if geo and len(dcs) > 1:
-        link = problem.network.link(zone0[dcs[0][0]], zone0[dcs[1][0]], gpu, gpu)
-        nbytes = float(problem.sizes.boundary_bytes) * mbs
-        hop = nbytes / float(bandwidth(link.single, nbytes)) + link.latency_s
-        C = max(1, math.ceil(hop / max(min(fwd), 1e-9) - 1e-9))
-    else:
-        C = 1
     for D in range(1, m_total // C + 1):
         n_pipe = D * C
         if m_total % n_pipe:
             continue
         share = m_total // n_pipe
-        tp = 1
-        for s, (a, b) in enumerate(ranges):
-            in_flight = share if schedule == "gpipe" else min(P - s, share)
-            t = space.min_tp(gpu, mbs, a, b, in_flight, recompute, zero, n_pipe)
-            if t is None:
-                tp = None
-                break
-            tp = max(tp, t)
+        tp = _stage_tp(space, fleet.gpu, shape, n_pipe, share)
         if tp is None:
-            ev.stats.no_fit += 1  # some stage fits on no GPU of this type at any TP
+            state.stats.no_fit += 1  # some stage fits on no GPU of this type at any TP
             continue
-        parts = partitions(dcs, n_pipe * tp, P)
-        if parts is None:
-            continue
-        used: dict = {}
-        stages = []
-        s = 0
-        ok = True
-        for region, k in parts:
-            for _ in range(k):
-                a, b = ranges[s]
-                reps = []
-                for _ in range(n_pipe):
-                    z = space.place(kinds[region], tp, used)
-                    if z is None:
-                        ok = False
-                        break
-                    reps.append(ReplicaSpec(gpu, tp, z, share))
-                stages.append(StageSpec(a, b, tuple(reps)))
-                s += 1
-        if ok:
-            out.append(PlanSpec(mbs, schedule, recompute, zero, tuple(stages)))
+        parts = partitions(fleet.dcs, n_pipe * tp, P)
+        if parts is not None:
+            stages = _placed(space, fleet, shape.ranges, parts, (n_pipe, tp, share))
+            if stages is not None:
+                out.append(PlanSpec(shape.mbs, shape.schedule, shape.recompute, shape.zero,
+                                    stages))
     return out
+
+
+def _stage_tp(space: Space, gpu: str, shape: _Shape, n_pipe: int, share: int) -> int | None:
+    """The smallest TP every stage fits at (None: some stage fits at none)."""
+    tp, P = 1, len(shape.ranges)
+    for s, (a, b) in enumerate(shape.ranges):
+        in_flight = share if shape.schedule == "gpipe" else min(P - s, share)
+        t = space.min_tp(gpu, shape.mbs, a, b, in_flight, shape.recompute, shape.zero, n_pipe)
+        if t is None:
+            return None
+        tp = max(tp, t)
+    return tp
+
+
+def _placed(space: Space, fleet: _Fleet, ranges, parts, replicas: tuple[int, int, int]
+            ) -> tuple[StageSpec, ...] | None:
+    """The stages of partition ``parts`` (datacenter, stages), each of ``replicas`` (count,
+    TP, microbatches each) in its datacenter's zones; None when they do not fit."""
+    n_pipe, tp, share = replicas
+    used: dict = {}
+    stages = []
+    s = 0
+    for region, k in parts:
+        for _ in range(k):
+            a, b = ranges[s]
+            reps = []
+            for _ in range(n_pipe):
+                z = space.place(fleet.kinds[region], tp, used)
+                if z is None:
+                    return None
+                reps.append(ReplicaSpec(fleet.gpu, tp, z, share))
+            stages.append(StageSpec(a, b, tuple(reps)))
+            s += 1
+    return tuple(stages)

@@ -65,8 +65,9 @@ import numpy as np
 from shoal.estimate.encode import PlanSpec, ReplicaSpec, StageSpec
 from shoal.estimate.kernel import p2p_s, ring_allreduce_s, worker_memory
 from shoal.training.planners.build import shares
-from shoal.training.planners.common import Evaluator, cannot_beat, score
+from shoal.training.planners.common import cannot_beat, score
 from shoal.training.planners.space import Space, balanced_split
+from shoal.training.planners.strategy import Context, Proposals, SearchState
 
 
 @dataclass(frozen=True)
@@ -358,113 +359,126 @@ def k_lower(space: Space, mbs: int, recompute: bool, zero: int, d: int) -> int:
     return min(counts, default=1)
 
 
-def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
-           max_stages: int | None = None) -> None:
+def propose(ctx: Context) -> Proposals:
     """Espresso's allocator and CMR placer (module docstring)."""
-    _search(ev, space, objective, mbs_values, max_stages, every_order=False)
+    return _Search(ctx, every_order=False).run()
 
 
-def search_every_order(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
-                       max_stages: int | None = None) -> None:
+def propose_every_order(ctx: Context) -> Proposals:
     """The reference for Espresso's space: every allocation the trees reach, each in every
     distinct stage order with its bottleneck-optimal layer split (``_Tree.balanced``). No
     boundary pruning; only the valid lower bounds (time and cost) cut branches, so under the
     min-cost objective it returns the space's minimum up to the split rule."""
-    _search(ev, space, objective, mbs_values, max_stages, every_order=True)
+    return _Search(ctx, every_order=True).run()
 
 
-def _search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
-            max_stages: int | None, every_order: bool) -> None:
-    problem = space.problem
-    job = problem.job
-    cons = ev.constraints
-    z = cons.deadline.iterations if cons.deadline else 1
-    slo_iter = math.inf
-    if cons.deadline:
-        slo_iter = cons.deadline.within / cons.deadline.iterations
-    if cons.min_iters_per_s:
-        slo_iter = min(slo_iter, 1.0 / cons.min_iters_per_s)
-    n_gpus = sum(space.avail.values())
-    prune_cost = objective == "min-cost"
+class _Search:
+    """One run of Espresso over its trees: the SLO per iteration, the trees, and the
+    allocations already placed."""
 
-    def best_cost() -> float:
-        inc = ev.incumbent
-        return z * inc.cost_usd if (prune_cost and inc is not None) else math.inf
+    def __init__(self, ctx: Context, every_order: bool):
+        self.ctx, self.state, self.space = ctx, ctx.state, ctx.space
+        self.every_order = every_order
+        cons = ctx.state.constraints
+        self.z = cons.deadline.iterations if cons.deadline else 1
+        self.slo_iter = math.inf
+        if cons.deadline:
+            self.slo_iter = cons.deadline.within / cons.deadline.iterations
+        if cons.min_iters_per_s:
+            self.slo_iter = min(self.slo_iter, 1.0 / cons.min_iters_per_s)
+        self.prune_cost = ctx.objective == "min-cost"
+        self.placed: set = set()
 
-    trees: list[_Tree] = []
-    for recompute in sorted(set(job.recompute)):
-        for zero in sorted(set(job.zero_stage)):
-            for mbs in mbs_values:
-                total = job.global_batch // mbs
-                d = 1
-                while d <= min(total, n_gpus):
-                    most = min(max_stages or problem.n_layers, problem.n_layers, n_gpus // d)
-                    lo = 1 if every_order else k_lower(space, mbs, recompute, zero, d)
-                    for k in range(lo, most + 1):
-                        tree = _Tree(space, mbs, recompute, zero, d, k)
-                        if tree.units:
-                            trees.append(tree)
-                        else:  # no GPU type holds its layers at any TP
-                            ev.stats.no_fit += 1
-                    d *= 2
-    placed: set = set()
+    def best_cost(self) -> float:
+        inc = self.state.incumbent
+        return self.z * inc.cost_usd if (self.prune_cost and inc is not None) else math.inf
 
-    def evaluate(tree: _Tree, alloc: tuple[int, ...]) -> None:
+    def hopeless(self, t_low: float, usd_low: float) -> bool:
+        """Under the other objectives, whether plans of at least ``t_low`` seconds and
+        ``usd_low`` USD per iteration cannot beat the incumbent (min-cost: ``best_cost``)."""
+        inc, objective = self.state.incumbent, self.ctx.objective
+        if self.prune_cost or inc is None:
+            return False
+        key = t_low if objective == "max-throughput" else t_low * usd_low
+        return cannot_beat(key, t_low, score(inc, objective)[0], inc.iteration_time_s)
+
+    def trees(self) -> list[_Tree]:
+        """One cost tree per (recompute, ZeRO, microbatch size, d, k) that some unit holds."""
+        space, ctx = self.space, self.ctx
+        problem, job = space.problem, space.problem.job
+        n_gpus = sum(space.avail.values())
+        trees: list[_Tree] = []
+        for recompute in sorted(set(job.recompute)):
+            for zero in sorted(set(job.zero_stage)):
+                for mbs in ctx.mbs_values:
+                    d = 1
+                    while d <= min(job.global_batch // mbs, n_gpus):
+                        most = min(ctx.max_stages or problem.n_layers, problem.n_layers,
+                                   n_gpus // d)
+                        lo = 1 if self.every_order else k_lower(space, mbs, recompute, zero, d)
+                        for k in range(lo, most + 1):
+                            tree = _Tree(space, mbs, recompute, zero, d, k)
+                            if tree.units:
+                                trees.append(tree)
+                            else:  # no GPU type holds its layers at any TP
+                                self.state.stats.no_fit += 1
+                        d *= 2
+        return trees
+
+    def placements(self, tree: _Tree, alloc: tuple[int, ...]) -> list[PlanSpec]:
+        """The plans of allocation ``alloc`` of ``tree`` (none when placed before)."""
         key = (id(tree), alloc)
-        if key in placed:
-            return
-        placed.add(key)
-        if every_order:
+        if key in self.placed:
+            return []
+        self.placed.add(key)
+        if self.every_order:
             pool = [u for u, n in zip(tree.units, alloc, strict=True) for _ in range(n)]
             splits = (tree.balanced(o) for o in _orders(pool))
             specs = [tree._spec(st) for st in splits if st is not None]
         else:
             specs = tree.place(alloc)
-        specs = [s for s in dict.fromkeys(specs) if s is not None]
-        ev.cost(specs)
+        return [s for s in dict.fromkeys(specs) if s is not None]
 
-    def homogeneous(tree: _Tree, within_slo: bool):
+    def homogeneous(self, tree: _Tree, within_slo: bool):
         """(unit, allocation): every stage on that unit."""
         for i, u in enumerate(tree.units):
-            if tree.k * tree.d * u.tp <= space.avail[space.kinds[u.kind]] and (
-                    tree.t_lower(tree.k * u.rate) <= slo_iter) == within_slo:
+            if tree.k * tree.d * u.tp <= self.space.avail[self.space.kinds[u.kind]] and (
+                    tree.t_lower(tree.k * u.rate) <= self.slo_iter) == within_slo:
                 yield u, tuple(tree.k if j == i else 0 for j in range(len(tree.units)))
 
-    # seed: every homogeneous allocation that the pool holds and the SLO allows, unless its
-    # cost bound (CP, as ``_walk`` takes it) is above the cheapest plan already found (one
-    # the caller's search brings)
-    for tree in trees:
-        for u, alloc in homogeneous(tree, True):
-            if z * tree.t_lower(tree.k * u.rate) * tree.d * tree.k * u.price > best_cost():
-                ev.stats.pruned += 1
-                continue
-            evaluate(tree, alloc)
-        if ev.out_of_time():
-            return
-    if prune_cost:  # the cheapest bound first
-        trees.sort(key=lambda t: min(t.t_lower(t.k * u.rate) * t.k * t.d * u.price
-                                     for u in t.units))
-    else:  # the fastest bound first: the incumbent the others are pruned against
-        trees.sort(key=lambda t: t.t_lower(t.k * max(u.rate for u in t.units)))
-    def hopeless(t_low: float, usd_low: float) -> bool:
-        """Under the other objectives, whether plans of at least ``t_low`` seconds and
-        ``usd_low`` USD per iteration cannot beat the incumbent (min-cost: ``best_cost``)."""
-        inc = ev.incumbent
-        if prune_cost or inc is None:
-            return False
-        key = t_low if objective == "max-throughput" else t_low * usd_low
-        return cannot_beat(key, t_low, score(inc, objective)[0], inc.iteration_time_s)
-
-    for tree in trees:
-        _walk(ev, tree, z, slo_iter, best_cost, evaluate, hopeless)
-        if ev.out_of_time():
-            return
-    if not ev.feasible:  # nothing meets the SLO: cost the rest, so the error names the fastest
+    def run(self) -> Proposals:
+        state, z = self.state, self.z
+        trees = self.trees()
+        # seed: every homogeneous allocation that the pool holds and the SLO allows, unless its
+        # cost bound (CP, as ``_walk`` takes it) is above the cheapest plan already found (one
+        # the caller's search brings)
         for tree in trees:
-            for _, alloc in homogeneous(tree, False):
-                evaluate(tree, alloc)
-            if ev.out_of_time():
+            for u, alloc in self.homogeneous(tree, True):
+                if z * tree.t_lower(tree.k * u.rate) * tree.d * tree.k * u.price > self.best_cost():
+                    state.stats.pruned += 1
+                    continue
+                if specs := self.placements(tree, alloc):
+                    yield specs
+            if state.out_of_time():
                 return
+        if self.prune_cost:  # the cheapest bound first
+            trees.sort(key=lambda t: min(t.t_lower(t.k * u.rate) * t.k * t.d * u.price
+                                         for u in t.units))
+        else:  # the fastest bound first: the incumbent the others are pruned against
+            trees.sort(key=lambda t: t.t_lower(t.k * max(u.rate for u in t.units)))
+        for tree in trees:
+            for alloc in _walk(state, tree, (z, self.slo_iter), self.best_cost, self.hopeless):
+                if specs := self.placements(tree, alloc):
+                    yield specs
+            if state.out_of_time():
+                return
+        if not state.feasible:  # nothing meets the SLO: cost the rest, so the error names the
+            for tree in trees:  # fastest
+                for _, alloc in self.homogeneous(tree, False):
+                    if specs := self.placements(tree, alloc):
+                        yield specs
+                if state.out_of_time():
+                    return
 
 
 def _orders(pool: list[Unit]):
@@ -479,11 +493,14 @@ def _orders(pool: list[Unit]):
             yield (u, *tail)
 
 
-def _walk(ev: Evaluator, tree: _Tree, z: int, slo_iter: float, best_cost, evaluate,
-          hopeless=lambda t, usd: False) -> None:
-    """Alg. 1 on one tree: best-first over partial allocations by C_upper. ``hopeless(t,
-    usd)``: whether plans of at least t seconds and usd per iteration cannot beat the best
-    plan under the search's other objectives (Espresso's own prunes by cost alone)."""
+def _walk(ev: SearchState, tree: _Tree, slo: tuple[int, float], best_cost,
+          hopeless=lambda t, usd: False):
+    """Alg. 1 on one tree: best-first over partial allocations by C_upper, yielding each
+    complete allocation the bounds leave (``slo``: z iterations, and the seconds an iteration
+    may take). ``hopeless(t, usd)``: whether plans of at least t seconds and usd per iteration
+    cannot beat the best plan under the search's other objectives (Espresso's own prunes by
+    cost alone)."""
+    z, slo_iter = slo
     space, units, k, d = tree.space, tree.units, tree.k, tree.d
     U = len(units)
     kinds_of = [u.kind for u in units]
@@ -531,7 +548,7 @@ def _walk(ev: Evaluator, tree: _Tree, z: int, slo_iter: float, best_cost, evalua
             ev.stats.pruned += 1  # CP
             continue
         if s == k:
-            evaluate(tree, alloc)
+            yield alloc
             continue
         if t >= U:
             continue

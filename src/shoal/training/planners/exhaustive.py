@@ -15,8 +15,8 @@ import itertools
 from shoal.errors import SpecError
 from shoal.estimate.encode import PlanSpec, ReplicaSpec, StageSpec
 from shoal.training.planners.build import shares
-from shoal.training.planners.common import Evaluator
 from shoal.training.planners.space import Space
+from shoal.training.planners.strategy import Context, Proposals, SearchState
 
 BATCH = 4096
 LIMIT = 5_000_000  # plans; beyond this the pool is too large for exhaustive search
@@ -41,67 +41,67 @@ def compositions(n: int, parts: int):
         yield tuple((edges[i], edges[i + 1]) for i in range(parts))
 
 
-def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
-           max_stages: int | None = None) -> None:
-    problem = space.problem
-    L = problem.n_layers
-    gbs = problem.job.global_batch
-    kinds = [(g, tp, z) for (g, z), n in sorted(problem.avail.items()) if n > 0
-             for tp in space.tps[g] if tp <= n]
-    total_gpus = sum(problem.avail.values())
+def propose(ctx: Context) -> Proposals:
+    """Every plan of the space (module docstring), in batches of ``BATCH``."""
+    state = ctx.state
     pending: list[PlanSpec] = []
     tried = [0]  # replica multisets tried, fitting or not
-
-    def flush():
-        ev.cost(list(pending))
-        pending.clear()
-
     try:
-        _enumerate(ev, space, L, gbs, kinds, total_gpus, mbs_values, max_stages, pending, tried,
-                   flush)
+        for sp in _plans(ctx, tried):
+            pending.append(sp)
+            if len(pending) >= BATCH:
+                yield pending
+                pending = []
+                if state.out_of_time():
+                    raise _Stop
     except _Stop:
-        ev.stats.truncated = True
+        state.stats.truncated = True
     except SpecError:
         # past the limits: with plans found, the result is cut short as a budget cuts it (so
         # a longer budget never turns a result into an error); with none, refuse
-        flush()
-        if not ev.feasible:
+        if pending:
+            yield pending
+            pending = []
+        if not state.feasible:
             raise
-        ev.stats.truncated = True
-    flush()
+        state.stats.truncated = True
+    if pending:
+        yield pending
 
 
-def _enumerate(ev, space, L, gbs, kinds, total_gpus, mbs_values, max_stages, pending, tried,
-               flush) -> None:
+def _plans(ctx: Context, tried: list[int]):
+    """Every plan of the space, one at a time; raises SpecError past ``LIMIT`` plans."""
+    space = ctx.space
     problem = space.problem
+    L, gbs = problem.n_layers, problem.job.global_batch
+    kinds = [(g, tp, z) for (g, z), n in sorted(problem.avail.items()) if n > 0
+             for tp in space.tps[g] if tp <= n]
+    total_gpus = sum(problem.avail.values())
     count = 0
     for recompute in sorted(set(problem.job.recompute)):
         for zero in sorted(set(problem.job.zero_stage)):
-            for P in range(1, min(L, max_stages or L, total_gpus) + 1):
+            for P in range(1, min(L, ctx.max_stages or L, total_gpus) + 1):
                 for split in compositions(L, P):
-                    for mbs in mbs_values:
+                    for mbs in ctx.mbs_values:
                         total = gbs // mbs
                         for D in range(1, min(total, total_gpus // P) + 1):
                             m = shares(total, D)
-                            for stages in _assign(space, split, kinds, D, mbs, recompute,
-                                                  ev, tried):
-                                pending.append(PlanSpec(mbs, "1f1b", recompute, zero, tuple(
+                            for stages in _assign(space, (split, kinds, D, mbs, recompute),
+                                                  ctx.state, tried):
+                                yield PlanSpec(mbs, "1f1b", recompute, zero, tuple(
                                     StageSpec(a, b, tuple(ReplicaSpec(g, tp, z, m[j])
                                                           for j, (g, tp, z) in enumerate(reps)))
-                                    for (a, b), reps in zip(split, stages, strict=True))))
+                                    for (a, b), reps in zip(split, stages, strict=True)))
                                 count += 1
                                 if count > LIMIT:
                                     raise _too_large()
-                                if len(pending) >= BATCH:
-                                    flush()
-                                    if ev.out_of_time():
-                                        raise _Stop
 
 
-def _assign(space: Space, split, kinds, D: int, mbs: int, recompute: bool, ev: Evaluator,
-            tried: list[int]):
-    """Every way to give each stage a multiset of D replicas within the pool (``tried``
-    counts the multisets tried, which may be far more than those that fit)."""
+def _assign(space: Space, shape: tuple, state: SearchState, tried: list[int]):
+    """Every way to give each stage of ``shape`` (layer split, replica kinds, D, microbatch
+    size, recompute) a multiset of D replicas within the pool (``tried`` counts the multisets
+    tried, which may be far more than those that fit)."""
+    split, kinds, D, mbs, recompute = shape
     avail = dict(space.problem.avail)
 
     def rec(i: int, used: dict):
@@ -114,7 +114,7 @@ def _assign(space: Space, split, kinds, D: int, mbs: int, recompute: bool, ev: E
             if tried[0] % BATCH == 0:
                 if tried[0] > TRIES:
                     raise _too_large()
-                if ev.out_of_time():
+                if state.out_of_time():
                     raise _Stop
             use = dict(used)
             ok = True

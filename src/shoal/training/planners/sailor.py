@@ -15,8 +15,9 @@ import numpy as np
 
 from shoal.training.planners.allocate import Option, OutOfTime, Pool, fastest, tradeoffs
 from shoal.training.planners.build import build_spec
-from shoal.training.planners.common import Evaluator, score
+from shoal.training.planners.common import score
 from shoal.training.planners.space import Kind, Space, balanced_split
+from shoal.training.planners.strategy import Context, Proposals
 
 WALK_CHUNK = 4  # data-parallel degrees allocated and costed together on the H3/H4 walk
 # Sailor's public planner raises a GPU type's TP over its smallest fitting one while each larger
@@ -94,8 +95,9 @@ def recompute_of(problem) -> bool:
     return False not in problem.job.recompute
 
 
-def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
-           max_stages: int | None = None) -> None:
+def propose(ctx: Context) -> Proposals:
+    """Sailor's plans (the module docstring), a few data-parallel degrees at a time."""
+    ev, space, objective, max_stages = ctx.state, ctx.space, ctx.objective, ctx.max_stages
     problem = space.problem
     recompute = recompute_of(problem)
     L = problem.n_layers
@@ -106,7 +108,7 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
         if objective == "min-cost" and P > 1:
             break  # Sailor's public planner returns single-stage plans when minimising cost
         split = balanced_split(L, P)
-        for mbs in mbs_values:
+        for mbs in ctx.mbs_values:
             total = gbs // mbs
             opts = stage_options(space, split, mbs, recompute, 0, 1)
             if opts is None:
@@ -131,7 +133,7 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                                                  deadline=deadline) or [None])[-1])
                     except OutOfTime:
                         ev.stats.truncated = ev.stats.timed_out = True
-                        ev.cost(specs)
+                        yield specs
                         return
                     spec = (build_spec(space, alloc, opts, split, mbs, D, recompute=recompute)
                             if alloc else None)
@@ -139,7 +141,7 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                         ev.stats.pruned += 1
                         continue
                     specs.append(spec)
-                for cand in ev.cost(specs):
+                for cand in (yield specs):
                     if cand is None:
                         continue
                     if best is not None and score(cand, objective) >= score(best, objective):

@@ -197,3 +197,11 @@ class Space:
         if best is not None:
             used[(kind.gpu, best)] = used.get((kind.gpu, best), 0) + tp
         return best
+
+
+def zero_stages(allowed) -> list[int]:
+    """Of the ZeRO stages a job allows, those worth planning: the highest up to 2 (less memory,
+    never slower), and 3 if allowed (less memory again, but it gathers weights every
+    microbatch)."""
+    out = [max((z for z in allowed if z <= 2), default=None)] + ([3] if 3 in allowed else [])
+    return [z for z in out if z is not None]

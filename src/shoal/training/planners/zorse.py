@@ -49,8 +49,9 @@ from shoal.estimate.api import run_kernel
 from shoal.estimate.encode import PlanSpec, ReplicaSpec, StageSpec, encode_specs, schedule_key
 from shoal.jit import compiled
 from shoal.problem import Problem
-from shoal.training.planners.common import Evaluator, cannot_beat
-from shoal.training.planners.space import Space
+from shoal.training.planners.common import Candidate, cannot_beat
+from shoal.training.planners.space import Space, zero_stages
+from shoal.training.planners.strategy import Context, Proposals
 
 SAME_TYPE_BONUS = 1.01
 MINISTAGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # tried under the zorse schedule
@@ -315,13 +316,6 @@ def _cannot_fit(space: Space, sizes: list[tuple[int, tuple[str, ...]]], lay: tup
     return False
 
 
-def _zero_stages(allowed) -> list[int]:
-    """The highest allowed ZeRO stage up to 2 (less memory, never slower), and 3 if allowed
-    (less memory again, but it gathers weights every microbatch)."""
-    out = [max((z for z in allowed if z <= 2), default=None)] + ([3] if 3 in allowed else [])
-    return [z for z in out if z is not None]
-
-
 def floors(problem: Problem, specs: list[PlanSpec], out: dict) -> np.ndarray:
     """Per plan, seconds its iteration takes at least, from the kernel's detailed result of
     the batch (``out``): its busiest GPU's compute, and under the event simulation
@@ -338,10 +332,10 @@ def floors(problem: Problem, specs: list[PlanSpec], out: dict) -> np.ndarray:
                     busiest.max(axis=1))
 
 
-def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
-           max_stages: int | None = None) -> None:
-    problem = space.problem
-    job = problem.job
+def propose(ctx: Context) -> Proposals:
+    """Zorse's plans (module docstring): every partition's plans, then each simulated in the
+    order of its lower bound, one per batch, while its bound can beat the best plan so far."""
+    ev, space = ctx.state, ctx.space
     vertices = nodes(space)
     if not vertices:
         return
@@ -352,62 +346,20 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
                 f"nodes) takes at most {MAX_NODES:,}", binding="pool",
                 relaxation=f"--strategy auto, or a pool of at most {MAX_NODES:,} nodes")
         return  # auto: the other strategies' plans only
-    most = min(max_stages or problem.n_layers, problem.n_layers)
-    key = (tuple(vertices), most)
-    if key not in space.splits:
-        space.splits[key] = split(space, vertices, most=most)
-    parts = space.splits[key]
-    specs: list[PlanSpec] = []
-    memo: dict = {}
-    for k in sorted(parts):
-        if ev.out_of_time():
-            return  # the budget is spent: no more plans are built, and none of the pass's costed
-        # per group: its GPUs (its replicas) and their types
-        sizes = [(sum(vertices[v][2] for v in grp), tuple({vertices[v][0]: 0 for v in grp}))
-                 for grp in parts[k]]
-        lays: dict = {}  # the partition's layout per (recompute, microbatch size)
-        for recompute in sorted(set(job.recompute), reverse=True):
-            for zero in _zero_stages(job.zero_stage):
-                for schedule in job.schedule:
-                    if schedule == "zorse" and not (recompute and zero == 2):
-                        continue  # ministages checkpoint every layer and run ZeRO-2
-                    for mbs in mbs_values:
-                        if (recompute, mbs) not in lays:
-                            lays[(recompute, mbs)] = layout(space, vertices, parts[k], mbs,
-                                                            recompute, memo)
-                        lay = lays[(recompute, mbs)]
-                        if lay is None:
-                            continue
-                        if schedule != "zorse" and _cannot_fit(space, sizes, lay, mbs,
-                                                               recompute, zero):
-                            ev.stats.oom += 1
-                            ev.stats.candidates_costed += 1
-                            continue
-                        sp = build(space, vertices, parts[k], mbs, recompute, zero, schedule, memo)
-                        if sp is None:
-                            continue
-                        if schedule == "zorse":
-                            specs += _with_ministages(sp)
-                            continue
-                        specs.append(sp)
+    specs = _partition_plans(ctx, vertices)
     if not specs:
         return
     # Plans are simulated in the order of their lower bounds, and those whose bound cannot
     # beat the best plan so far are skipped.
+    problem = space.problem
     out = run_kernel(problem, space.tb, encode_specs(space.tb, specs), detail=True)
     t_low = floors(problem, specs, out)
     usd_s = out["gpu_usd_per_s"]
     B = len(specs)
     for i in np.argsort(t_low, kind="stable"):
-        inc = ev.incumbent
-        if inc is not None:
-            low = {"max-throughput": t_low[i], "min-cost": t_low[i] * usd_s[i],
-                   "max-throughput-per-dollar": t_low[i] ** 2 * usd_s[i]}[objective]
-            best = {"max-throughput": inc.iteration_time_s, "min-cost": inc.cost_usd,
-                    "max-throughput-per-dollar": inc.iteration_time_s * inc.cost_usd}[objective]
-            if cannot_beat(low, t_low[i], best, inc.iteration_time_s):
-                ev.stats.pruned += 1
-                continue
+        if _hopeless(ev.incumbent, ctx.objective, t_low[i], usd_s[i]):
+            ev.stats.pruned += 1
+            continue
         # memory needs no simulation: a plan out of memory is counted, not simulated
         one = {k: v[i:i + 1] for k, v in out.items() if isinstance(v, np.ndarray) and len(v) == B}
         (ministage if ministage.is_ministage(specs[i]) else general).memory(
@@ -416,6 +368,70 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
             ev.stats.oom += 1
             ev.stats.candidates_costed += 1
             continue
-        ev.cost([specs[i]])
+        yield [specs[i]]
         if ev.out_of_time():
             return
+
+
+def _hopeless(inc: Candidate | None, objective: str, t_low: float, usd_s: float) -> bool:
+    """Whether a plan of at least ``t_low`` seconds an iteration on GPUs of ``usd_s`` USD a
+    second cannot beat the incumbent ``inc`` under ``objective``."""
+    if inc is None:
+        return False
+    low = {"max-throughput": t_low, "min-cost": t_low * usd_s,
+           "max-throughput-per-dollar": t_low ** 2 * usd_s}[objective]
+    best = {"max-throughput": inc.iteration_time_s, "min-cost": inc.cost_usd,
+            "max-throughput-per-dollar": inc.iteration_time_s * inc.cost_usd}[objective]
+    return cannot_beat(low, t_low, best, inc.iteration_time_s)
+
+
+def _partition_plans(ctx: Context, vertices) -> list[PlanSpec]:
+    """The plans of every partition of the nodes into groups (SPLIT, kept per node list in
+    the space), under every setting the job allows; stops early when the budget is spent."""
+    ev, space = ctx.state, ctx.space
+    problem = space.problem
+    most = min(ctx.max_stages or problem.n_layers, problem.n_layers)
+    key = (tuple(vertices), most)
+    if key not in space.splits:
+        space.splits[key] = split(space, vertices, most=most)
+    parts = space.splits[key]
+    specs: list[PlanSpec] = []
+    memo: dict = {}
+    for k in sorted(parts):
+        if ev.out_of_time():
+            return []  # the budget is spent: no more plans are built, none of the pass's costed
+        specs += _group_plans(ctx, vertices, parts[k], memo)
+    return specs
+
+
+def _group_plans(ctx: Context, vertices, groups: list[list[int]], memo: dict) -> list[PlanSpec]:
+    """The plans of one partition of the nodes into ``groups``."""
+    ev, space = ctx.state, ctx.space
+    job = space.problem.job
+    # per group: its GPUs (its replicas) and their types
+    sizes = [(sum(vertices[v][2] for v in grp), tuple({vertices[v][0]: 0 for v in grp}))
+             for grp in groups]
+    lays: dict = {}  # the partition's layout per (recompute, microbatch size)
+    specs: list[PlanSpec] = []
+    for recompute in sorted(set(job.recompute), reverse=True):
+        for zero in zero_stages(job.zero_stage):
+            for schedule in job.schedule:
+                if schedule == "zorse" and not (recompute and zero == 2):
+                    continue  # ministages checkpoint every layer and run ZeRO-2
+                for mbs in ctx.mbs_values:
+                    if (recompute, mbs) not in lays:
+                        lays[(recompute, mbs)] = layout(space, vertices, groups, mbs, recompute,
+                                                        memo)
+                    lay = lays[(recompute, mbs)]
+                    if lay is None:
+                        continue
+                    if schedule != "zorse" and _cannot_fit(space, sizes, lay, mbs, recompute,
+                                                           zero):
+                        ev.stats.oom += 1
+                        ev.stats.candidates_costed += 1
+                        continue
+                    sp = build(space, vertices, groups, mbs, recompute, zero, schedule, memo)
+                    if sp is None:
+                        continue
+                    specs += _with_ministages(sp) if schedule == "zorse" else [sp]
+    return specs

@@ -43,9 +43,9 @@ gives a stage of many parameters (the embeddings) replicas at the smallest TP, w
 ring can take longer than all its microbatches."""
 
 from shoal.training.planners.auto.bounds import Bounds
-from shoal.training.planners.auto.branch import search
+from shoal.training.planners.auto.branch import propose
 from shoal.training.planners.auto.pairs import PACKINGS
 from shoal.training.planners.auto.shapes import Shape
 from shoal.training.planners.auto.worth import Worth
 
-__all__ = ["PACKINGS", "Bounds", "Shape", "Worth", "search"]
+__all__ = ["PACKINGS", "Bounds", "Shape", "Worth", "propose"]

@@ -16,8 +16,9 @@ from shoal.training.planners.auto.shapes import (
     shapes_of,
 )
 from shoal.training.planners.auto.worth import Worth, rank_key
-from shoal.training.planners.common import Evaluator, cannot_beat, score
+from shoal.training.planners.common import cannot_beat, score
 from shoal.training.planners.space import Space
+from shoal.training.planners.strategy import Context, Proposals, SearchState
 
 BATCH = 12  # (shape, degree) pairs allocated and costed per estimator call
 
@@ -33,20 +34,60 @@ class Pairs(NamedTuple):
     after: np.ndarray
 
 
-def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
-           max_stages: int | None = None) -> None:
-    problem = space.problem
-    gbs = problem.job.global_batch
+def propose(ctx: Context) -> Proposals:
+    """shoal's default planner (the package's docstring)."""
+    ev, space, objective = ctx.state, ctx.space, ctx.objective
     pool = sailor.arrays(space)
     bounds = Bounds(space, pool)
     cons = ev.constraints
+    got = _pairs(ctx, bounds)
+    if got is None:
+        return
+    shapes, pairs, T, C = got
+    sid, Ds = pairs.sid, pairs.Ds
+    keep = np.ones(len(sid), dtype=bool)  # the constraints, on the bounds
+    if cons.min_iters_per_s is not None:
+        keep &= 1.0 / cons.min_iters_per_s >= T
+    if cons.max_cost_per_iteration_usd is not None:
+        keep &= cons.max_cost_per_iteration_usd >= C
+    if cons.max_gpus is not None:
+        fewest = np.array([sum(min(o.tp for o in st) for st in sh.opts) for sh in shapes])
+        keep &= Ds * fewest[sid] <= cons.max_gpus
+    ev.stats.pruned += int((~keep).sum())
+    if objective == "min-cost":
+        # Sailor's walk up the data-parallel degree of single-stage plans is quick and lands
+        # near the cheapest plan: an incumbent that prunes most of the cost bounds at once
+        yield from sailor.propose(ctx)
+    run = BranchAndBound(ev, space, bounds, pool, shapes, pairs)
+    most_s = min(1.0 / cons.min_iters_per_s if cons.min_iters_per_s else np.inf,
+                 cons.deadline.within / cons.deadline.iterations if cons.deadline else np.inf)
+    limits = (most_s, cons.max_cost_per_iteration_usd
+              if cons.max_cost_per_iteration_usd is not None else np.inf)
+    yield from run(keep, rank_key(T, C, objective), T, objective, lambda: ev.incumbent, limits)
+    if not ev.feasible and (not keep.all() or np.isfinite(limits).any()):
+        # the constraints cut every plan: cost the fastest (cheapest) plans anyway, so the
+        # error can tell a constraint from memory (``planners._nearest`` then finds how far
+        # to relax it)
+        if cons.max_cost_per_iteration_usd is not None:
+            yield from run(np.ones(len(sid), dtype=bool), C, T, "min-cost", lambda: ev.cheapest)
+        if cons.min_iters_per_s is not None or cons.max_gpus is not None:
+            yield from run(np.ones(len(sid), dtype=bool), T, T, "max-throughput",
+                           lambda: ev.fastest)
+
+
+def _pairs(ctx: Context, bounds: Bounds
+           ) -> tuple[list[Shape], Pairs, np.ndarray, np.ndarray] | None:
+    """The shapes, and every (shape, degree) pair whose bounds are finite with its time and
+    cost bounds (None: no pair)."""
+    ev, space = ctx.state, ctx.space
+    gbs = space.problem.job.global_batch
     shapes: list[Shape] = []
     rows = []  # per shape: degrees, time bounds, cost bounds, slowest-replica bounds
     # the shapes depend on the kinds and their TPs, not on the GPU counts: kept with the
     # stage options for every pool of the same kinds
-    key = ("shapes", tuple(mbs_values), max_stages)
+    key = ("shapes", tuple(ctx.mbs_values), ctx.max_stages)
     if key not in space.stage_opts:
-        space.stage_opts[key] = list(shapes_of(space, mbs_values, max_stages))
+        space.stage_opts[key] = list(shapes_of(space, list(ctx.mbs_values), ctx.max_stages))
     for sh in space.stage_opts[key]:
         if sh is None:
             ev.stats.no_fit += 1
@@ -67,48 +108,22 @@ def search(ev: Evaluator, space: Space, objective: str, mbs_values: list[int],
         rows.append((np.full(int(ok.sum()), len(shapes) - 1), Ds[ok], T[ok], C[ok], tau[ok],
                      after[ok]))
     if not shapes:
-        return
+        return None
     sid, Ds, T, C, tau, after = (np.concatenate(x) for x in zip(*rows, strict=True))
-    keep = np.ones(len(sid), dtype=bool)  # the constraints, on the bounds
-    if cons.min_iters_per_s is not None:
-        keep &= 1.0 / cons.min_iters_per_s >= T
-    if cons.max_cost_per_iteration_usd is not None:
-        keep &= cons.max_cost_per_iteration_usd >= C
-    if cons.max_gpus is not None:
-        fewest = np.array([sum(min(o.tp for o in st) for st in sh.opts) for sh in shapes])
-        keep &= Ds * fewest[sid] <= cons.max_gpus
-    ev.stats.pruned += int((~keep).sum())
-    if objective == "min-cost":
-        # Sailor's walk up the data-parallel degree of single-stage plans is quick and lands
-        # near the cheapest plan: an incumbent that prunes most of the cost bounds at once
-        sailor.search(ev, space, objective, mbs_values, max_stages)
-    run = BranchAndBound(ev, space, bounds, pool, shapes, Pairs(sid, Ds, tau, after))
-    most_s = min(1.0 / cons.min_iters_per_s if cons.min_iters_per_s else np.inf,
-                 cons.deadline.within / cons.deadline.iterations if cons.deadline else np.inf)
-    limits = (most_s, cons.max_cost_per_iteration_usd
-              if cons.max_cost_per_iteration_usd is not None else np.inf)
-    run(keep, rank_key(T, C, objective), T, objective, lambda: ev.incumbent, limits)
-    if not ev.feasible and (not keep.all() or np.isfinite(limits).any()):
-        # the constraints cut every plan: cost the fastest (cheapest) plans anyway, so the
-        # error can tell a constraint from memory (``planners._nearest`` then finds how far
-        # to relax it)
-        if cons.max_cost_per_iteration_usd is not None:
-            run(np.ones(len(sid), dtype=bool), C, T, "min-cost", lambda: ev.cheapest)
-        if cons.min_iters_per_s is not None or cons.max_gpus is not None:
-            run(np.ones(len(sid), dtype=bool), T, T, "max-throughput", lambda: ev.fastest)
+    return shapes, Pairs(sid, Ds, tau, after), T, C
 
 
 class BranchAndBound:
     """Takes (shape, degree) pairs by increasing bound, allocates and costs them in batches,
     and stops when the next bound cannot beat the best plan so far."""
 
-    def __init__(self, ev: Evaluator, space: Space, bounds: Bounds, pool: Pool,
+    def __init__(self, ev: SearchState, space: Space, bounds: Bounds, pool: Pool,
                  shapes: list[Shape], pairs: Pairs):
         self.ev, self.space, self.bounds, self.pool, self.shapes = ev, space, bounds, pool, shapes
         self.sid, self.Ds, self.tau, self.after = pairs
 
     def __call__(self, mask: np.ndarray, key: np.ndarray, times: np.ndarray, objective: str,
-                 best, limits: tuple[float, float] = (np.inf, np.inf)) -> None:
+                 best, limits: tuple[float, float] = (np.inf, np.inf)) -> Proposals:
         """Takes the pairs of ``mask`` by ``key`` under ``objective`` (``times``: their time
         bounds; ``best``: the plan to beat); ``limits``: the most seconds and USD an
         iteration may take (the constraints), beyond which no allocation is worth building.
@@ -186,6 +201,6 @@ class BranchAndBound:
                 cut = ev.stats.truncated = ev.stats.timed_out = True
                 ev.stats.pruned += len(idx) - j
             i = j
-            ev.cost([s for s in dict.fromkeys(specs) if s not in ev.feasible])
+            yield [s for s in dict.fromkeys(specs) if s not in ev.feasible]
             if cut:
                 return
