@@ -28,7 +28,7 @@ from shoal.errors import InfeasibleError  # noqa: E402
 from shoal.io.sailor import import_sailor  # noqa: E402
 from shoal.problem import load_problem  # noqa: E402
 from shoal.specs.job import Constraints  # noqa: E402
-from shoal.training.planners import search  # noqa: E402
+from shoal.training.planners import Limits, search  # noqa: E402
 
 NEO, OPT = "training_config_gpt_neo27.json", "training_config_opt_350.json"
 HET, GEO = "gpu_trace_heterogeneous_imbalanced.csv", "gpu_trace_multizone.csv"
@@ -101,7 +101,8 @@ def main() -> None:
                     t0 = time.perf_counter()
                     try:
                         res = search(pb, strategy=strategy, objective=objective,
-                                     constraints=Constraints(**cons), budget_s=args.budget)
+                                     constraints=Constraints(**cons),
+                                     limits=Limits(budget_s=args.budget))
                     except InfeasibleError as e:
                         res = e
                     times.append(time.perf_counter() - t0)

@@ -31,7 +31,7 @@ from shoal.elastic.replan import Replanner  # noqa: E402
 from shoal.errors import InfeasibleError  # noqa: E402
 from shoal.io.sailor import import_sailor  # noqa: E402
 from shoal.problem import load_problem  # noqa: E402
-from shoal.training.planners import search  # noqa: E402
+from shoal.training.planners import Limits, search  # noqa: E402
 
 MODELS = {"gptneo": ("training_config_gpt_neo27.json", "GPT-Neo-2.7"),
           "opt350": ("training_config_opt_350.json", "OPT-350")}
@@ -101,7 +101,7 @@ def main() -> None:
                 cold_problem = problem.__class__(**{**problem.__dict__, "avail": avail})
                 t = time.perf_counter()
                 row["cold_iters_per_s"] = best_plan(
-                    lambda p=cold_problem: search(p, budget_s=args.budget, front=False))
+                    lambda p=cold_problem: search(p, limits=Limits(budget_s=args.budget, front=False)))
                 row["cold_s"] = time.perf_counter() - t
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)

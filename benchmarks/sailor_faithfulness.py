@@ -35,7 +35,7 @@ from shoal.io.sailor import import_sailor  # noqa: E402
 from shoal.problem import load_problem  # noqa: E402
 from shoal.specs.job import Constraints  # noqa: E402
 from shoal.specs.plan import TrainingPlan  # noqa: E402
-from shoal.training.planners import search  # noqa: E402
+from shoal.training.planners import Limits, search  # noqa: E402
 from shoal.training.planners.build import shares  # noqa: E402
 
 NEO, OPT = "training_config_gpt_neo27.json", "training_config_opt_350.json"
@@ -167,7 +167,7 @@ def best_of(pb, strategy: str, objective: str, cons: dict) -> dict:
     why there is none."""
     try:
         res = search(pb, strategy=strategy, objective=objective,
-                     constraints=Constraints(**cons), budget_s=600)
+                     constraints=Constraints(**cons), limits=Limits(budget_s=600))
     except InfeasibleError as exc:
         return {"infeasible": str(exc)}
     best = res.ranked[0]

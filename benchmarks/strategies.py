@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from shoal.errors import InfeasibleError  # noqa: E402
 from shoal.problem import build_problem  # noqa: E402
 from shoal.specs.scenario import parse_scenario  # noqa: E402
-from shoal.training.planners import search  # noqa: E402
+from shoal.training.planners import Limits, search  # noqa: E402
 from shoal.training.planners.espresso import propose_every_order  # noqa: E402
 
 NET = {"defaults": {"same_zone": {"bandwidth": "100Gbps", "latency": "50us"},
@@ -95,10 +95,10 @@ def run(pb, strategy: str, budget: float) -> dict:
     t0 = time.perf_counter()
     try:
         if strategy == "espresso-ref":
-            res = search(pb, strategy=propose_every_order, top_k=1, budget_s=budget,
-                         max_stages=REF_STAGES)
+            res = search(pb, strategy=propose_every_order, top_k=1,
+                         limits=Limits(max_stages=REF_STAGES, budget_s=budget))
         else:
-            res = search(pb, strategy=strategy, top_k=1, budget_s=budget)
+            res = search(pb, strategy=strategy, top_k=1, limits=Limits(budget_s=budget))
     except InfeasibleError as e:
         return {"strategy": strategy, "found": False, "why": e.binding,
                 "search_s": round(time.perf_counter() - t0, 2)}

@@ -22,6 +22,7 @@ from shoal.specs.job import Constraints
 from shoal.specs.scenario import parse_scenario
 from shoal.training.planners import (
     OBJECTIVES,
+    Limits,
     Reuse,
     auto,
     complete_front,
@@ -228,7 +229,7 @@ def test_a_search_cut_short_says_so_in_its_relaxation():
     pb = problem()
     cons = Constraints(max_cost_per_iteration_usd=1e-9)
     with pytest.raises(InfeasibleError) as e:
-        search(pb, constraints=cons, max_pairs=1)
+        search(pb, constraints=cons, limits=Limits(max_pairs=1))
     assert "cut short" in str(e.value) and "--budget" in e.value.relaxation
     with pytest.raises(InfeasibleError) as e:
         search(pb, constraints=cons)
@@ -367,7 +368,7 @@ def test_no_boundary_move_improves_the_best_plan_on_sailors_five_zones(reference
                   profiles=s / "profiles" / "OPT-350", network=s / "network", out_dir=tmp_path,
                   trace=s / "traces" / "gpu_trace_multizone.csv", step=2)
     pb = load_problem(tmp_path / "scenario.yaml")
-    best = search(pb, strategy="auto", front=False).ranked[0]
+    best = search(pb, strategy="auto", limits=Limits(front=False)).ranked[0]
     moved = refine.moves(best.spec)
     out = run_specs(pb, tables_for(pb, mbs_options(pb)), moved)
     fits = ~out["oom"]
@@ -390,10 +391,10 @@ def test_allocations_by_level_beat_allocations_by_compute_on_sailors_gpt_neo_poo
                   out_dir=tmp_path, trace=s / "traces" / "gpu_trace_heterogeneous_imbalanced.csv",
                   step=1)
     pb = load_problem(tmp_path / "scenario.yaml")
-    by_level = search(pb, strategy="auto", front=False).ranked[0]
+    by_level = search(pb, strategy="auto", limits=Limits(front=False)).ranked[0]
     monkeypatch.setattr(auto.Bounds, "option_levels",
                         lambda self, sh, D, total: [list(o) for o in sh.opts])
-    by_compute = search(pb, strategy="auto", front=False).ranked[0]
+    by_compute = search(pb, strategy="auto", limits=Limits(front=False)).ranked[0]
     assert by_level.throughput_iters_per_s > by_compute.throughput_iters_per_s * 1.01
 
 
@@ -490,7 +491,7 @@ def test_a_descent_is_not_walked_again_from_a_plan_on_its_way():
 def test_search_without_the_front_finds_the_same_best_plan(objective, case):
     pb = small_problem(*SMALL_PROBLEMS[case])
     full = search(pb, objective=objective)
-    best = search(pb, objective=objective, front=False)
+    best = search(pb, objective=objective, limits=Limits(front=False))
     assert best.ranked[0].iteration_time_s == pytest.approx(full.ranked[0].iteration_time_s,
                                                             rel=1e-12)
     assert best.ranked[0].cost_usd == pytest.approx(full.ranked[0].cost_usd, rel=1e-12)
@@ -628,7 +629,7 @@ def test_exhaustive_keeps_to_its_budget():
         "us-central1-a": {"gpus": {"A100-40GB": 8, "V100-16GB": 8}}}}},
         pool__gpus_per_node={"A100-40GB": 8, "V100-16GB": 8}, job__global_batch=64)
     t0 = time.perf_counter()
-    res = search(pb, strategy="exhaustive", budget_s=1.0)
+    res = search(pb, strategy="exhaustive", limits=Limits(budget_s=1.0))
     assert time.perf_counter() - t0 < patience(30)
     assert res.stats.truncated
 

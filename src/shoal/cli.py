@@ -145,7 +145,7 @@ def plan(
     from shoal.estimate import estimate as run_estimate
     from shoal.files import check_outputs, write_json
     from shoal.problem import load_problem
-    from shoal.training.planners import Reuse, complete_front, search
+    from shoal.training.planners import Limits, Reuse, complete_front, search
 
     check_outputs([(output, "--output"), (figure, "--figure")], [scenario])
     for value, option in ((max_cost_per_iter, "--max-cost-per-iter"),
@@ -162,11 +162,11 @@ def plan(
 
     def run(status=None):
         found = search(problem, strategy=strategy.value, objective=goal, constraints=cons,
-                       top_k=top, budget_s=budget, reuse=reuse)
+                       top_k=top, limits=Limits(budget_s=budget), reuse=reuse)
         if status is not None:
             status.update("completing the throughput-cost front (the other objectives' searches)...")
         return complete_front(problem, found, strategy=strategy.value, constraints=cons,
-                              budget_s=budget, reuse=reuse)
+                              limits=Limits(budget_s=budget), reuse=reuse)
     if as_json:
         result = run()
     else:

@@ -34,7 +34,7 @@ from shoal.errors import InfeasibleError
 from shoal.estimate.encode import PlanSpec
 from shoal.problem import Problem
 from shoal.specs.job import Constraints
-from shoal.training.planners import Reuse, SearchResult, search
+from shoal.training.planners import Limits, Reuse, SearchResult, search
 from shoal.training.planners.common import fits, usage
 
 Avail = dict[tuple[str, str], int]
@@ -92,9 +92,10 @@ class Replanner:
         try:
             res: SearchResult | InfeasibleError = search(
                 problem, strategy=self.strategy, objective=self.objective,
-                constraints=self.constraints, top_k=self.top_k, budget_s=self.budget_s,
-                reuse=self.reuse, seeds=tuple(seeds),
-                max_pairs=CHECK_PAIRS if inherited else None, front=self.front)
+                constraints=self.constraints, top_k=self.top_k,
+                limits=Limits(budget_s=self.budget_s,
+                              max_pairs=CHECK_PAIRS if inherited else None, front=self.front),
+                reuse=self.reuse, seeds=tuple(seeds))
         except InfeasibleError as exc:
             res = exc
         self._results[key] = res

@@ -696,11 +696,11 @@ class PlannerChoice:
         from shoal.errors import ShoalError
         from shoal.problem import build_problem
         from shoal.runtime.pipeline import layout
-        from shoal.training.planners import search
+        from shoal.training.planners import Limits, search
 
         try:
             res = search(build_problem(self._scenario(n)), strategy="auto",
-                         budget_s=self.budget_s)
+                         limits=Limits(budget_s=self.budget_s))
             for c in res.ranked:
                 plan = c.plan
                 try:

@@ -49,52 +49,94 @@ STRATEGIES: dict[str, Strategy] = {
     "auto": auto.propose, "sailor": sailor.propose, "espresso": espresso.propose,
     "zorse": zorse.propose, "atlas": atlas.propose, "exhaustive": exhaustive.propose}
 
-__all__ = ["OBJECTIVES", "STRATEGIES", "Candidate", "Context", "Reuse", "SearchResult",
+__all__ = ["OBJECTIVES", "STRATEGIES", "Candidate", "Context", "Limits", "Reuse", "SearchResult",
            "SearchState", "Strategy", "complete_front", "drive", "search"]
 
 
+@dataclass(frozen=True)
+class Limits:
+    """How far a search goes: the most pipeline stages (None: as many as layers), seconds
+    (None: no budget) and (shape, degree) pairs it allocates (None: every pair its bounds let
+    through), and whether it builds plans only to fill the throughput-cost front."""
+
+    max_stages: int | None = None
+    budget_s: float | None = None
+    max_pairs: int | None = None
+    front: bool = True
+
+
 def search(problem: Problem, *, strategy: str | Strategy = "auto", objective: str | None = None,
-           constraints: Constraints | None = None, top_k: int = 10,
-           max_stages: int | None = None, budget_s: float | None = None,
-           reuse: Reuse | None = None, seeds: tuple = (),
-           max_pairs: int | None = None, front: bool = True) -> SearchResult:
+           constraints: Constraints | None = None, top_k: int = 10, limits: Limits = Limits(),
+           reuse: Reuse | None = None, seeds: tuple = ()) -> SearchResult:
     """Ranked plans for ``problem`` under ``objective`` and ``constraints`` (default: the
-    scenario's), with the throughput-cost Pareto front and search statistics. ``strategy``:
-    a name of ``STRATEGIES`` or any ``Strategy`` (which then runs alone, as every strategy
-    but ``auto`` does). ``budget_s``
-    bounds the search time (``auto`` stops taking new plan shapes; the result says it was
-    truncated). ``reuse`` carries what does not depend on GPU counts from one search of this
-    problem to the next (cost tables, smallest fitting TPs); ``seeds`` are plans known to fit
-    the pool, costed with the plans found, so nothing worse than the best of them is returned:
-    after the search and the tuning of its best plans (as the incumbent, the seeds would spare
-    the search plans whose tuned boundaries beat them), or first when ``max_pairs`` bounds the
-    search, as the incumbent it must beat. ``auto`` also costs
-    the plan shapes of ``zorse`` (when the pool mixes GPU types) and, under min-cost, of
-    ``espresso``, and, when the pool spans regions, Atlas's layouts (pipelines across
-    datacenters, data parallelism inside each), unless ``max_pairs`` bounds it, and last
-    tunes the layer boundaries of its best plans (``refine``). Without ``front``, ``auto``
-    builds no plan only for the throughput-cost front (one that cannot beat the best plan so
-    far): the best plan before the tuning is the same (the tuning starts from the best few
-    plans found, which may then differ), the front and the plans ranked below the best are
-    those met on the way. Raises InfeasibleError naming the binding
-    constraint when nothing fits, and a relaxation that works (``_nearest``: when plans fit
-    but the constraints cut them, searches without the binding one, within the budget)."""
-    if isinstance(strategy, str):
-        if strategy not in STRATEGIES:
-            raise SpecError("unknown strategy", field="--strategy", value=strategy,
-                            allowed=", ".join(STRATEGIES))
-        name, propose = strategy, STRATEGIES[strategy]
-    else:
-        name, propose = getattr(strategy, "__name__", type(strategy).__name__), strategy
+    scenario's), with the throughput-cost Pareto front and search statistics. ``strategy``: a
+    name of ``STRATEGIES`` or any ``Strategy`` (which then runs alone, as every strategy but
+    ``auto`` does). ``limits.budget_s`` bounds the search time (``auto`` stops taking new plan
+    shapes; the result says it was truncated). ``reuse`` carries what does not depend on GPU
+    counts from one search of this problem to the next (cost tables, smallest fitting TPs);
+    ``seeds`` are plans known to fit the pool, costed with the plans found, so nothing worse
+    than the best of them is returned: after the search and the tuning of its best plans (as the
+    incumbent, the seeds would spare the search plans whose tuned boundaries beat them), or
+    first when ``limits.max_pairs`` bounds the search, as the incumbent it must beat. ``auto``
+    also costs the plan shapes of ``zorse`` (when the pool mixes GPU types) and, under min-cost,
+    of ``espresso``, and, when the pool spans regions, Atlas's layouts (pipelines across
+    datacenters, data parallelism inside each), unless ``limits.max_pairs`` bounds it, and last
+    tunes the layer boundaries of its best plans (``refine``). Without ``limits.front``,
+    ``auto`` builds no plan only for the throughput-cost front (one that cannot beat the best
+    plan so far): the best plan before the tuning is the same (the tuning starts from the best
+    few plans found, which may then differ), the front and the plans ranked below the best are
+    those met on the way. Raises InfeasibleError naming the binding constraint when nothing
+    fits, and a relaxation that works (``_nearest``: when plans fit but the constraints cut
+    them, searches without the binding one, within the budget)."""
+    name, propose = _strategy(strategy)
     objective = objective or problem.objective
     if objective not in OBJECTIVES:
         raise SpecError("unknown objective", field="--objective", value=objective,
                         allowed=", ".join(OBJECTIVES))
     constraints = constraints or problem.constraints
     problem = _capped(problem, constraints)
-    mbs = mbs_options(problem)
-    stats = SearchStats(strategy=name)
     reuse = reuse if reuse is not None else Reuse()
+    mbs = mbs_options(problem)
+    ev, space = _start(problem, mbs, SearchStats(strategy=name), (objective, constraints),
+                       limits, reuse)
+    full = name == "auto" and limits.max_pairs is None
+    seeds = tuple(dict.fromkeys(seeds))
+    if seeds and not full:
+        ev.cost(list(seeds))  # the incumbent a bounded search must beat
+    ev.fallback = bool(seeds)
+    ctx = Context(ev, space, objective, tuple(mbs), limits.max_stages)
+    if full:
+        _auto(ctx, propose)
+    else:
+        drive(ev.cost, propose(ctx))
+    if name == "auto" and not ev.out_of_time():
+        refine_best(ev, objective)  # the best plans' layer boundaries tuned on their replicas
+    if seeds and full:
+        # after the tuning: with the seeds as its incumbent, the search would not build the
+        # plans it cannot beat, and the tuning would not start from them
+        ev.cost(list(seeds))
+    if not ev.feasible and ev.fits and not ev.out_of_time():
+        _nearest(ev, problem, strategy, constraints, limits, reuse)
+    return finish(ev, objective, top_k)
+
+
+def _strategy(strategy: str | Strategy) -> tuple[str, Strategy]:
+    """The strategy's name and proposals, of a name of ``STRATEGIES`` or a strategy."""
+    if not isinstance(strategy, str):
+        return getattr(strategy, "__name__", type(strategy).__name__), strategy
+    if strategy not in STRATEGIES:
+        raise SpecError("unknown strategy", field="--strategy", value=strategy,
+                        allowed=", ".join(STRATEGIES))
+    return strategy, STRATEGIES[strategy]
+
+
+def _start(problem: Problem, mbs: list[int], stats: SearchStats,
+           goal: tuple[str, Constraints], limits: Limits, reuse: Reuse
+           ) -> tuple[Evaluator, Space]:
+    """The search's costing (of microbatch sizes ``mbs``, under the (objective, constraints)
+    ``goal``) and its space, with what ``reuse`` keeps from the last search of the problem;
+    refuses a pool with no GPU the job can use."""
+    objective, constraints = goal
     if reuse.tables is None or reuse.tables.mbs != mbs:
         reuse.tables, reuse.min_tp, reuse.estimates, reuse.memos = None, {}, {}, {}
         reuse.tuned = {}
@@ -103,40 +145,33 @@ def search(problem: Problem, *, strategy: str | Strategy = "auto", objective: st
     reuse.tables = ev.tb
     ev.tuned = reuse.tuned
     space = Space(problem, ev.tb, reuse.min_tp, splits=reuse.splits, memos=reuse.memos)
-    if budget_s is not None:
-        ev.deadline = stats.started + budget_s
-    ev.max_pairs = max_pairs
-    ev.front = front
+    if limits.budget_s is not None:
+        ev.deadline = stats.started + limits.budget_s
+    ev.max_pairs = limits.max_pairs
+    ev.front = limits.front
     if not space.kinds:
         bf16 = problem.job.precision == "mixed-bf16"
         raise InfeasibleError("the pool has no GPUs the job can use" + (
             " (a mixed-bf16 job needs GPUs with bf16)" if bf16 and any(problem.avail.values())
             else ""),
             binding="pool", relaxation="add GPUs to the pool" + (" with bf16" if bf16 else ""))
-    full = name == "auto" and max_pairs is None
-    seeds = tuple(dict.fromkeys(seeds))
-    if seeds and not full:
-        ev.cost(list(seeds))  # the incumbent a bounded search must beat
-    ev.fallback = bool(seeds)
-    ctx = Context(ev, space, objective, tuple(mbs), max_stages)
-    if full and len({k.region for k in space.kinds}) > 1:
+    return ev, space
+
+
+def _auto(ctx: Context, propose: Strategy) -> None:
+    """``auto``'s whole search: Atlas's layouts first on a pool of several regions, its own
+    branch and bound, Zorse's mixed groups on a pool of several GPU types, and under min-cost
+    Espresso's trees."""
+    ev, kinds = ctx.state, ctx.space.kinds
+    if len({k.region for k in kinds}) > 1:
         drive(ev.cost, atlas.propose(ctx))  # pipelines across datacenters
     drive(ev.cost, propose(ctx))
-    if full and len({k.gpu for k in space.kinds}) > 1 and not ev.out_of_time():
+    if len({k.gpu for k in kinds}) > 1 and not ev.out_of_time():
         # mixed groups, each simulated event by event: after the search, whose best plan
         # spares most of them by their bounds
         drive(ev.cost, zorse.propose(ctx))
-    if full and objective == "min-cost" and not ev.out_of_time():
+    if ctx.objective == "min-cost" and not ev.out_of_time():
         drive(ev.cost, espresso.propose(ctx))  # its bounds use the incumbent
-    if name == "auto" and not ev.out_of_time():
-        refine_best(ev, objective)  # the best plans' layer boundaries tuned on their replicas
-    if seeds and full:
-        # after the tuning: with the seeds as its incumbent, the search would not build the
-        # plans it cannot beat, and the tuning would not start from them
-        ev.cost(list(seeds))
-    if not ev.feasible and ev.fits and not ev.out_of_time():
-        _nearest(ev, problem, strategy, constraints, max_stages, budget_s, reuse)
-    return finish(ev, objective, top_k)
 
 
 def _capped(problem: Problem, constraints: Constraints) -> Problem:
@@ -152,15 +187,15 @@ def _capped(problem: Problem, constraints: Constraints) -> Problem:
 
 
 def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "auto",
-                   constraints: Constraints | None = None, max_stages: int | None = None,
-                   budget_s: float | None = None, reuse: Reuse | None = None) -> SearchResult:
+                   constraints: Constraints | None = None, limits: Limits = Limits(),
+                   reuse: Reuse | None = None) -> SearchResult:
     """``result`` (a search under one objective) with its throughput-cost front completed by
     the same strategy's searches under the other objectives. A search passes by what cannot
     beat its own best plan, so the plans one search costs reach only part of the front (the
     fastest search misses the cheap end, and plans between); the front returned is the plans
     that no plan of any of the searches beats in both throughput and cost per iteration.
-    ``budget_s`` counts from ``result``'s start, as ``search``'s does; the statistics add up
-    all the searches. The ranked plans are ``result``'s, with any plan of the other searches
+    ``limits.budget_s`` counts from ``result``'s start, as ``search``'s does; the statistics
+    add up all the searches. The ranked plans are ``result``'s, with any plan of the other searches
     (which keep to the same constraints) that ranks above them under ``result``'s objective:
     a plan on the front never beats the first ranked."""
     st = result.stats
@@ -168,13 +203,13 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
     for goal in OBJECTIVES:
         if goal == result.objective or (strategy == "espresso" and goal != "min-cost"):
             continue  # Espresso's walk is bounded by cost alone: other goals run to the budget
-        left = None if budget_s is None else budget_s - (time.perf_counter() - st.started)
+        left = _left(limits, st.started)
         if left is not None and left < 0.1:
             st.truncated = st.timed_out = True
             break
         try:
             other = search(problem, strategy=strategy, objective=goal, constraints=constraints,
-                           top_k=1, max_stages=max_stages, budget_s=left, reuse=reuse)
+                           top_k=1, limits=Limits(limits.max_stages, left), reuse=reuse)
         except InfeasibleError:
             continue
         o = other.stats
@@ -193,8 +228,14 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
                         objective=result.objective)
 
 
+def _left(limits: Limits, started: float) -> float | None:
+    """Seconds left of the budget of a search started at ``started`` (None: no budget)."""
+    return (None if limits.budget_s is None
+            else limits.budget_s - (time.perf_counter() - started))
+
+
 def _nearest(ev: Evaluator, problem: Problem, strategy: str | Strategy, constraints: Constraints,
-             max_stages: int | None, budget_s: float | None, reuse: Reuse) -> None:
+             limits: Limits, reuse: Reuse) -> None:
     """Plans fit in memory but none meets the constraints: the fastest plan under the other
     constraints (for a throughput floor or a deadline) and the cheapest (for a cost cap), each
     found by a search without that constraint, so that ``InfeasibleError`` names a relaxation
@@ -207,13 +248,14 @@ def _nearest(ev: Evaluator, problem: Problem, strategy: str | Strategy, constrai
     if c.max_cost_per_iteration_usd is not None:
         relaxed.append(("min-cost", {"max_cost_per_iteration_usd": None}))
     for goal, drop in relaxed:
-        left = None if budget_s is None else budget_s - (time.perf_counter() - ev.stats.started)
+        left = _left(limits, ev.stats.started)
         if left is not None and left < 0.1:
             return  # the budget is spent: the relaxations stay those of the plans costed
         try:
             best = search(problem, strategy=strategy, objective=goal,
-                          constraints=c.model_copy(update=drop), top_k=1, max_stages=max_stages,
-                          budget_s=left, reuse=reuse, front=False).ranked[0]
+                          constraints=c.model_copy(update=drop), top_k=1,
+                          limits=Limits(limits.max_stages, left, front=False),
+                          reuse=reuse).ranked[0]
         except InfeasibleError:
             continue  # the other constraints bind too
         if goal == "max-throughput":
