@@ -22,9 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch.distributed as dist
+
 from shoal.catalog import TINY
-from shoal.runtime import pipeline
-from shoal.runtime.elastic import ElasticJob, PlannerChoice
+from shoal.runtime import shards
+from shoal.runtime.elastic import ElasticJob, PolicyChoice
 from shoal.specs.plan import TrainingPlan
 
 SEQ = 16
@@ -36,20 +38,20 @@ START = TrainingPlan.model_validate({"microbatch_size": 2, "stages": [
 
 def kill_free(tmp: Path, at_sync: bool) -> tuple[float, float, TrainingPlan, Path]:
     """(noticed to first step, lost to first step, the new plan, the checkpoint folder)."""
-    choice = PlannerChoice("tiny", TINY, 8, SEQ, 2)
+    choice = PolicyChoice(TINY, 8, SEQ, 2)
     choice.cache[4] = START
     ck = tmp / "ck"
     lost_at = tmp / "lost-at"
-    real, parent, calls = pipeline.Worker._update, os.getpid(), {"n": 0}
+    real, parent, calls = shards.ParamStore.finish, os.getpid(), {"n": 0}
 
-    def exits_at_sync(self):  # the workers are forked: they see this
+    def exits_at_sync(self):  # the workers are forked: they see this (the gradient sync)
         calls["n"] += 1
-        if at_sync and os.getpid() != parent and self.rank == 3 and calls["n"] == 3:
+        if at_sync and os.getpid() != parent and dist.get_rank() == 3 and calls["n"] == 3:
             lost_at.write_text(str(time.time()))
             os._exit(3)
         return real(self)
 
-    pipeline.Worker._update = exits_at_sync
+    shards.ParamStore.finish = exits_at_sync
     job = ElasticJob(TINY, choice, total_steps=8, seq=SEQ, ckpt_dir=str(ck), every=2, keep=100)
     done = set()
 
@@ -63,7 +65,7 @@ def kill_free(tmp: Path, at_sync: bool) -> tuple[float, float, TrainingPlan, Pat
     try:
         res = job.run(4, events=events)
     finally:
-        pipeline.Worker._update = real
+        shards.ParamStore.finish = real
     first = float(job.store.get(f"g{job.gen}/first_step_at"))
     return (res["reconfigurations"][-1]["detect_to_first_step_s"],
             first - float(lost_at.read_text()), choice(3), ck)

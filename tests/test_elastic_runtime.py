@@ -17,8 +17,9 @@ torch = pytest.importorskip("torch")
 from _proc import descendants, kill_all, left_after, shoal  # noqa: E402
 from shoal.catalog import TINY  # noqa: E402
 from shoal.runtime import checkpoint as ckpt  # noqa: E402
-from shoal.runtime.elastic import PG_TIMEOUT_S, ElasticJob, _write_async  # noqa: E402
-from shoal.runtime.train import spawn  # noqa: E402
+from shoal.runtime.elastic import PG_TIMEOUT_S, ElasticJob  # noqa: E402
+from shoal.runtime.elastic_worker import CheckpointWrite, _write_async  # noqa: E402
+from shoal.runtime.train import reference, spawn  # noqa: E402
 from shoal.specs.plan import TrainingPlan  # noqa: E402
 
 SEQ, STEPS = 16, 8
@@ -145,8 +146,8 @@ def _slow_writer(port, directory):
         time.sleep(60)
 
     torch.save = slow
-    _write_async(port, "run", 0, 0, 1, True, {"step": 4}, 4, directory, keep=2,
-                 meta={"step": 4}).join()
+    _write_async(port, CheckpointWrite(directory, 4, 2, {"step": 4}, "run", 0), (0, 1), True,
+                 {"step": 4}).join()
 
 
 def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path):
@@ -176,14 +177,14 @@ def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path):
 def test_killed_tp_worker_planner_chooses_the_new_plan(tmp_path):
     """TP 2 then two replicas; one stage-1 replica dies; shoal's planner picks the plan for the
     three survivors (it may leave one idle) and training continues exactly."""
-    from shoal.runtime.elastic import PlannerChoice
+    from shoal.runtime.elastic import PolicyChoice
 
     start = TrainingPlan.model_validate({"microbatch_size": 2, "stages": [
         {"layers": [0, 3], "replicas": [{"gpu": "cpu", "tp": 2, "zone": "local",
                                          "microbatches": 4}]},
         {"layers": [3, 6], "replicas": [{"gpu": "cpu", "tp": 1, "zone": "local",
                                          "microbatches": m} for m in (3, 1)]}]})
-    choice = PlannerChoice("tiny", TINY, 8, SEQ, 2)
+    choice = PolicyChoice(TINY, 8, SEQ, 2)
     choice.cache[4] = start
     ck, out = tmp_path / "ck", tmp_path / "out"
     out.mkdir()
@@ -251,39 +252,79 @@ def test_joining_worker_waits_when_the_switch_would_not_pay(tmp_path, monkeypatc
     assert len(res["losses"]) == 6
 
 
-def test_switch_policy_weighs_the_gain_against_the_cost(tmp_path):
+def _profiled_choice(tmp_path, **kw):
     from shoal.runtime import profiler
-    from shoal.runtime.elastic import PlannerChoice
+    from shoal.runtime.elastic import PolicyChoice
     from shoal.runtime.train import launch
 
     prof = tmp_path / "p.json"
     launch(2, profiler.run, TINY, "tiny", [1], [1], SEQ, 2, prof)
-    choice = PlannerChoice("tiny", TINY, 8, SEQ, 1, profile=str(prof))
-    t1, t2 = choice.iteration_s(1), choice.iteration_s(2)
+    return PolicyChoice(TINY, 4, SEQ, 1, profile=str(prof), **kw)
+
+
+def test_switch_policy_weighs_the_gain_against_the_cost(tmp_path):
+    """A join late in the run does not pay the switch; early, a faster plan for more workers
+    does; the same workers never move."""
+    choice = _profiled_choice(tmp_path)
+    choice.cache[1] = dp(1)
+    assert choice(1) is choice.cache[1]
+    t1 = choice.iteration_s(dp(1))
     assert not choice.pays(1, 2, 1, 1)  # one step left: a 1 s switch cannot pay
-    assert not choice.pays(2, 2, 10**6, 0)  # no gain, no move
-    if t2 < t1:  # the measured profile makes two workers faster (a loaded machine may not)
-        many = int(10 * (1.0 + t2) / (t1 - t2)) + 1
+    assert not choice.pays(1, 1, 10**6, 0)  # no more workers, no move
+    best2 = choice.decisions[0].options[0]
+    if best2.iteration_time_s < t1:  # the measured profile makes two workers faster
+        many = int(20 * (1.0 + best2.iteration_time_s) / (t1 - best2.iteration_time_s)) + 10
         assert choice.pays(1, 2, many, 1)  # enough steps left: the faster plan pays
-    else:
-        assert not choice.pays(1, 2, 10**6, 0)
+        assert choice(2).summary() == best2.cand.plan.summary()
+
+
+def test_a_live_switch_decision_is_the_replay_policys(tmp_path):
+    """The controller's decision on a join is ``shoal.elastic.policy.choose`` on the run's own
+    history, with the re-planner's ranked plans and this runtime's switch costs: the same
+    inputs given to the policy directly give the same plan, and a measured switch cost goes
+    into the next decision."""
+    from shoal.elastic.policy import choose
+    from shoal.elastic.replan import Replanner
+    from shoal.runtime.elastic import SwitchCosts
+
+    choice = _profiled_choice(tmp_path, costs=SwitchCosts(restart_s=0.25))
+    choice.cache[1] = dp(1)
+    choice(1)
+    for left in (2, 40, 10**5):
+        choice.observe(1.0, 5, 1, 5 + left)
+        moved = choice.pays(1, 2, left, 1)
+        d = choice.decisions[-1]
+        assert d.problem.switching.restart == 0.25 and d.problem.switching.node_startup == 0
+        ranked = Replanner(choice.problem).plan({("cpu", "local"): 2},
+                                                hints=[d.current.cand.spec]).ranked
+        assert [c.spec for c in ranked][:3] == [r.cand.spec for r in d.options][:3]
+        got = choose("shoal", d.problem, d.problem.objective, d.current, d.options,
+                     forced=False, notice_s=0.0, since_checkpoint_s=d.since_checkpoint_s,
+                     seen=d.seen, known=list(choice.known.values()), end_s=d.end_s)
+        assert moved == (got.cand.spec != d.current.cand.spec)
+        if moved:
+            assert choice(2).summary() == got.cand.plan.summary()
+            break
+    choice.measured_switch(0.7)
+    choice.pays(2, 3, 10, 1)
+    assert choice.decisions[-1].problem.switching.restart == pytest.approx(0.7)
 
 
 def test_the_switch_policy_estimates_a_plan_of_any_gpus_and_zones():
     """The run's own plan (as ``shoal plan`` writes it: real GPU types and zones) is costed as
     the CPU processes that run it, so the policy weighs it rather than switching blind."""
-    from shoal.runtime.elastic import PlannerChoice
+    from shoal.runtime.elastic import PolicyChoice
 
-    choice = PlannerChoice("tiny", TINY, 8, SEQ, 1)
-    local = choice(1)
-    doc = local.to_json()
+    choice = PolicyChoice(TINY, 4, SEQ, 1)
+    doc = dp(1).to_json()
     for st in doc["stages"]:
         for r in st["replicas"]:
             r["gpu"], r["zone"] = "A100-40GB", "us-central1-a"
+    assert choice.iteration_s(TrainingPlan.model_validate(doc)) == \
+        pytest.approx(choice.iteration_s(dp(1)))
     choice.cache[1] = TrainingPlan.model_validate(doc)
-    assert choice.iteration_s(1) == pytest.approx(PlannerChoice("tiny", TINY, 8, SEQ, 1)
-                                                  .iteration_s(1))
-    assert not choice.pays(1, 1, 10**6, 0)  # the same plan: no gain, no move
+    choice(1)
+    assert not choice.pays(1, 1, 10**6, 0)  # the same workers: no move
 
 
 def test_cli_elastic_lists_the_reconfigurations(tmp_path):
@@ -343,19 +384,19 @@ def test_a_generation_that_cannot_start_stops_the_job_with_its_error(tmp_path, m
     """Every start of the generation after a join fails (the workers cannot build their
     stages): after a worker's starts run out it reports the error, the controller publishes the
     generation again a few times, then stops the job with that error (no silent wait)."""
-    from shoal.runtime import elastic, pipeline
+    from shoal.runtime import elastic, elastic_worker
 
     parent = os.getpid()
     armed = tmp_path / "armed"
-    real = pipeline.Worker
+    real = elastic_worker.Worker
 
     def broken(*args, **kwargs):  # the workers are forked: they see this
         if os.getpid() != parent and armed.exists():
             raise ValueError("cannot build this stage (injected)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "Worker", broken)
-    monkeypatch.setattr(elastic, "JOIN_ATTEMPTS", 1)  # each start of a group can take seconds
+    monkeypatch.setattr(elastic_worker, "Worker", broken)
+    monkeypatch.setattr(elastic_worker, "JOIN_ATTEMPTS", 1)  # each start of a group can take seconds
     started = time.time()
     with pytest.raises(RuntimeError, match="cannot build this stage") as e:
         run_with_a_join(tmp_path, armed.touch)
@@ -531,19 +572,22 @@ def test_a_pipeline_reconfiguration_does_not_wait_for_gloos_timeout(tmp_path, mo
     sync starts: the stage-0 ranks are then left waiting in the iteration's loss all-reduce on
     the other stage-1 rank, which has left with the old group's connections still open. With
     gloo's timeout at 60 s, the survivors still train under the new plan within seconds."""
-    from shoal.runtime import elastic, pipeline
+    import torch.distributed as dist
 
-    monkeypatch.setattr(elastic, "PG_TIMEOUT_S", 60.0)  # the workers are forked: they see this
+    from shoal.runtime import elastic_worker, shards
+
+    # the workers are forked: they see this
+    monkeypatch.setattr(elastic_worker, "PG_TIMEOUT_S", 60.0)
     parent = os.getpid()
-    real, calls = pipeline.Worker._update, {"n": 0}
+    real, calls = shards.ParamStore.finish, {"n": 0}
 
-    def dies(self):
+    def dies(self):  # the gradient sync after the iteration's sends
         calls["n"] += 1
-        if os.getpid() != parent and self.rank == 3 and calls["n"] == 3:
+        if os.getpid() != parent and dist.get_rank() == 3 and calls["n"] == 3:
             os._exit(3)
         return real(self)
 
-    monkeypatch.setattr(pipeline.Worker, "_update", dies)
+    monkeypatch.setattr(shards.ParamStore, "finish", dies)
     start = TrainingPlan.model_validate({"microbatch_size": 2, "stages": [
         {"layers": [0, 3], "replicas": [{"gpu": "cpu", "tp": 2, "zone": "local",
                                          "microbatches": 4}]},
@@ -595,3 +639,55 @@ def test_the_losses_hold_every_step_whichever_generation_ran_it(tmp_path):
     finally:
         job.shutdown()
         job.host.close()
+
+
+def test_two_machines_train_elastic_and_go_on_without_a_lost_worker(tmp_path):
+    """``--elastic --nnodes 2`` on two "machines" of 127.0.0.1: the first serves the store at
+    the rendezvous endpoint and runs the controller, the second's workers register there; the
+    run trains as one process would, and when the second machine's worker is killed the first
+    machine's worker goes on alone under a new plan and finishes."""
+    import json
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    f, ck = tmp_path / "plan.json", tmp_path / "ck"
+    f.write_text(dp(2).model_dump_json(by_alias=True))
+    common = ["train", f, "--model", "tiny", "--steps", 10, "--seq", SEQ, "--dtype", "float64",
+              "--elastic", "--nnodes", 2, "--rdzv-endpoint", f"127.0.0.1:{port}",
+              "--checkpoint-dir", ck, "--checkpoint-every", 2]
+    second = shoal(*common, "--node-rank", 1, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.PIPE, text=True)
+    first = shoal(*common, "--node-rank", 0, "--json", stdout=subprocess.PIPE,
+                  stderr=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        deadline = time.time() + 240  # a loaded machine may start the workers slowly
+        while ckpt.latest(ck) is None and time.time() < deadline and first.poll() is None:
+            time.sleep(0.05)
+        pids = descendants(second.pid)
+        assert pids, "the second machine started no worker"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        out, err = first.communicate(timeout=300)
+        assert first.returncode == 0, err
+        second.wait(timeout=60)
+    finally:
+        for p in (first, second):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        kill_all(pids)
+    doc = json.loads(out)
+    recs = doc["reconfigurations"]
+    assert recs[0]["cause"] == "start" and recs[0]["members"] == [0, 1]
+    # ids come from one counter, whichever machine starts its workers first
+    assert any(r["cause"] in ("worker 0 left", "worker 1 left") and len(r["members"]) == 1
+               for r in recs), recs
+    assert len(doc["losses"]) == 10
+    ref, _ = reference(TINY, dp(2), 10, SEQ)
+    first_gen = recs[-1]["resumed_from_step"]  # the steps before it: both machines' workers
+    assert doc["losses"][:first_gen] == pytest.approx(ref[:first_gen], rel=1e-9)
+    assert doc["losses"] == pytest.approx(ref, rel=1e-9)  # the survivor's plan: the same batch

@@ -10,8 +10,8 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import os
 import sys
+import tempfile
 from dataclasses import asdict
 from enum import StrEnum
 from pathlib import Path
@@ -36,7 +36,7 @@ from shoal.cli_common import (  # noqa: F401  (re-exported for tests and scripts
     only_with,
     output_option,
 )
-from shoal.errors import RunFailed, SpecError
+from shoal.errors import SpecError
 from shoal.units import fmt_per_usd, fmt_seconds
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -233,56 +233,6 @@ def plan(
         out.print(f"best plan written to {output}")
     if figure is not None:
         out.print(f"Pareto front drawn in {figure}")
-
-
-def _seq(seq: int | None, spec) -> int:
-    """``--seq``, by default the model's positions up to 128; no more than the model has."""
-    seq = seq or min(spec.max_seq_len, 128)
-    if seq > spec.max_seq_len:
-        raise SpecError(f"longer than the model's {spec.max_seq_len} positions", field="--seq",
-                        value=seq, allowed=f"1..{spec.max_seq_len}")
-    return seq
-
-
-def _check_resumable(step_dir: Path, spec) -> None:
-    """A checkpoint resumes only into the model it was trained on (its ``meta.json`` says
-    which), and only when it is whole: every file its manifest lists there, with its size and
-    SHA-256 (checked here, before any worker starts, and again as the workers read it)."""
-    from shoal.files import read_json
-    from shoal.runtime.checkpoint import verify
-
-    meta = read_json(step_dir / "meta.json", "checkpoint")
-    written = meta.get("model_spec")
-    if written is not None and written != spec.model_dump(mode="json"):
-        raise SpecError(f"the checkpoint is of model {meta.get('model')!r}, another model's "
-                        "weights", file=str(step_dir), field="--model", value=spec.name,
-                        allowed=f"{meta.get('model')} (the model it was trained on)")
-    verify(step_dir)
-
-
-def _kept(checkpoint_dir: Path | None) -> str:
-    """What a failed run leaves to resume from, for its error message."""
-    from shoal.runtime.checkpoint import latest
-
-    found = latest(checkpoint_dir) if checkpoint_dir is not None and checkpoint_dir.is_dir() \
-        else None
-    return f" (step-{found[0]} in {checkpoint_dir} is kept: --resume continues from it)" \
-        if found else ""
-
-
-def worker_errors(log: list[str]) -> str:
-    """What the workers' errors were, from torchrun's stderr: each rank's last exception line
-    (``[rankN]: SomeError: ...``), else the log's last lines."""
-    import re
-
-    last: dict[str, str] = {}
-    for line in log:
-        m = re.match(r"\[(rank\d+)\]:\s*((?:[\w.]+)(?:Error|Exception|Interrupt)\b.*)", line)
-        if m:
-            last[m.group(1)] = m.group(2).strip()
-    if last:
-        return "; ".join(f"{rank}: {msg}" for rank, msg in sorted(last.items()))
-    return "\n" + "".join(x for x in log if not x.startswith("{"))[-2000:]
 
 
 def _deadline(iterations: int | None, within: str | None):
@@ -794,12 +744,30 @@ def catalog_stacks(
 @handles_errors
 def train(
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="training plan (JSON or YAML)")],
-    model: Annotated[str, typer.Option("--model", help="catalog model (e.g. tiny)")],
+    model: Annotated[str, typer.Option(
+        "--model", help="catalog model (e.g. tiny), a HuggingFace config.json, or a folder with "
+                        "config.json and *.safetensors (its weights)")],
     steps: Annotated[int, typer.Option("--steps", min=1, help="iterations to run")],
     seq: Annotated[int | None, typer.Option(
         "--seq", min=1, help="sequence length (default: the model's, at most 128)")] = None,
     seed: Annotated[int, typer.Option(min=0, help="seed of weights and data")] = 0,
     dtype: Annotated[str, typer.Option(help="float32 or float64")] = "float32",
+    data: Annotated[Path | None, typer.Option(
+        "--data", help="token ids (flat uint16/uint32 binary) or text (parquet, arrow, JSONL) "
+                       "[default: random tokens]")] = None,
+    data_dtype: Annotated[str | None, typer.Option(
+        "--data-dtype", help="uint16 or uint32 [default: the sidecar FILE.json's]")] = None,
+    shuffle: Annotated[str, typer.Option(
+        "--shuffle", help="on: random windows by (seed, step); off: consecutive windows")] = "on",
+    tokenizer: Annotated[Path | None, typer.Option(
+        "--tokenizer", help="tokenizer.json for text --data")] = None,
+    text_column: Annotated[str, typer.Option("--text-column", help="text --data's column")] = "text",
+    device: Annotated[str | None, typer.Option(
+        "--device", help="cuda (NCCL) or cpu (gloo) [default: cuda when available]")] = None,
+    precision: Annotated[str, typer.Option(
+        "--precision", help="fp32, or autocast bf16 or fp16 (weights in --dtype)")] = "fp32",
+    save_hf: Annotated[Path | None, output_option(
+        "--save-hf", help="write the trained model here as a HuggingFace folder")] = None,
     checkpoint_dir: Annotated[Path | None, typer.Option(
         "--checkpoint-dir",
         help="write checkpoints here: after the last step, and every --checkpoint-every steps")] = None,
@@ -826,136 +794,62 @@ def train(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
 ) -> None:
     """Run a plan on torch.distributed through torchrun (gloo on CPU, NCCL on GPUs); with
-    --elastic, a controller re-plans with shoal's planner when workers leave or join and the
-    surviving workers switch plans without restarting."""
-    import sys
-    import tempfile
-
-    from shoal import catalog
-
+    --elastic, the workers switch plans without restarting when workers leave or join."""
     _needs_torch("shoal train")
-    from shoal.runtime.pipeline import layout
+    from shoal.runtime import launch as rl
 
     p = load_plan(plan_file)
-    spec = catalog.models().get(model, field="--model")
-    try:
-        world = layout(p, spec).world
-    except SpecError as exc:
-        raise exc.located(file=str(plan_file)) from None
-    if world % nnodes:
-        raise SpecError(f"the plan's {world} processes do not split evenly over {nnodes} "
-                        "machines", field="--nnodes", value=nnodes)
-    if nnodes > 1 and rdzv_endpoint is None:
-        raise SpecError("several machines meet at a rendezvous", field="--nnodes", value=nnodes,
-                        allowed="--rdzv-endpoint HOST:PORT with it (the same on every machine)")
-    if node_rank >= nnodes:
-        raise SpecError("this machine's index must be below the number of machines",
-                        field="--node-rank", value=node_rank, allowed=f"0..{nnodes - 1}")
-    if elastic and nnodes > 1:
-        raise SpecError("--elastic runs on this machine only", field="--nnodes", value=nnodes,
-                        allowed="1 with --elastic")
-    if not elastic:
-        for option, value in (("--profile", profile), ("--fault-at", fault_at),
-                              ("--join-at", join_at)):
-            if value is not None:
-                raise SpecError(f"{option} goes with --elastic", field=option,
-                                value=str(value) if isinstance(value, Path) else value)
-        for option, value in (("--checkpoint-every", checkpoint_every), ("--keep", keep)):
-            if value is not None and checkpoint_dir is None:
-                raise SpecError(f"{option} needs --checkpoint-dir (where the checkpoints go)",
-                                field=option, value=value)
-    if profile is not None and not profile.is_file():
-        raise SpecError("profile not found", file=str(profile), field="--profile")
-    if dtype not in ("float32", "float64"):
-        raise SpecError("unknown dtype", field="--dtype", value=dtype, allowed="float32, float64")
-    if resume and checkpoint_dir is None:
-        raise SpecError("--resume needs --checkpoint-dir", field="--resume")
-    found = None
-    if checkpoint_dir is not None:
-        from shoal.files import check_folder
-        from shoal.runtime.checkpoint import latest
+    opts = rl.TrainOptions(
+        model, steps, seq, seed, dtype, rl.DataOptions(
+            str(data) if data else None, data_dtype, _on_off(shuffle, "--shuffle"),
+            str(tokenizer) if tokenizer else None, text_column),
+        device, precision, save_hf, rl.Launch(nnodes, node_rank, rdzv_endpoint, checkpoint_dir,
+                                              resume, checkpoint_every, keep),
+        elastic, fault_at, join_at, profile)
+    with tempfile.TemporaryDirectory() as scratch:
+        kind, *what = rl.prepare(p, str(plan_file), opts, Path(scratch))
+        if kind == "node":
+            from shoal.runtime.elastic_worker import run_node
 
-        check_folder(checkpoint_dir, "--checkpoint-dir", parents=True)
-        found = latest(checkpoint_dir) if checkpoint_dir.is_dir() else None
-        if resume and found is None:
-            raise SpecError("no checkpoint to resume from (no complete step-N folder)",
-                            field="--checkpoint-dir", value=str(checkpoint_dir))
-        if found is not None and not resume:
-            # a run writes step-N there (and, elastic, reloads the newest on a reconfiguration)
-            raise SpecError(f"holds a checkpoint of an earlier run (step-{found[0]})",
-                            field="--checkpoint-dir", value=str(checkpoint_dir),
-                            allowed="--resume to continue from it, or an empty folder")
-        if found is not None:
-            _check_resumable(found[1], spec)
-    seq = _seq(seq, spec)
-    if elastic and fault_at is not None and world < 2:
-        raise SpecError("the plan has one worker: killing it leaves none to go on",
-                        field="--fault-at", value=fault_at, allowed="a plan of two workers or more")
-    if elastic:
-        # --steps more iterations after the checkpoint resumed from, as without --elastic
-        start = found[0] if resume and found is not None else 0
-        _train_elastic(p, model, spec, world, start + steps, seq, seed, dtype, checkpoint_dir,
-                       checkpoint_every or 2, keep or 2, fault_at, join_at, profile, as_json)
-        return
-    from shoal.runtime import checkpoint as ckpt
-    from shoal.runtime.supervise import first_failure, run_supervised
-
-    token = ckpt.new_token()  # names this run's temporary checkpoint folders
-    with tempfile.TemporaryDirectory() as tmp:
-        result = Path(tmp) / "result.json"
-        plan_json = Path(tmp) / "plan.json"
-        plan_json.write_text(p.model_dump_json(by_alias=True))
-        cmd = [sys.executable, "-m", "shoal.runtime.torchrun",
-               f"--nproc-per-node={world // nnodes}", f"--nnodes={nnodes}"]
-        cmd += ([f"--node-rank={node_rank}", f"--rdzv-endpoint={rdzv_endpoint}",
-                 "--rdzv-backend=c10d"] if rdzv_endpoint else ["--standalone"])
-        cmd += ["-m", "shoal.runtime.entry", "--plan", str(plan_json), "--model", model,
-                "--steps", str(steps), "--seq", str(seq), "--seed", str(seed), "--dtype", dtype,
-                "--result", str(result), "--report-dir", tmp]
-        made: list[Path] = []  # the folders of --checkpoint-dir this run makes
-        if checkpoint_dir is not None:
-            made = ckpt.make_folder(checkpoint_dir)
-            cmd += ["--checkpoint-dir", str(checkpoint_dir), "--run-token", token]
-            cmd += ["--resume"] if resume else []
-            cmd += ["--checkpoint-every", str(checkpoint_every)] if checkpoint_every else []
-            cmd += ["--keep", str(keep)] if keep else []
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        log: list[str] = []
-
-        def on_line(line: str) -> None:
-            log.append(line)
-            if line.startswith("{") and not as_json:
-                try:
-                    d = json.loads(line)
-                    _progress().print(f"step {d['step']}: loss {d['loss']:.4f}, "
-                                      f"{d['step_time_s']:.3f} s, {d['tokens_per_s']:,.0f} tokens/s",
-                                      soft_wrap=True)
-                except (ValueError, KeyError):
-                    pass
-
-        try:
-            rc, stopped = run_supervised(cmd, env=env, on_line=on_line)
-        except BaseException:
-            if checkpoint_dir is not None:
-                ckpt.remove_own(checkpoint_dir, token, made)
-            raise
-        if rc != 0 or not result.is_file() or stopped:
-            if checkpoint_dir is not None:
-                ckpt.remove_own(checkpoint_dir, token, made)
-            why = f"stopped by {stopped}" if stopped else f"the workers failed (exit {rc})"
-            raise RunFailed(f"{why}: {first_failure(tmp) or worker_errors(log)}"
-                            + _kept(checkpoint_dir))
-        doc = json.loads(result.read_text())
+            ok = run_node(*what)
+            _progress().print(f"node {node_rank}: {ok} of {what[1]} workers ended")
+            return
+        if kind == "elastic":
+            _train_elastic(p, what[1], what[0], as_json)
+            return
+        doc = rl.train(what[0], opts.launch, None if as_json else _print_step)
     if as_json:
         typer.echo(json.dumps(doc))
         return
-    t = _table(f"Trained {doc['steps']} steps on {doc['world_size']} processes ({doc['backend']})",
-               ["metric", "value"], left=("metric",))
+    _print_trained(doc, save_hf)
+
+
+def _on_off(value: str, option: str) -> bool:
+    if value not in ("on", "off"):
+        raise SpecError("on or off", field=option, value=value, allowed="on, off")
+    return value == "on"
+
+
+def _print_step(d: dict) -> None:
+    _progress().print(f"step {d['step']}: loss {d['loss']:.4f}, {d['step_time_s']:.3f} s, "
+                      f"{d['tokens_per_s']:,.0f} tokens/s, MFU {d['mfu']:.1%}", soft_wrap=True)
+
+
+def _print_trained(doc: dict, save_hf: Path | None) -> None:
+    t = _table(f"Trained {doc['steps']} steps on {doc['world_size']} processes ({doc['backend']}, "
+               f"{doc['device']}, {doc['precision']})", ["metric", "value"], left=("metric",))
     t.add_row("final loss", f"{doc['final_loss']:.5f}")
     t.add_row("mean step time", _s(doc["step_time_s"]))
+    pred = doc["predicted"]["iteration_time_s"]
+    t.add_row("predicted step time (stack shoal)",
+              f"{_s(pred)} (measured {doc['measured_over_predicted']:.2f}x)" if pred
+              else f"none ({doc['predicted']['why_none']})")
     t.add_row("tokens per iteration", f"{doc['tokens_per_iteration']:,}")
     t.add_row("tokens/s", f"{doc['tokens_per_iteration'] / doc['step_time_s']:,.0f}")
+    t.add_row("MFU", f"{doc['mfu']:.2%}" if doc["mfu"] else "—")
     _out().print(t)
+    if save_hf is not None:
+        _out().print(f"model written to {save_hf} (HuggingFace format)")
 
 
 @app.command()
@@ -978,6 +872,7 @@ def profile(
 
     _needs_torch("shoal profile")
     from shoal.runtime import profiler
+    from shoal.runtime.launch import seq_for
     from shoal.runtime.train import launch
 
     check_output(output, "--output")
@@ -1000,7 +895,7 @@ def profile(
         if procs % t or spec.num_heads % t:
             raise SpecError(f"TP {t} must divide --procs ({procs}) and the model's "
                             f"{spec.num_heads} heads", field="--tp", value=t)
-    seq = _seq(seq, spec)
+    seq = seq_for(seq, spec)
     launch(procs, profiler.run, spec, model, tps, sizes, seq, reps, output.resolve())
     doc = json.loads(output.read_text())
     summary = {"path": str(output), "layers": doc["n_layers"], "tp": tps, "mbs": sizes,
@@ -1030,19 +925,10 @@ def _needs_torch(command: str) -> None:
                         allowed="pip install torch==2.13.0 (or: pip install -e '.[runtime]')")
 
 
-def _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_dir, every, keep,
-                   fault_at, join_at, profile, as_json) -> None:
-    import os
-    import signal
-    import tempfile
+def _train_elastic(p, arch, run, as_json: bool) -> None:
+    """``--elastic`` on the first machine: the controller (``shoal.runtime.elastic``)."""
+    from shoal.runtime.elastic import train_elastic
 
-    from shoal.runtime.elastic import ElasticJob, PlannerChoice
-    from shoal.runtime.train import global_batch
-
-    choice = PlannerChoice(model, spec, global_batch(p), seq, p.microbatch_size,
-                           profile=str(profile) if profile else None)
-    choice.check(world)  # a profile that cannot be used: an error now, not a silent fallback
-    choice.cache[world] = p  # the given plan for the starting workers
     con = _progress()
 
     def on_event(kind: str, d: dict) -> None:
@@ -1056,31 +942,11 @@ def _train_elastic(p, model, spec, world, steps, seq, seed, dtype, checkpoint_di
             line = f"{_s(d['time_s'])}: {d['cause']}: plan kept ({d['decision']})"
         con.print(line, soft_wrap=True)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        ck = str(checkpoint_dir) if checkpoint_dir is not None else tmp
-        job = ElasticJob(spec, choice, total_steps=steps, seq=seq, ckpt_dir=ck, every=every,
-                         keep=keep, seed=seed, dtype=dtype,
-                         on_event=None if as_json else on_event)
-        done: set[str] = set()
-
-        def events(j) -> None:
-            last = int(j.store.get(f"g{j.gen}/last_step")) \
-                if j.store.check([f"g{j.gen}/last_step"]) else 0
-            if fault_at is not None and "fault" not in done and last >= fault_at:
-                done.add("fault")
-                os.kill(j.pid(max(j.members)), signal.SIGKILL)
-            if join_at is not None and "join" not in done and last >= join_at:
-                done.add("join")
-                j.add_worker()
-
-        try:
-            if as_json:
-                doc = job.run(world, events=events, timeout_s=None)
-            else:
-                with con.status(f"training {steps} steps on {world} elastic workers"):
-                    doc = job.run(world, events=events, timeout_s=None)
-        except RunFailed as exc:
-            raise RunFailed(f"{exc}{_kept(checkpoint_dir)}") from None
+    if as_json:
+        doc = train_elastic(p, arch, run)
+    else:
+        with con.status(f"training {run.steps} steps on {run.world} elastic workers"):
+            doc = train_elastic(p, arch, run, on_event)
     if as_json:
         typer.echo(json.dumps(doc))
         return

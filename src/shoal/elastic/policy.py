@@ -66,9 +66,11 @@ class Futures:
     changes seen, drawn at random: the same difference in GPUs for every (GPU type, zone), the
     count kept between 0 and the most that pair has had. Before any change is seen the pool is
     taken to stay as it is. The futures run ``HORIZON_GAPS`` mean gaps (``expected_gap_s``)
-    ahead; the seed comes from the state, so a replay is repeatable."""
+    ahead, or to ``end_s`` when the job ends sooner (a live run's steps left); the seed comes
+    from the state, so a replay is repeatable."""
 
-    def __init__(self, seen: list[State], prior_gap_s: float, n: int = FUTURES):
+    def __init__(self, seen: list[State], prior_gap_s: float, n: int = FUTURES,
+                 end_s: float | None = None):
         self.keys = list(seen[-1].avail)
         now = np.array([seen[-1].avail[k] for k in self.keys], dtype=float)
         cap = np.array([max(st.avail.get(k, 0) for st in seen) for k in self.keys], dtype=float)
@@ -77,6 +79,8 @@ class Futures:
         gaps = gaps_seen([st.time_s for st in seen], prior_gap_s)
         self.gap_s = float(gaps.mean())
         self.horizon_s = HORIZON_GAPS * self.gap_s
+        if end_s is not None:  # the job ends sooner: nothing after it counts
+            self.horizon_s = min(self.horizon_s, end_s)
         rng = np.random.default_rng([len(seen), int(seen[-1].time_s)])
         self.paths: list[list[tuple[float, np.ndarray]]] = []
         for _ in range(n):
@@ -209,13 +213,14 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
            seen: list[State], pending_s: float = 0.0, owed_s: float = 0.0,
            known: list[Running] | None = None, booting: dict | None = None,
            boot_left_s: float = 0.0, save_left_s: float = 0.0,
-           lost_iterations: float = 0.0) -> Running | None:
+           lost_iterations: float = 0.0, end_s: float | None = None) -> Running | None:
     """The plan to run from this change on (``cur`` to keep it); not for ``oracle``.
     ``pending_s``: switching still under way, whose last ``owed_s`` (seconds at ``cur``'s
     speed) redo lost work, which a move carries to the new plan; ``booting``: VMs that
     switch is still starting, up in ``boot_left_s``, and its checkpoint written in
     ``save_left_s`` (``switch_cost``); ``lost_iterations``:
-    work lost when the job stopped, redone when it starts again.
+    work lost when the job stopped, redone when it starts again; ``end_s``: the job ends this
+    long from now (the futures stop there; a replay's trace has no end of the job).
 
     ``shoal`` weighs staying (unless forced) and moving to each option by a ``Rollout`` over
     sampled ``Futures`` of the trace, each move's switch included; ``known``: the plans ranked
@@ -234,7 +239,7 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
                if any(st.avail.get(k, 0) < n for k, n in prev.avail.items())]
     pool = {r.cand.spec: r for r in [*(known or []), *options]}
     prior = problem.switching.prior_gap
-    roll = Rollout(problem, objective, Futures(seen, prior), list(pool.values()),
+    roll = Rollout(problem, objective, Futures(seen, prior, end_s=end_s), list(pool.values()),
                    float(np.median(notices)) if notices else 0.0,
                    loss_gaps_s([st.time_s for st in seen], [st.avail for st in seen], prior)[-1])
     choices = [] if (cur is None or forced) else [(cur, pending_s)]

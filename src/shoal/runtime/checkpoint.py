@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 
 from shoal.errors import SpecError
+from shoal.files import read_json
+from shoal.runtime.params import unshard
 
 _STEP = re.compile(r"step-(\d+)")
 _RANK_FILE = re.compile(r"rank(\d+)\.pt")
@@ -175,8 +177,6 @@ def publish(folder: Path, step: int, meta: dict, *, writers: list[int],
 def read_meta(folder: str | Path) -> dict:
     """A published checkpoint's ``meta.json`` with its manifest checked for form (the files
     themselves are checked by ``verify`` and ``read``)."""
-    from shoal.files import read_json
-
     path = Path(folder) / "meta.json"
     meta = read_json(path, "checkpoint")
     files = meta.get("files")
@@ -253,3 +253,12 @@ def read(folder: str | Path) -> list[dict]:
                             "shoal reads tensors and plain values, never code",
                             file=str(path)) from None
     return docs
+
+
+def full_params(folder: str | Path) -> dict[tuple[int, str], torch.Tensor]:
+    """Every parameter of a published checkpoint in full (TP shards joined), by (layer, name)."""
+    parts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+    for doc in read(folder):
+        for key, row in doc["rows"].items():
+            parts.setdefault(key, {})[doc["tp_rank"]] = row["param"]
+    return {key: unshard(key[1], [p[t] for t in sorted(p)]) for key, p in sorted(parts.items())}

@@ -35,38 +35,31 @@ controller stops them all on its way out of ``run``, whatever the way (SIGTERM i
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import multiprocessing as mp
 import os
 import signal
-import socket
-import stat
-import threading
+import tempfile
 import time
-import traceback
 from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
-from shoal.errors import RunFailed
+from shoal.errors import InfeasibleError, RunFailed
 from shoal.runtime import checkpoint as ckpt
-from shoal.runtime.supervise import die_with_parent, parent_alive, signals_raise
-from shoal.runtime.train import StoreHost, batch
+from shoal.runtime.arch import Arch, as_arch
+from shoal.runtime.elastic_choice import PolicyChoice, SwitchCosts, as_local
+from shoal.runtime.elastic_worker import PG_TIMEOUT_S, WorkerJob, worker_main
+from shoal.runtime.launch import ElasticRun, kept
+from shoal.runtime.pipeline import layout
+from shoal.runtime.supervise import signals_raise
+from shoal.runtime.train import StoreHost, global_batch
 from shoal.runtime.train import store as make_store
 from shoal.specs.model import ModelSpec
 from shoal.specs.plan import TrainingPlan
 
-HEARTBEAT_S = 0.3
-WATCH_S = 0.05  # how often a worker looks for an abort of its generation
-JOIN_ATTEMPTS = 5  # a worker's starts of one generation before it reports the generation failed
+__all__ = ["PG_TIMEOUT_S", "ElasticJob", "ElasticRun", "PolicyChoice", "Reconfiguration",
+           "SwitchCosts", "as_local", "train_elastic"]
+
 MAX_RETRIES = 3  # a generation whose workers failed, all alive, is published again this often
-# how long a worker waits on a peer that neither answers nor leaves (a hang); a lost member
-# does not make anyone wait for it (the generation is aborted)
-PG_TIMEOUT_S = float(os.environ.get("SHOAL_ELASTIC_TIMEOUT_S", "8"))
 STOP_GRACE_S = 5.0  # how long stopped workers get to end before they are killed
 
 
@@ -86,214 +79,6 @@ class Reconfiguration:
         return dict(self.__dict__)
 
 
-def _client(port: int):
-    """A store client of its own (a client is not shared between threads)."""
-    return make_store(port)
-
-
-def _open_fds() -> list[int]:
-    where = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
-    return [int(x) for x in os.listdir(where) if x.isdigit()]
-
-
-def _sockets() -> set[tuple[int, int]]:
-    """The identities of this process's sockets."""
-    out = set()
-    for fd in _open_fds():
-        with contextlib.suppress(OSError):
-            st = os.fstat(fd)
-            if stat.S_ISSOCK(st.st_mode):
-                out.add((st.st_dev, st.st_ino))
-    return out
-
-
-def _sever(store_port: int, inherited: set[tuple[int, int]]) -> int:
-    """Shut down every TCP connection of this process but those to the store and those it
-    inherited (gloo's connections, that is), so that operations pending on them, here and at
-    the peers, fail now; gloo closes the descriptors when it frees the group. The number shut."""
-    n = 0
-    for fd in _open_fds():
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            continue
-        if not stat.S_ISSOCK(st.st_mode) or (st.st_dev, st.st_ino) in inherited:
-            continue
-        try:
-            s = socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue
-        with s:  # closes the duplicate only
-            if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
-                continue
-            try:
-                peer = s.getpeername()
-            except OSError:  # listening, or not connected
-                continue
-            if peer[1] == store_port:
-                continue
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-                n += 1
-    return n
-
-
-def _write_async(port: int, token: str, gen: int, rank: int, world: int, writer: bool, doc: dict,
-                 step: int, directory: Path, keep: int, meta: dict) -> threading.Thread:
-    """Write this rank's share of checkpoint ``step`` in a thread; rank 0 publishes it once
-    every rank's share is on disk. The temporary folder is this run's and generation's own, so
-    the files of a run or generation that broke off mid-write never mix with another's."""
-    tmp = ckpt.temp_folder(directory, step, f"{token}-g{gen}")
-
-    def work() -> None:
-        store = _client(port)
-        if writer:
-            tmp.mkdir(exist_ok=True)  # made by whichever writer comes first
-            ckpt.write_rank_file(tmp, rank, doc)
-        store.set(f"g{gen}/ckpt/{step}/{rank}", "1" if writer else "0")
-        if rank == 0:
-            keys = [f"g{gen}/ckpt/{step}/{r}" for r in range(world)]
-            store.wait(keys)
-            writers = [r for r, k in enumerate(keys) if store.get(k) == b"1"]
-            ckpt.publish(tmp, step, meta, writers=writers, keep=keep)
-
-    t = threading.Thread(target=work, daemon=True)
-    t.start()
-    return t
-
-
-def worker_main(wid: int, port: int, controller: int, model_json: str, seq: int,
-                total_steps: int, ckpt_dir: str, every: int, keep: int, seed: int,
-                dtype_name: str, out_dir: str | None) -> None:
-    """One elastic worker: follows the controller's generations until the job is done."""
-    from shoal.runtime.pipeline import Worker
-
-    die_with_parent(signal.SIGKILL, controller)
-    os.setpgid(0, 0)  # a Ctrl-C at the terminal reaches the controller only
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the controller's handler, forked along
-    inherited = _sockets()  # the controller's, forked along: never shut here
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-    spec = ModelSpec.model_validate_json(model_json)
-    dtype = getattr(torch, dtype_name)
-    store = _client(port)
-    token = store.get("run").decode()
-    stop = threading.Event()
-    lock = threading.Lock()
-    current: list[int | None] = [None]  # the generation whose groups this worker is in
-
-    def watch() -> None:
-        hb = _client(port)
-        beat = 0.0
-        try:
-            while not stop.is_set():
-                if not parent_alive(controller):
-                    os._exit(1)  # where no parent-death signal exists
-                if time.monotonic() - beat >= HEARTBEAT_S:
-                    hb.set(f"hb/{wid}", str(time.time()))
-                    beat = time.monotonic()
-                g = current[0]
-                if g is not None and hb.check([f"g{g}/abort"]):
-                    with lock:
-                        if current[0] == g:
-                            current[0] = None
-                            _sever(port, inherited)
-                time.sleep(WATCH_S)
-        except Exception:  # the store is gone, and with it the controller's job
-            os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-    store.set(f"ready/{wid}", str(os.getpid()))
-    directory = Path(ckpt_dir)
-    seen = -1
-    starts: dict[int, int] = {}  # failed starts per generation
-    while True:
-        g = int(store.get("gen"))
-        if store.check(["done"]):
-            break
-        if g == seen or g < 0:
-            time.sleep(0.05)
-            continue
-        seen = g
-        members = json.loads(store.get(f"g{g}/members"))
-        if wid not in members or store.check([f"g{g}/abort"]):
-            continue
-        rank, world = members.index(wid), len(members)
-        plan = TrainingPlan.model_validate_json(store.get(f"g{g}/plan"))
-        pending: list[threading.Thread] = []
-        joined = False
-        with lock:
-            current[0] = g
-        try:
-            dist.init_process_group("gloo", store=dist.PrefixStore(f"g{g}/pg", store),
-                                    rank=rank, world_size=world,
-                                    timeout=timedelta(seconds=PG_TIMEOUT_S))
-            w = Worker(plan, spec, seed=seed, dtype=dtype)
-            joined = True
-            found = ckpt.latest(directory)
-            start = 0
-            if found is not None:
-                start, folder = found
-                w.load(folder)
-            gb = sum(r.microbatches for r in plan.stages[0].replicas) * plan.microbatch_size
-            step = start
-            while step < total_steps:
-                flag = torch.zeros(1)
-                if rank == 0 and int(store.get("gen")) != g:
-                    flag += 1
-                dist.broadcast(flag, 0)
-                if flag.item():
-                    break  # a new generation is waiting: leave at this step boundary
-                t0 = time.perf_counter()
-                loss = w.step(batch(step, gb, seq, spec.vocab_size, seed))
-                dt = time.perf_counter() - t0
-                step += 1
-                if rank == 0:
-                    if step == start + 1:
-                        store.set(f"g{g}/resumed_from", str(start))
-                        store.set(f"g{g}/first_step_at", str(time.time()))
-                    store.set(f"g{g}/step/{step}", json.dumps([loss, dt]))
-                    store.set(f"g{g}/last_step", str(step))
-                if step % every == 0 or step == total_steps:
-                    pending.append(_write_async(
-                        port, token, g, rank, world, w.role.replica == 0, w.snapshot(), step,
-                        directory, keep, {**ckpt.checkpoint_meta(w, plan), "run": token}))
-            for t in pending:
-                t.join()
-            if step >= total_steps:
-                if out_dir is not None:
-                    torch.save({"role": tuple(w.role.__dict__.values()), "state": w.state(),
-                                "plan": plan.model_dump_json(by_alias=True)},
-                               Path(out_dir) / f"rank{rank}.pt")
-                dist.barrier()
-                if rank == 0:
-                    store.set("finished", str(g))
-        except Exception:  # a peer left mid-step: wait for the controller's next generation
-            starts[g] = starts.get(g, 0) + 1
-            on = int(store.get("gen")) == g and not store.check([f"g{g}/abort"])
-            if not joined and on and starts[g] < JOIN_ATTEMPTS:
-                seen = -1  # a member was still leaving the old group: join this one again
-            elif on:
-                # no new generation to move to: tell the controller why this one stopped
-                store.set(f"g{g}/failed/{wid}",
-                          json.dumps([time.time(), traceback.format_exc(limit=8)]))
-        finally:
-            with lock:
-                current[0] = None
-            w = None  # drop the old groups' handles so their connections close now
-            gc.collect()
-            with contextlib.suppress(Exception):  # the group may already be broken
-                dist.destroy_process_group()
-            # what a pending send kept open: peers still waiting on it fail now
-            _sever(port, inherited)
-            # a failed start leaves torch's group counter advanced; the next group of this
-            # generation must get the same name on every worker
-            c10d = dist.distributed_c10d
-            if hasattr(c10d, "_world"):
-                c10d._world.group_count = 0
-    stop.set()
-
-
 @dataclass
 class ElasticJob:
     """The controller: starts workers, watches them, and publishes a plan per generation.
@@ -303,7 +88,7 @@ class ElasticJob:
     it (``"step"``: ``step``, ``loss``, ``step_time_s``) and of each reconfiguration as it is
     decided (``"reconfiguration"``: a ``Reconfiguration`` as JSON)."""
 
-    spec: ModelSpec
+    spec: ModelSpec | Arch
     plan_for: object
     total_steps: int
     seq: int
@@ -315,17 +100,21 @@ class ElasticJob:
     out_dir: str | None = None
     heartbeat_timeout_s: float = 3.0
     on_event: object = None
+    listen: str | None = None  # host:port: the store served there, for other machines' workers
     reconfigurations: list[Reconfiguration] = field(default_factory=list)
 
     def __post_init__(self):
+        self.arch = as_arch(self.spec)
+        self.addr, port = "127.0.0.1", 0
+        if self.listen is not None:
+            self.addr, port = self.listen.rsplit(":", 1)[0], int(self.listen.rsplit(":", 1)[1])
         # served by a process of its own: this one forks workers all along
-        self.host = StoreHost()
+        self.host = StoreHost(addr=self.addr, port=port)
         self.port = self.host.port
-        self.store = make_store(self.port)
+        self.store = make_store(self.port, addr=self.addr)
         self.token = ckpt.new_token()  # names this run's temporary checkpoint folders
         self.ctx = mp.get_context("fork")
         self.procs: dict[int, mp.Process] = {}
-        self.next_wid = 0
         self.gen = -1
         self.members: list[int] = []
         self.plan: TrainingPlan | None = None
@@ -339,14 +128,15 @@ class ElasticJob:
         self._made = ckpt.make_folder(self.ckpt_dir)
         self.store.set("run", self.token)
         self.store.set("gen", "-1")
+        self.job = WorkerJob(self.port, os.getpid(), self.arch.model_dump_json(), self.seq,
+                             self.total_steps, self.ckpt_dir, self.every, self.keep, self.seed,
+                             self.dtype, self.out_dir, self.addr)
+        # what the workers other machines start are given (``elastic_worker.run_node``)
+        self.store.set("job", json.dumps(self.job.__dict__))
 
     def add_worker(self) -> int:
-        wid = self.next_wid
-        self.next_wid += 1
-        p = self.ctx.Process(target=worker_main, args=(
-            wid, self.port, os.getpid(), self.spec.model_dump_json(), self.seq,
-            self.total_steps, self.ckpt_dir, self.every, self.keep, self.seed, self.dtype,
-            self.out_dir))
+        wid = self.store.add("wids", 1) - 1  # one counter for the workers of every machine
+        p = self.ctx.Process(target=worker_main, args=(wid, self.job))
         p.start()
         self.procs[wid] = p
         return wid
@@ -355,10 +145,13 @@ class ElasticJob:
         return self.procs[wid].pid
 
     def _alive(self) -> list[int]:
+        """The workers alive and heard from: this machine's (its child processes) and other
+        machines' (by their heartbeats alone)."""
         now = time.time()
         out = []
-        for wid, p in self.procs.items():
-            if not p.is_alive():
+        for wid in range(self.store.add("wids", 0)):
+            p = self.procs.get(wid)
+            if p is not None and not p.is_alive():
                 continue
             if not self.store.check([f"ready/{wid}"]):
                 continue
@@ -377,13 +170,10 @@ class ElasticJob:
             self._report_steps()  # the old generation's, before the new one's
         old = self.plan.summary() if self.plan is not None else None
         lost_from = self._steps_done() if self.gen >= 0 else 0
-        from shoal.runtime.pipeline import layout
-
+        self._observe(detected)
         plan = self.plan_for(len(members))
-        need = layout(plan, self.spec).world
+        need = layout(plan, self.arch).world
         if need > len(members):
-            from shoal.errors import InfeasibleError
-
             raise InfeasibleError(f"the plan chosen for {len(members)} workers needs {need}",
                                   binding="workers", relaxation="add workers")
         members = members[:need]  # the planner may leave workers idle (standby)
@@ -410,27 +200,31 @@ class ElasticJob:
         self.store.set("gen", str(g))
         self._emit("reconfiguration", self.reconfigurations[-1].to_json())
 
-    def run(self, n: int, events=None, timeout_s: float | None = 300.0) -> dict:
-        """Start ``n`` workers and train; ``events(job)`` is called every poll (tests use it to
-        kill or add workers). Returns the result document; the workers are stopped then, and
-        the store stays readable until the job is collected (or its ``host.close()``). On any
-        error, SIGTERM included (raised here as RunFailed), the workers and the store are
-        stopped and this run's temporary checkpoint folders removed before it propagates."""
+    def run(self, n: int, events=None, timeout_s: float | None = 300.0,
+            local: int | None = None) -> dict:
+        """Start ``local`` workers (``n`` by default; other machines start the rest, which
+        register through the store) and train once ``n`` are alive; ``events(job)`` is called
+        every poll (tests use it to kill or add workers). Returns the result document; the
+        workers are stopped then, and the store stays readable until the job is collected (or
+        its ``host.close()``). On any error, SIGTERM included (raised here as RunFailed), the
+        workers and the store are stopped and this run's temporary checkpoint folders removed
+        before it propagates."""
         try:
             with signals_raise(lambda name: RunFailed(f"stopped by {name}")):
-                return self._run(n, events, timeout_s)
+                return self._run(n, events, timeout_s, n if local is None else local)
         except BaseException:
             self.shutdown(abort=True)
             self.host.close()
             ckpt.remove_own(self.ckpt_dir, self.token, self._made)
             raise
 
-    def _run(self, n: int, events, timeout_s: float | None) -> dict:
-        for _ in range(n):
+    def _run(self, n: int, events, timeout_s: float | None, local: int) -> dict:
+        for _ in range(local):
             self.add_worker()
         started = time.time()
         while len(self._alive()) < n:
-            if time.time() - started > 60:
+            # other machines' workers may take long to come (their launch, a loaded machine)
+            if time.time() - started > (60 if local >= n else 300):
                 raise TimeoutError(f"only {len(self._alive())} of {n} workers started")
             time.sleep(0.05)
         self._publish(self._alive(), "start", time.time())
@@ -483,6 +277,12 @@ class ElasticJob:
             return False
         r.detect_to_first_step_s = float(self.store.get(f"g{self.gen}/first_step_at")) \
             - self._detected
+        measured = getattr(self.plan_for, "measured_switch", None)
+        if measured is not None and r.old_plan is not None:
+            # the switch's fixed cost: detection to the first step, less that step
+            first = json.loads(self.store.get(f"g{self.gen}/step/"
+                                              f"{int(self.store.get(f'g{self.gen}/resumed_from')) + 1}"))
+            measured(r.detect_to_first_step_s - first[1])
         if r.resumed_from_step is not None:
             r.resumed_from_step = int(self.store.get(f"g{self.gen}/resumed_from"))
             r.steps_lost = max(self._lost_from - r.resumed_from_step, 0) if r.old_plan else 0
@@ -572,10 +372,22 @@ class ElasticJob:
         pays = getattr(self.plan_for, "pays", None)
         if pays is None:
             return True
-        done = self._steps_done()
+        done, since = self._progress()
+        self._observe(time.time())
+        return pays(old_n, new_n, self.total_steps - done, since)
+
+    def _progress(self) -> tuple[int, int]:
+        """(steps done, steps since the newest checkpoint)."""
+        done = self._steps_done() if self.gen >= 0 else 0
         found = ckpt.latest(self.ckpt_dir)
-        ck = found[0] if found else 0
-        return pays(old_n, new_n, self.total_steps - done, max(done - ck, 0))
+        return done, max(done - (found[0] if found else 0), 0)
+
+    def _observe(self, now: float) -> None:
+        """Tell the plan chooser (when it listens) where the run is, before it decides."""
+        observe = getattr(self.plan_for, "observe", None)
+        if observe is not None:
+            done, since = self._progress()
+            observe(now - self.t0, done, since, self.total_steps)
 
     def _steps_done(self) -> int:
         """The steps the current generation has run up to (0 before its first)."""
@@ -614,104 +426,31 @@ class ElasticJob:
                 p.join()
 
 
-def _as_local(plan: TrainingPlan) -> TrainingPlan:
-    """The plan as this machine runs it: every replica a CPU process in the zone ``local``
-    (the plan the run started with may name any GPU types and zones)."""
-    doc = plan.to_json()
-    for st in doc["stages"]:
-        for r in st["replicas"]:
-            r["gpu"], r["zone"] = "cpu", "local"
-    return TrainingPlan.model_validate(doc)
+def train_elastic(plan: TrainingPlan, arch: Arch, run: ElasticRun, on_event=None) -> dict:
+    """Run the controller and this machine's workers, starting from ``plan``; the result
+    document (a RunFailed names the checkpoint a failed run leaves)."""
+    # a profile that cannot be used is an error now, not a silent fallback
+    choice = PolicyChoice(arch, global_batch(plan), run.seq, plan.microbatch_size,
+                          every=run.every, profile=run.profile)
+    choice.cache[run.world] = plan  # the given plan for the starting workers
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = str(run.checkpoint_dir) if run.checkpoint_dir is not None else tmp
+        job = ElasticJob(arch, choice, total_steps=run.steps, seq=run.seq, ckpt_dir=ck,
+                         every=run.every, keep=run.keep, seed=run.seed, dtype=run.dtype,
+                         on_event=on_event, listen=run.endpoint)
+        done: set[str] = set()
 
-
-class PlannerChoice:
-    """``plan_for(n)`` with shoal's planner: the best plan for n CPU workers (the job's global
-    batch and sequence kept) that the runtime can run; data parallel when none is."""
-
-    def __init__(self, model: str, spec: ModelSpec, global_batch: int, seq: int, mbs: int,
-                 budget_s: float = 10.0, switch_s: float = 1.0, profile: str | None = None):
-        self.model, self.spec, self.gb, self.seq, self.mbs = model, spec, global_batch, seq, mbs
-        self.budget_s = budget_s
-        self.profile = profile  # a `shoal profile` file: measured times for the estimates
-        self.switch_s = switch_s  # a kill-free switch (BENCHMARKS: about 0.6 s on this model)
-        self.cache: dict[int, TrainingPlan] = {}
-
-    def __call__(self, n: int) -> TrainingPlan:
-        if n not in self.cache:
-            self.cache[n] = self._choose(n)
-        return self.cache[n]
-
-    def iteration_s(self, n: int) -> float | None:
-        """The estimated iteration time of the plan for n workers (None when the estimator
-        cannot cost that plan shape)."""
-        from shoal.errors import ShoalError
-        from shoal.estimate import estimate
-        from shoal.problem import build_problem
+        def events(j: ElasticJob) -> None:  # the demo's fault and join
+            last = int(j.store.get(f"g{j.gen}/last_step")) \
+                if j.store.check([f"g{j.gen}/last_step"]) else 0
+            if run.fault_at is not None and "fault" not in done and last >= run.fault_at:
+                done.add("fault")
+                os.kill(j.pid(max(j.members)), signal.SIGKILL)
+            if run.join_at is not None and "join" not in done and last >= run.join_at:
+                done.add("join")
+                j.add_worker()
 
         try:
-            return estimate(build_problem(self._scenario(n)), _as_local(self(n))).iteration_time_s
-        except ShoalError:
-            return None
-
-    def pays(self, old_n: int, new_n: int, remaining_steps: int, redo_steps: int) -> bool:
-        """The switch policy for a voluntary move (more workers, nobody lost): switch only when
-        the time the new plan saves over the steps left exceeds what the switch costs (its
-        fixed cost and the steps since the last checkpoint done again)."""
-        t_old, t_new = self.iteration_s(old_n), self.iteration_s(new_n)
-        if t_old is None or t_new is None:
-            return True  # no estimate to weigh: take the planner's plan for the workers
-        return (t_old - t_new) * remaining_steps > self.switch_s + redo_steps * t_new
-
-    def _scenario(self, n: int):
-        from shoal.specs.scenario import parse_scenario
-
-        return parse_scenario({
-            "model": self.model,
-            "job": {"global_batch": self.gb, "seq_len": self.seq, "optimizer": "adamw",
-                    "precision": "fp32", "microbatch_sizes": [self.mbs]},
-            "pool": {"regions": {"local": {"zones": {"local": {"gpus": {"cpu": n}}}}},
-                     "gpus_per_node": {"cpu": n}},
-            "network": {"defaults": {"same_zone": self._link()}},
-            "prices": {"gpu_usd_per_h": {"cpu": 0.0}},
-            **({"profiles": {"compute": str(Path(self.profile).resolve())}} if self.profile else {})})
-
-    def _link(self) -> dict:
-        """The profile's measured link, else a nominal local one."""
-        if self.profile:
-            from shoal.files import read_json
-
-            link = read_json(self.profile, "profile").get("network", {}).get("link")
-            if link:
-                return {"bandwidth": link["bandwidth_Bps"], "latency": link["latency_s"]}
-        return {"bandwidth": "1GB/s", "latency": "0.5ms"}
-
-    def check(self, n: int) -> None:
-        """Raise a SpecError naming the file now when the profile cannot be used for ``n``
-        workers (``_choose`` would plan without it)."""
-        from shoal.problem import build_problem
-
-        build_problem(self._scenario(n))
-
-    def _choose(self, n: int) -> TrainingPlan:
-        from shoal.errors import ShoalError
-        from shoal.problem import build_problem
-        from shoal.runtime.pipeline import layout
-        from shoal.training.planners import Limits, search
-
-        try:
-            res = search(build_problem(self._scenario(n)), strategy="auto",
-                         limits=Limits(budget_s=self.budget_s))
-            for c in res.ranked:
-                plan = c.plan
-                try:
-                    layout(plan, self.spec)
-                    return plan
-                except ShoalError:
-                    continue
-        except ShoalError:
-            pass
-        reps = [(self.gb // self.mbs) // n + (1 if i < (self.gb // self.mbs) % n else 0)
-                for i in range(n)]
-        return TrainingPlan.model_validate({"microbatch_size": self.mbs, "stages": [{
-            "layers": [0, self.spec.num_layers + 2], "replicas": [
-                {"gpu": "cpu", "tp": 1, "zone": "local", "microbatches": m} for m in reps]}]})
+            return job.run(run.world, events=events, timeout_s=None, local=run.local)
+        except RunFailed as exc:
+            raise RunFailed(f"{exc}{kept(run.checkpoint_dir)}") from None

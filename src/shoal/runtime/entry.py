@@ -22,11 +22,8 @@ from shoal.runtime.supervise import RankReport, die_with_parent
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m shoal.runtime.entry")
     ap.add_argument("--plan", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--steps", type=int, required=True)
-    ap.add_argument("--seq", type=int, required=True)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--arch", required=True, help="the model's Arch as JSON")
+    ap.add_argument("--job", required=True, help="steps, seq, seed, dtype, device, data as JSON")
     ap.add_argument("--checkpoint-dir", default=None)
     ap.add_argument("--checkpoint-every", type=int, default=None)
     ap.add_argument("--keep", type=int, default=None)
@@ -61,27 +58,36 @@ def _train(a) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from shoal import catalog
-    from shoal.runtime.train import global_batch, run_rank
+    from shoal.runtime.arch import Arch
+    from shoal.runtime.data import TokenFile
+    from shoal.runtime.train import RunOptions, global_batch, run_rank
     from shoal.specs.plan import TrainingPlan
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    run = json.loads(Path(a.job).read_text())
+    device = run["device"]
+    if device == "cuda":  # one GPU per process, by its rank on this machine
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = f"cuda:{torch.cuda.current_device()}"
+    backend = "nccl" if device.startswith("cuda") else "gloo"
     dist.init_process_group(backend)
     plan = TrainingPlan.model_validate_json(Path(a.plan).read_text())
-    spec = catalog.models().get(a.model)
+    arch = Arch.model_validate_json(Path(a.arch).read_text())
     rank = dist.get_rank()
-    tokens = global_batch(plan) * a.seq
+    tokens = global_batch(plan) * run["seq"]
 
     def progress(step, loss, dt):
         if rank == 0:
             print(json.dumps({"step": step, "loss": loss, "step_time_s": dt,
                               "tokens_per_s": tokens / dt}), file=sys.stderr, flush=True)
 
+    opts = RunOptions(seed=run["seed"], dtype=run["dtype"], device=device,
+                      autocast=run["precision"], data=TokenFile(**run["data"]) if run["data"]
+                      else None, checkpoint_dir=a.checkpoint_dir, resume=a.resume,
+                      every=a.checkpoint_every, keep=a.keep, token=a.run_token,
+                      save_hf=run["save_hf"])
     try:
-        res = run_rank(plan, spec, a.steps, a.seq, seed=a.seed, dtype=getattr(torch, a.dtype),
-                       progress=progress, checkpoint_dir=a.checkpoint_dir, resume=a.resume,
-                       every=a.checkpoint_every, keep=a.keep, token=a.run_token)
+        res = run_rank(plan, arch, run["steps"], run["seq"], opts, progress)
         if rank != 0:
             return None
         times = res["step_time_s"]
@@ -89,8 +95,8 @@ def _train(a) -> dict | None:
                 "losses": res["losses"], "final_loss": res["losses"][-1] if res["losses"] else None,
                 "step_time_s": sum(times) / len(times) if times else None,
                 "step_times_s": times, "tokens_per_iteration": tokens,
-                "world_size": dist.get_world_size(), "backend": backend,
-                "reconfigurations": []}
+                "world_size": dist.get_world_size(), "backend": backend, "device": run["device"],
+                "precision": run["precision"], "reconfigurations": []}
     finally:
         dist.destroy_process_group()
 

@@ -1,16 +1,20 @@
-"""A decoder-only transformer built layer by layer from a model spec, cut at any layer boundary,
-with Megatron-style tensor parallelism (Shoeybi et al. 2019, §3): attention heads and the MLP's
-hidden units split across the TP group (column-parallel in, row-parallel out, one all-reduce
-each), everything else replicated.
+"""A decoder-only transformer built layer by layer from an ``Arch`` (a catalog model or a
+HuggingFace config: Llama, Qwen2, Mistral, GPT-NeoX, OPT, GPT-2), cut at any layer boundary,
+with Megatron-style tensor parallelism (Shoeybi et al. 2019, §3): attention heads (and KV heads)
+and the MLP's hidden units split across the TP group (column-parallel in, row-parallel out, one
+all-reduce each), everything else replicated.
 
-The layer list is that of the plans: ``[embedding, block_0, ..., block_{L-1}, head]``. Every
-parameter is initialised in full from a generator seeded by (seed, layer index) and then sliced,
-so any TP degree and any cut hold exactly the weights of the one-process model with that seed.
+The layer list is that of the plans: ``[embedding, block_0, ..., block_{L-1}, head]``. A layer's
+parameters come from a weight source: ``RandomInit`` draws every parameter in full from a
+generator seeded by (seed, layer index) and then slices it, so any TP degree and any cut hold
+exactly the weights of the one-process model with that seed; ``shoal.runtime.hf.weights`` reads
+this rank's slices from safetensors files.
+
+One block serves training and decoding: given a ``KVCache``, ``Block.forward`` runs new
+positions against the cached keys and values of the earlier ones and extends the cache.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.distributed as dist
@@ -18,8 +22,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from shoal.runtime import rope as rotary
+from shoal.runtime.arch import Arch, as_arch
+from shoal.runtime.hf.weights import HFWeights
+from shoal.runtime.params import TP_DIM, ParamDef, RandomInit, layer_params, shard, unshard
 from shoal.specs.model import ModelSpec
 
+__all__ = ["TP_DIM", "Block", "Embedding", "Head", "KVCache", "ParamDef", "Stage", "TPGroup", "RandomInit",
+           "layer_params", "shard", "token_loss", "unshard"]
 
 class TPGroup:
     """This rank's tensor-parallel group: its size, its index in it, and the process group."""
@@ -58,75 +68,128 @@ class _FromParallel(torch.autograd.Function):
         return g, None
 
 
-def _init(shape, gen: torch.Generator, std: float, dtype) -> torch.Tensor:
-    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * std).to(dtype)
+def _params(module: nn.Module, values: dict[str, torch.Tensor]) -> None:
+    for name, t in values.items():
+        module.register_parameter(name, nn.Parameter(t))
+
+
+def norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, arch: Arch) -> torch.Tensor:
+    """LayerNorm, or RMSNorm (computed in float32 at least, then cast back, as Llama's)."""
+    if arch.norm == "layernorm":
+        return F.layer_norm(x, (x.shape[-1],), w, b, arch.norm_eps)
+    xf = x if x.dtype == torch.float64 else x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + arch.norm_eps)
+    return w * y.to(x.dtype)
+
+
+def act(x: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "gelu":
+        return F.gelu(x)
+    if kind == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if kind == "relu":
+        return F.relu(x)
+    return F.silu(x)
+
+
+class KVCache:
+    """The keys and values of the positions a request has run through one block."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
 
 
 class Embedding(nn.Module):
-    def __init__(self, spec: ModelSpec, gen, dtype):
+    def __init__(self, arch: Arch, values: dict[str, torch.Tensor]):
         super().__init__()
-        self.tok = nn.Parameter(_init((spec.vocab_size, spec.hidden_size), gen, 0.02, dtype))
-        self.pos = nn.Parameter(_init((spec.max_seq_len, spec.hidden_size), gen, 0.02, dtype))
+        self.arch = arch
+        _params(self, values)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok[tokens] + self.pos[: tokens.shape[1]]
+    def forward(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Token (and learned position) embeddings of ``tokens`` at positions from ``start``."""
+        x = F.embedding(tokens, self.tok)
+        if self.arch.position == "learned":
+            at = self.arch.position_offset + start
+            x = x + self.pos[at:at + tokens.shape[1]]
+        return x
 
 
 class Block(nn.Module):
-    """Pre-norm block: x + attn(ln1(x)), then x + mlp(ln2(x)); this rank's share of the heads
-    and of the MLP's hidden units."""
+    """Pre-norm block, x + attn(norm1(x)) then x + mlp(norm2(x)) (or both from x, GPT-NeoX's
+    parallel residual); this rank's share of the heads and of the MLP's hidden units."""
 
-    def __init__(self, spec: ModelSpec, gen, dtype, tp: TPGroup, n_layers: int):
+    def __init__(self, arch: Arch, values: dict[str, torch.Tensor], tp: TPGroup):
         super().__init__()
-        h, nh, f = spec.hidden_size, spec.num_heads, spec.ffn
-        if nh % tp.size or f % tp.size:
-            raise ValueError(f"TP {tp.size} does not divide {nh} heads and {f} MLP units")
-        self.tp, self.nh_local, self.dh = tp, nh // tp.size, h // nh
-        std, out_std = 0.02, 0.02 / math.sqrt(2 * n_layers)
-        full_qkv = _init((3, nh, self.dh, h), gen, std, dtype)  # q, k, v; per head
-        full_o = _init((h, nh, self.dh), gen, out_std, dtype)
-        full_fc1 = _init((f, h), gen, std, dtype)
-        full_fc2 = _init((h, f), gen, out_std, dtype)
-        heads = slice(tp.rank * self.nh_local, (tp.rank + 1) * self.nh_local)
-        units = slice(tp.rank * (f // tp.size), (tp.rank + 1) * (f // tp.size))
-        self.ln1_w = nn.Parameter(torch.ones(h, dtype=dtype))
-        self.ln1_b = nn.Parameter(torch.zeros(h, dtype=dtype))
-        self.qkv = nn.Parameter(full_qkv[:, heads].reshape(3 * self.nh_local * self.dh, h).clone())
-        self.qkv_b = nn.Parameter(torch.zeros(3 * self.nh_local * self.dh, dtype=dtype))
-        self.o = nn.Parameter(full_o[:, heads].reshape(h, self.nh_local * self.dh).clone())
-        self.o_b = nn.Parameter(torch.zeros(h, dtype=dtype))
-        self.ln2_w = nn.Parameter(torch.ones(h, dtype=dtype))
-        self.ln2_b = nn.Parameter(torch.zeros(h, dtype=dtype))
-        self.fc1 = nn.Parameter(full_fc1[units].clone())
-        self.fc1_b = nn.Parameter(torch.zeros(f // tp.size, dtype=dtype))
-        self.fc2 = nn.Parameter(full_fc2[:, units].clone())
-        self.fc2_b = nn.Parameter(torch.zeros(h, dtype=dtype))
+        s = arch.spec
+        self.arch, self.tp, self.dh = arch, tp, s.dhead
+        self.nh_local, self.nkv_local = s.num_heads // tp.size, s.kv_heads // tp.size
+        _params(self, values)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, S, h = x.shape
-        y = _ToParallel.apply(F.layer_norm(x, (h,), self.ln1_w, self.ln1_b), self.tp)
-        qkv = F.linear(y, self.qkv, self.qkv_b).view(B, S, 3, self.nh_local, self.dh)
-        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-        att = (q @ k.transpose(-1, -2)) / math.sqrt(self.dh)
-        mask = torch.ones(S, S, dtype=torch.bool).triu(1)
-        att = att.masked_fill(mask, float("-inf")).softmax(-1)
-        a = (att @ v).transpose(1, 2).reshape(B, S, self.nh_local * self.dh)
-        x = x + _FromParallel.apply(F.linear(a, self.o), self.tp) + self.o_b
-        y = _ToParallel.apply(F.layer_norm(x, (h,), self.ln2_w, self.ln2_b), self.tp)
-        m = F.gelu(F.linear(y, self.fc1, self.fc1_b))
-        return x + _FromParallel.apply(F.linear(m, self.fc2), self.tp) + self.fc2_b
+    def _attention(self, y: torch.Tensor, kv: KVCache | None) -> torch.Tensor:
+        B, S, _ = y.shape
+        a, dh = self.arch, self.dh
+        q = F.linear(y, self.q, getattr(self, "q_b", None)).view(B, S, -1, dh).transpose(1, 2)
+        k = F.linear(y, self.k, getattr(self, "k_b", None)).view(B, S, -1, dh).transpose(1, 2)
+        v = F.linear(y, self.v, getattr(self, "v_b", None)).view(B, S, -1, dh).transpose(1, 2)
+        start = kv.length if kv is not None else 0
+        if a.rope is not None:
+            cos, sin = rotary.cos_sin(a.rope, start, S, q.dtype, q.device)
+            q, k = rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
+        if kv is not None:
+            if kv.k is not None:
+                k, v = torch.cat([kv.k, k], dim=2), torch.cat([kv.v, v], dim=2)
+            kv.k, kv.v = k, v
+        T = k.shape[2]
+        mask = None
+        if a.sliding_window is not None and a.sliding_window < T or (start and S > 1):
+            qpos = torch.arange(start, start + S, device=y.device)[:, None]
+            kpos = torch.arange(T, device=y.device)[None, :]
+            mask = kpos <= qpos
+            if a.sliding_window is not None:
+                mask &= kpos > qpos - a.sliding_window
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None and S > 1,
+            enable_gqa=self.nkv_local != self.nh_local)
+        out = out.transpose(1, 2).reshape(B, S, self.nh_local * dh)
+        o = _FromParallel.apply(F.linear(out, self.o), self.tp)
+        return o + self.o_b if a.o_bias else o
+
+    def _mlp(self, y: torch.Tensor) -> torch.Tensor:
+        a = self.arch
+        u = F.linear(y, self.up, getattr(self, "up_b", None))
+        if a.gated:
+            u = act(F.linear(y, self.gate, getattr(self, "gate_b", None)), a.act) * u
+        else:
+            u = act(u, a.act)
+        o = _FromParallel.apply(F.linear(u, self.down), self.tp)
+        return o + self.down_b if a.mlp_bias else o
+
+    def forward(self, x: torch.Tensor, kv: KVCache | None = None) -> torch.Tensor:
+        """The block on positions that follow those in ``kv`` (from 0 without a cache)."""
+        a = self.arch
+        y1 = _ToParallel.apply(norm(x, self.ln1_w, getattr(self, "ln1_b", None), a), self.tp)
+        attn = self._attention(y1, kv)
+        if a.parallel_residual:
+            y2 = _ToParallel.apply(norm(x, self.ln2_w, getattr(self, "ln2_b", None), a), self.tp)
+            return x + attn + self._mlp(y2)
+        x = x + attn
+        y2 = _ToParallel.apply(norm(x, self.ln2_w, getattr(self, "ln2_b", None), a), self.tp)
+        return x + self._mlp(y2)
 
 
 class Head(nn.Module):
-    def __init__(self, spec: ModelSpec, gen, dtype):
+    def __init__(self, arch: Arch, values: dict[str, torch.Tensor]):
         super().__init__()
-        h = spec.hidden_size
-        self.ln_w = nn.Parameter(torch.ones(h, dtype=dtype))
-        self.ln_b = nn.Parameter(torch.zeros(h, dtype=dtype))
-        self.out = nn.Parameter(_init((spec.vocab_size, h), gen, 0.02, dtype))
+        self.arch = arch
+        _params(self, values)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.layer_norm(x, (x.shape[-1],), self.ln_w, self.ln_b), self.out)
+        return F.linear(norm(x, self.ln_w, getattr(self, "ln_b", None), self.arch), self.out)
 
 
 def token_loss(logits: torch.Tensor, targets: torch.Tensor, n_tokens: float) -> torch.Tensor:
@@ -137,67 +200,52 @@ def token_loss(logits: torch.Tensor, targets: torch.Tensor, n_tokens: float) -> 
                            reduction="sum") / n_tokens
 
 
-class Stage(nn.Module):
-    """Layers ``[a, b)`` of the layer list, on this rank's TP share."""
+def default_weights(arch: Arch, seed: int = 0):
+    """The model's own weights when it has a folder of them, else random ones from ``seed``."""
+    if arch.weights_dir is not None:
+        return HFWeights(arch)
+    return RandomInit(seed)
 
-    def __init__(self, spec: ModelSpec, a: int, b: int, *, tp: TPGroup | None = None,
-                 seed: int = 0, dtype=torch.float64, recompute: bool = False):
+
+def build_layer(arch: Arch, i: int, values: dict[str, torch.Tensor], tp: TPGroup) -> nn.Module:
+    """Layer ``i`` of the layer list from its parameter values (this rank's TP slices)."""
+    if i == 0:
+        return Embedding(arch, values)
+    if i == arch.n_layers - 1:
+        return Head(arch, values)
+    return Block(arch, values, tp)
+
+
+class Stage(nn.Module):
+    """Layers ``[a, b)`` of the layer list, on this rank's TP share (``layers``: the indices to
+    build instead of a range, for a stage of several pieces)."""
+
+    def __init__(self, model: ModelSpec | Arch, a: int, b: int, *, tp: TPGroup | None = None,
+                 seed: int = 0, dtype=torch.float64, weights=None,
+                 layers: list[int] | None = None):
         super().__init__()
+        self.arch = arch = as_arch(model)
         tp = tp or TPGroup()
-        n = spec.num_layers + 2
+        n = arch.n_layers
         if not 0 <= a < b <= n:
             raise ValueError(f"layers [{a}, {b}) outside the model's {n}")
-        self.a, self.b, self.recompute = a, b, recompute
-        mods = []
-        for i in range(a, b):
-            gen = torch.Generator().manual_seed(seed * 100003 + i)
-            if i == 0:
-                mods.append(Embedding(spec, gen, dtype))
-            elif i == n - 1:
-                mods.append(Head(spec, gen, dtype))
-            else:
-                mods.append(Block(spec, gen, dtype, tp, spec.num_layers))
-        self.layers = nn.ModuleList(mods)
+        self.a, self.b = a, b
+        self.index = list(layers) if layers is not None else list(range(a, b))
+        source = weights or default_weights(arch, seed)
+        self.layers = nn.ModuleList(
+            build_layer(arch, i, source.load(i, layer_params(arch, i), tp, dtype), tp)
+            for i in self.index)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for m in self.layers:
-            if self.recompute and isinstance(m, Block) and torch.is_grad_enabled():
-                x = checkpoint(m, x, use_reentrant=False)
-            else:
-                x = m(x)
-        return x
+        return run_layers(self.layers, x)
 
 
-def tp_layout(name: str, param: torch.Tensor) -> tuple[int | None, str]:
-    """How a block parameter is split across TP ranks: (dimension, how) — ``"heads"`` for the
-    QKV rows (split per q/k/v), ``"cat"`` for a plain split, None when replicated."""
-    last = name.rsplit(".", 1)[-1]
-    if last in ("qkv", "qkv_b"):
-        return 0, "heads"
-    if last in ("fc1", "fc1_b"):
-        return 0, "cat"
-    if last in ("o", "fc2"):
-        return 1, "cat"
-    return None, "replicated"
-
-
-def unshard(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
-    """The full tensor from its TP shards (in TP rank order)."""
-    dim, how = tp_layout(name, shards[0])
-    if dim is None or len(shards) == 1:
-        return shards[0]
-    if how == "heads":
-        parts = [s.view(3, -1, *s.shape[1:]) for s in shards]
-        return torch.cat(parts, dim=1).reshape(-1, *shards[0].shape[1:])
-    return torch.cat(shards, dim=dim)
-
-
-def shard(name: str, full: torch.Tensor, size: int, rank: int) -> torch.Tensor:
-    """TP rank ``rank``'s slice of a full tensor (the inverse of ``unshard``)."""
-    dim, how = tp_layout(name, full)
-    if dim is None or size == 1:
-        return full.clone()
-    if how == "heads":
-        parts = full.view(3, -1, *full.shape[1:]).chunk(size, dim=1)[rank]
-        return parts.reshape(-1, *full.shape[1:]).clone()
-    return full.chunk(size, dim=dim)[rank].clone()
+def run_layers(layers, x: torch.Tensor, recompute: bool = False) -> torch.Tensor:
+    """Tokens (or hidden states) through ``layers`` in order; with ``recompute``, each block's
+    activations are recomputed in the backward pass instead of kept."""
+    for m in layers:
+        if recompute and isinstance(m, Block) and torch.is_grad_enabled():
+            x = checkpoint(m, x, use_reentrant=False)
+        else:
+            x = m(x)
+    return x

@@ -1,316 +1,317 @@
-"""Run one TrainingPlan on torch.distributed: ranks, process groups, the pipeline schedule,
-gradient synchronisation and the optimizer step.
+"""Run one TrainingPlan on torch.distributed: the pipeline schedule of each rank, the hand-offs
+between stages, and the step (``shoal.runtime.shards`` sums gradients and updates).
 
-Ranks are given stage by stage, replica by replica, TP rank by TP rank. Each stage deals the
-iteration's microbatches to its replicas by their ``microbatches`` shares, in order of due time
-(``shoal.specs.plan.owners``), so microbatch i meets, in every stage, the replica that owns i
-there; activations and gradients go between those replicas' first TP ranks and are broadcast
-inside the receiving TP group, so neighbouring stages may differ in replica count and TP degree.
-Losses are summed over tokens and divided by the iteration's tokens, so summing the gradients
-over a stage's replicas (all-reduce) gives the gradient of the global batch's mean loss whatever
-the shares: training is the same as one process on the whole batch. Each replica runs its part
-of its stage's 1F1B or GPipe order (``shoal.specs.plan.orders``: no plan can deadlock); sends
-are non-blocking and receives blocking.
+Microbatch i meets, in every stage, the replica that owns it there (``shoal.runtime.layout``);
+activations and gradients go between those replicas' first TP ranks (tagged by the boundary and
+direction they cross) and are broadcast inside the receiving TP group, so neighbouring stages
+may differ in replica count and TP degree, and so may the replicas of one stage. Losses are
+summed over tokens and divided by the iteration's tokens, so summing the gradients over a
+stage's replicas gives the gradient of the global batch's mean loss whatever the shares:
+training is the same as one process on the whole batch. Sends are non-blocking, receives
+blocking.
 
-ZeRO (``zero_stage`` 1 or 2): inside each data-parallel group the flat gradient is
-reduce-scattered so that each rank owns one shard, updates only that shard with AdamW (its
-optimizer state is the shard's), and the parameters are all-gathered back.
+Under ZeRO-3 a stage keeps only shards of its layers: each layer is gathered for each forward
+and backward of a microbatch, and its backward recomputes its forward from the layer's input
+(kept from the forward); the replicas of a stage go through the stage's whole order together
+(those that do not own an operation take part in its gathers only), so every gather has all its
+members whatever the shares. Under the zorse schedule, a ministage is gathered once for its
+forwards and once for its backwards, its gradients are reduce-scattered after them, and the
+backward recomputes its forward from its input (a layer-boundary activation, kept in host
+memory on a GPU).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from shoal.errors import SpecError
 from shoal.runtime import checkpoint
-from shoal.runtime.model import Stage, TPGroup, token_loss
+from shoal.runtime.arch import Arch, as_arch
+from shoal.runtime.groups import make_groups
+from shoal.runtime.layout import Layout, Op, Role
+from shoal.runtime.layout import layout as _layout
+from shoal.runtime.model import Stage, run_layers, shard, token_loss, unshard
+from shoal.runtime.shards import ParamStore
 from shoal.specs.model import ModelSpec
-from shoal.specs.plan import TrainingPlan, orders, owners
+from shoal.specs.plan import TrainingPlan
+
+__all__ = ["Layout", "Role", "Worker", "layout"]
 
 
-@dataclass(frozen=True)
-class Role:
-    stage: int
-    replica: int
-    tp_rank: int
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where every rank sits, and which microbatches each replica owns."""
-
-    roles: tuple[Role, ...]
-    first_rank: tuple[tuple[int, ...], ...]  # [stage][replica] -> global rank of its TP rank 0
-    tp: tuple[tuple[int, ...], ...]  # [stage][replica] -> TP degree
-    owned: tuple[tuple[tuple[int, ...], ...], ...]  # [stage][replica] -> microbatch indices
-    total: int  # microbatches per iteration
-    ops: tuple[tuple[tuple[tuple[str, int], ...], ...], ...]  # [stage][replica] -> ("F"|"B", mb)
-
-    @property
-    def world(self) -> int:
-        return len(self.roles)
-
-    def owner(self, stage: int, mb: int) -> int:
-        for j, mbs in enumerate(self.owned[stage]):
-            if mb in mbs:
-                return j
-        raise KeyError(mb)
-
-
-def layout(plan: TrainingPlan, spec: ModelSpec) -> Layout:
+def layout(plan: TrainingPlan, model: ModelSpec | Arch) -> Layout:
     """The rank layout of a plan, or a SpecError naming what the runtime cannot run."""
-    if plan.zero_stage > 2:
-        raise SpecError("unsupported by the runtime: ZeRO-3 (the estimator and planners model "
-                        "it; the runtime shards optimizer state and gradients only)",
-                        field="zero_stage", value=plan.zero_stage, allowed="0, 1 or 2")
-    if plan.schedule == "zorse":
-        raise SpecError("unsupported by the runtime: the zorse schedule (ministages with host "
-                        "offload; the estimator and planners model it)", field="schedule",
-                        value=plan.schedule, allowed="1f1b or gpipe")
-    n_layers = spec.num_layers + 2
-    edges = [st.layers for st in plan.stages]
-    if edges[0][0] != 0 or edges[-1][1] != n_layers or any(
-            a[1] != b[0] for a, b in zip(edges, edges[1:], strict=False)):
-        raise SpecError(f"the stages' layers must tile the model's {n_layers} layers "
-                        "(embedding, blocks, head) in order", field="stages", value=edges)
-    for s, (a, b) in enumerate(edges):
-        if b <= a:
-            raise SpecError("a stage must hold at least one layer", field=f"stages.{s}.layers",
-                            value=[a, b])
-    totals = {sum(r.microbatches for r in st.replicas) for st in plan.stages}
-    if len(totals) != 1:
-        raise SpecError("every stage must process the same number of microbatches",
-                        field="stages", value=sorted(totals))
-    if totals == {0}:
-        raise SpecError("the iteration has no microbatch: every replica has 0",
-                        field="stages.0.replicas", allowed="at least one microbatch")
-    roles, first, tps, owned = [], [], [], []
-    for s, st in enumerate(plan.stages):
-        if len({r.tp for r in st.replicas}) > 1:
-            raise SpecError("unsupported by the runtime: replicas of one stage with different "
-                            "TP degrees", field=f"stages.{s}.replicas",
-                            value=[r.tp for r in st.replicas])
-        for r in st.replicas:
-            if spec.num_heads % r.tp or spec.ffn % r.tp:
-                raise SpecError(f"TP {r.tp} does not divide the model's {spec.num_heads} heads "
-                                f"and {spec.ffn} MLP units", field=f"stages.{s}.replicas")
-        f, t = [], []
-        own = owners([r.microbatches for r in st.replicas])
-        o = [tuple(i for i, x in enumerate(own) if x == j) for j in range(len(st.replicas))]
-        for j, r in enumerate(st.replicas):
-            f.append(len(roles))
-            t.append(r.tp)
-            roles += [Role(s, j, k) for k in range(r.tp)]
-        first.append(tuple(f))
-        tps.append(tuple(t))
-        owned.append(tuple(o))
-    ops = tuple(tuple(tuple(("B" if bk else "F", m) for bk, m in rep) for rep in stage)
-                for stage in orders(plan.schedule, [[r.microbatches for r in st.replicas]
-                                                     for st in plan.stages]))
-    return Layout(tuple(roles), tuple(first), tuple(tps), tuple(owned), totals.pop(), ops)
+    return _layout(plan, as_arch(model))
+
+
+def _mode(plan: TrainingPlan, replicated: bool) -> str:
+    if not replicated:
+        return "dense"
+    if plan.schedule == "zorse" or plan.zero_stage == 3:
+        return "sharded"
+    return "zero12" if plan.zero_stage else "dense"
 
 
 class Worker:
     """One rank's share of the plan: its stage's layers on its TP share, and the groups it
-    talks in. Every rank must build its Worker (the process groups are made collectively)."""
+    talks in. Every rank must build its Worker (the process groups are made collectively).
+    ``autocast``: the lower precision (torch.bfloat16 or torch.float16) forwards run in."""
 
-    def __init__(self, plan: TrainingPlan, spec: ModelSpec, *, seed: int = 0,
-                 dtype=torch.float64, lr: float = 1e-3, weight_decay: float = 0.01):
-        self.plan, self.spec, self.dtype = plan, spec, dtype
-        self.lay = layout(plan, spec)
-        rank = dist.get_rank()
-        if dist.get_world_size() != self.lay.world:
-            raise SpecError(f"the plan needs {self.lay.world} processes, "
+    def __init__(self, plan: TrainingPlan, model: ModelSpec | Arch, *, seed: int = 0,
+                 dtype=torch.float64, lr: float = 1e-3, weight_decay: float = 0.01,
+                 device: torch.device | str = "cpu", autocast=None):
+        self.plan, self.arch, self.dtype = plan, as_arch(model), dtype
+        self.spec = self.arch.spec
+        self.device, self.autocast = torch.device(device), autocast
+        self.lay = lay = layout(plan, self.arch)
+        if dist.get_world_size() != lay.world:
+            raise SpecError(f"the plan needs {lay.world} processes, "
                             f"{dist.get_world_size()} were started")
-        self.rank, self.role = rank, self.lay.roles[rank]
-        s, j, t = self.role.stage, self.role.replica, self.role.tp_rank
-        # collectives: every rank creates every group, in the same order
-        self.tp_group = None
-        for s2, reps in enumerate(self.lay.first_rank):
-            for j2, r0 in enumerate(reps):
-                n = self.lay.tp[s2][j2]
-                if n > 1:
-                    g = dist.new_group(list(range(r0, r0 + n)))
-                    if (s2, j2) == (s, j):
-                        self.tp_group = g
-        self.dp_group, self.dp_ranks = None, []
-        for s2, reps in enumerate(self.lay.first_rank):
-            for k in range(self.lay.tp[s2][0]):
-                ranks = [r0 + k for r0 in reps]
-                g = dist.new_group(ranks) if len(ranks) > 1 else None
-                if (s2, k) == (s, t):
-                    self.dp_group, self.dp_ranks = g, ranks
-        tp_n = self.lay.tp[s][j]
-        self.tp = TPGroup(tp_n, t, self.tp_group)
-        a, b = plan.stages[s].layers
-        self.model = Stage(spec, a, b, tp=self.tp, seed=seed, dtype=dtype,
-                           recompute=plan.recompute)
-        self.params = [p for p in self.model.parameters()]
-        self.is_first, self.is_last = s == 0, s == len(plan.stages) - 1
-        self.zero = plan.zero_stage if len(self.dp_ranks) > 1 else 0
-        if self.zero:
-            self._flat = torch.cat([p.detach().reshape(-1) for p in self.params])
-            n_dp = len(self.dp_ranks)
-            self._shard = -(-self._flat.numel() // n_dp)
-            self._flat = F.pad(self._flat, (0, self._shard * n_dp - self._flat.numel()))
-            me = self.dp_ranks.index(rank)
-            self._mine = torch.nn.Parameter(self._flat[me * self._shard:(me + 1) * self._shard].clone())
-            self.opt = torch.optim.AdamW([self._mine], lr=lr, weight_decay=weight_decay)
+        self.rank = dist.get_rank()
+        self.role = lay.roles[self.rank]
+        s = self.role.stage
+        self.groups = make_groups(lay, self.rank)
+        self.tp = self.groups.tp
+        index = lay.stage_layers(s)
+        self.model = Stage(self.arch, index[0], index[-1] + 1, tp=self.tp, seed=seed, dtype=dtype,
+                           layers=index).to(self.device)
+        self.mode = _mode(plan, self.groups.replicated)
+        at, self.piece_mods = 0, []
+        for piece in lay.pieces[s]:
+            self.piece_mods.append(list(self.model.layers[at:at + len(piece)]))
+            at += len(piece)
+        named = [((index[k], n), p) for k, m in enumerate(self.model.layers)
+                 for n, p in m.named_parameters()]
+        self.layer_of = [k for k, m in enumerate(self.model.layers) for _ in m.parameters()]
+        if plan.zero_stage == 3 and plan.schedule != "zorse":
+            units = [[i for i, k in enumerate(self.layer_of) if k == layer]
+                     for layer in range(len(index))]
         else:
-            self.opt = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
+            units = [[i for i, k in enumerate(self.layer_of)
+                      if index[k] in piece] for piece in lay.pieces[s]]
+            if plan.schedule != "zorse":
+                units = [sum(units, [])]
+        home = torch.device("cpu") if plan.schedule == "zorse" else None
+        self.store = ParamStore(named, units, self.groups, self.mode, lr=lr,
+                                weight_decay=weight_decay, home=home)
+        self.params = self.store.params
+        self._unit_of_module = {id(m): u for u, unit in enumerate(units)
+                                for m in {self.model.layers[self.layer_of[i]] for i in unit}}
 
-    # ------------------------------------------------------------------------------ one step
+    # ---------------------------------------------------------------------------- hand-offs
 
-    def _tp0(self, stage: int, replica: int) -> int:
-        return self.lay.first_rank[stage][replica]
+    def _lead(self, stage: int, mb: int) -> int:
+        return self.lay.first_rank[stage][self.lay.owner(stage, mb)]
+
+    def _me(self) -> int:
+        return self.lay.first_rank[self.role.stage][self.role.replica]
 
     def _bcast(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size > 1:
-            dist.broadcast(x, src=self._tp0(self.role.stage, self.role.replica), group=self.tp_group)
+            dist.broadcast(x, src=self._me(), group=self.tp.group)
         return x
+
+    def _virtual(self, op: Op) -> int:
+        return op.piece * self.lay.n_stages + self.role.stage
+
+    def _neighbour(self, v: int, mb: int) -> int:
+        return self._lead(v % self.lay.n_stages, mb)
+
+    def _send(self, x: torch.Tensor, v_to: int, mb: int, tag: int) -> None:
+        to = self._neighbour(v_to, mb)
+        if to == self._me():  # the same replica holds both pieces (one stage): no message
+            self._mail[(tag, mb)] = x.detach().clone()
+        elif self.role.tp_rank == 0:
+            self._sends.append(dist.isend(x.detach().to(self.dtype).contiguous(), dst=to, tag=tag))
+
+    def _recv(self, v_from: int, mb: int, tag: int, shape) -> torch.Tensor:
+        src = self._neighbour(v_from, mb)
+        if src == self._me():
+            return self._mail.pop((tag, mb))
+        x = torch.empty(shape, dtype=self.dtype, device=self.device)
+        if self.role.tp_rank == 0:
+            dist.recv(x, src=src, tag=tag)
+        return self._bcast(x)
+
+    # ---------------------------------------------------------------------------- one step
 
     def step(self, tokens: torch.Tensor) -> float:
         """One iteration on ``tokens`` (global batch x (sequence + 1)); the iteration's mean loss
         (the same on every rank)."""
-        plan, lay = self.plan, self.lay
-        s, j = self.role.stage, self.role.replica
-        mbs = plan.microbatch_size
-        seq = tokens.shape[1] - 1
-        n_tok = float(lay.total * mbs * seq)
-        h = self.spec.hidden_size
-        sends, inputs, outputs = [], {}, {}
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        lead = self.role.tp_rank == 0
-        for p in self.params:
-            p.grad = None
-        for kind, m in lay.ops[s][j]:
-            if kind == "F":
-                x_tok = tokens[m * mbs:(m + 1) * mbs]
-                if self.is_first:
-                    x = x_tok[:, :-1]
-                else:
-                    x = torch.empty(mbs, seq, h, dtype=self.dtype)
-                    if lead:
-                        dist.recv(x, src=self._tp0(s - 1, lay.owner(s - 1, m)))
-                    x = self._bcast(x).requires_grad_(True)
-                y = self.model(x)
-                inputs[m] = x
-                if self.is_last:
-                    loss = token_loss(y, x_tok[:, 1:], n_tok)
-                    outputs[m] = loss
-                    loss_sum += loss.detach()
-                else:
-                    outputs[m] = y
-                    if lead:
-                        sends.append(dist.isend(y.detach().contiguous(),
-                                                dst=self._tp0(s + 1, lay.owner(s + 1, m))))
-            else:
-                y = outputs.pop(m)
-                if self.is_last:
-                    y.backward()
-                else:
-                    g = torch.empty_like(y)
-                    if lead:
-                        dist.recv(g, src=self._tp0(s + 1, lay.owner(s + 1, m)))
-                    y.backward(self._bcast(g))
-                x = inputs.pop(m)
-                if not self.is_first and lead:
-                    sends.append(dist.isend(x.grad.contiguous(),
-                                            dst=self._tp0(s - 1, lay.owner(s - 1, m))))
-        for w in sends:
+        lay = self.lay
+        self._tokens = tokens.to(self.device)
+        mbs = self.plan.microbatch_size
+        self._seq = tokens.shape[1] - 1
+        self._shape = (mbs, self._seq, self.spec.hidden_size)
+        self._n_tok = float(lay.total * mbs * self._seq)
+        self._sends, self._mail, self._kept, self._out = [], {}, {}, {}
+        self._loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.store.zero_grad()
+        mine = lay.ops[self.role.stage][self.role.replica]
+        if self.mode == "sharded" and self.plan.schedule == "zorse":
+            self._by_phase(mine)
+        elif self.mode == "sharded":
+            owned = set(lay.owned[self.role.stage][self.role.replica])
+            for op in lay.stage_ops[self.role.stage]:
+                self._run(op) if op.mb in owned else self._shadow(op)
+        else:
+            for op in mine:
+                self._run(op)
+        for w in self._sends:
             w.wait()
-        self._update()
+        self.store.finish()
         # the iteration's loss: the last stage's first TP ranks hold its parts
-        if not (self.is_last and self.role.tp_rank == 0):
-            loss_sum.zero_()
-        dist.all_reduce(loss_sum)
-        return float(loss_sum)
+        if not (self.role.stage == lay.n_stages - 1 and self.role.tp_rank == 0):
+            self._loss.zero_()
+        # gloo reduces host tensors, NCCL device ones
+        loss = self._loss if dist.get_backend() == "nccl" else self._loss.cpu()
+        dist.all_reduce(loss)
+        return float(loss)
 
-    def _update(self) -> None:
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        if not self.zero:
-            if self.dp_group is not None:  # one flat all-reduce: one message, not one per tensor
-                flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-                dist.all_reduce(flat, group=self.dp_group)
-                at = 0
-                for p in self.params:
-                    p.grad.copy_(flat[at:at + p.numel()].view_as(p))
-                    at += p.numel()
-            self.opt.step()
+    def _by_phase(self, mine: list[Op]) -> None:
+        """The zorse schedule: each ministage gathered for its forwards, again for its
+        backwards, then its gradients reduce-scattered."""
+        V = len(self.lay.pieces[self.role.stage])
+        for k in range(V):
+            self.store.materialize(k)
+            for op in mine:
+                if not op.backward and op.piece == k:
+                    self._run(op)
+            self.store.release(k)
+        for k in range(V - 1, -1, -1):
+            self.store.materialize(k)
+            for op in mine:
+                if op.backward and op.piece == k:
+                    self._run(op)
+            self.store.reduce(k)
+            self.store.release(k)
+
+    def _cast(self):
+        if self.autocast is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast)
+
+    def _targets(self, mb: int) -> torch.Tensor:
+        mbs = self.plan.microbatch_size
+        return self._tokens[mb * mbs:(mb + 1) * mbs, 1:]
+
+    def _run(self, op: Op) -> None:
+        v = self._virtual(op)
+        last = v == self.lay.n_virtual - 1
+        mods = self.piece_mods[op.piece]
+        sharded_layers = self.mode == "sharded" and self.plan.schedule != "zorse"
+        if not op.backward:
+            mbs = self.plan.microbatch_size
+            if v == 0:
+                x = self._tokens[op.mb * mbs:(op.mb + 1) * mbs, :-1]
+            else:
+                x = self._recv(v - 1, op.mb, 2 * (v - 1), self._shape)
+            if self.mode == "sharded":
+                with torch.no_grad(), self._cast():
+                    y, kept = self._forward_kept(mods, x, per_layer=sharded_layers)
+                self._kept[(op.mb, op.piece)] = kept
+            else:
+                if v > 0:
+                    x.requires_grad_(True)
+                with self._cast():
+                    y = run_layers(mods, x, self.plan.recompute)
+                self._kept[(op.mb, op.piece)] = x
+            out = token_loss(y, self._targets(op.mb), self._n_tok) if last else y
+            if last:
+                self._loss += out.detach()
+            else:
+                self._send(y, v + 1, op.mb, 2 * v)
+            if self.mode != "sharded":  # the backward goes from it (sharded: recomputed)
+                self._out[(op.mb, op.piece)] = out
             return
-        n_dp = len(self.dp_ranks)
-        flat_g = torch.cat([p.grad.reshape(-1) for p in self.params])
-        flat_g = F.pad(flat_g, (0, self._shard * n_dp - flat_g.numel()))
-        chunks = list(flat_g.split(self._shard))
-        mine = torch.empty(self._shard, dtype=flat_g.dtype)
-        dist.reduce_scatter(mine, chunks, group=self.dp_group)
-        self._mine.grad = mine
-        self.opt.step()
-        out = [torch.empty(self._shard, dtype=self._mine.dtype) for _ in range(n_dp)]
-        dist.all_gather(out, self._mine.detach(), group=self.dp_group)
-        flat = torch.cat(out)
-        at = 0
-        with torch.no_grad():
-            for p in self.params:
-                p.copy_(flat[at:at + p.numel()].view_as(p))
-                at += p.numel()
+        g = None if last else self._recv(v + 1, op.mb, 2 * v + 1, self._shape)
+        if self.mode == "sharded":
+            gx = self._backward_recomputed(op, mods, g, last, sharded_layers)
+        else:
+            y = self._out.pop((op.mb, op.piece))
+            y.backward() if last else y.backward(g)
+            gx = self._kept.pop((op.mb, op.piece)).grad
+        if v > 0:
+            self._send(gx, v - 1, op.mb, 2 * (v - 1) + 1)
 
-    def state(self) -> dict[tuple[int, str], torch.Tensor]:
-        """This rank's parameters (its TP shards) by (global layer index, name in the layer)."""
-        return {key: p.detach().clone() for key, p in zip(self._keys(), self.params, strict=True)}
+    def _forward_kept(self, mods, x, per_layer: bool):
+        """Forward through ``mods`` without a graph; the inputs the backward recomputes from:
+        each layer's (gathered one at a time) or the piece's."""
+        kept = []
+        for m in mods:
+            if per_layer or not kept:
+                kept.append(self._keep(x))
+            if per_layer:
+                self.store.materialize(self._unit_of_module[id(m)])
+            x = m(x)
+            if per_layer:
+                self.store.release(self._unit_of_module[id(m)])
+        return x, kept
 
-    # ----------------------------------------------------------------------------- checkpoints
+    def _keep(self, x: torch.Tensor) -> torch.Tensor:
+        # under the zorse schedule boundary activations wait in host memory (Zorse §4.1.3)
+        if self.plan.schedule == "zorse" and x.device.type != "cpu":
+            return x.to("cpu", non_blocking=True)
+        return x
+
+    def _backward_recomputed(self, op: Op, mods, g, last: bool, per_layer: bool):
+        kept = self._kept.pop((op.mb, op.piece))
+        groups = [[m] for m in mods] if per_layer else [list(mods)]
+        for chunk, x in reversed(list(zip(groups, kept, strict=True))):
+            u = self._unit_of_module[id(chunk[0])]
+            if per_layer:
+                self.store.materialize(u)
+            x = x.to(self.device)
+            if x.is_floating_point():
+                x = x.detach().requires_grad_(True)
+            with self._cast():
+                y = run_layers(chunk, x, self.plan.recompute and not per_layer)
+            is_end = last and chunk is groups[-1]
+            if is_end:
+                token_loss(y, self._targets(op.mb), self._n_tok).backward()
+            else:
+                y.backward(g)
+            g = x.grad if x.is_floating_point() else None
+            if per_layer:
+                self.store.reduce(u)
+                self.store.release(u)
+        return g
+
+    def _shadow(self, op: Op) -> None:
+        """Take part in the gathers (and gradient sums) of an operation another replica of
+        this stage runs (ZeRO-3)."""
+        units = [self._unit_of_module[id(m)] for m in self.piece_mods[op.piece]]
+        for u in (reversed(units) if op.backward else units):
+            self.store.materialize(u)
+            if op.backward:
+                self.store.reduce(u)
+            self.store.release(u)
+
+    # ----------------------------------------------------------------------------- state
 
     def _keys(self) -> list[tuple[int, str]]:
         """(global layer index, parameter name inside the layer) of each parameter."""
-        a = self.plan.stages[self.role.stage].layers[0]
-        out = []
-        for name, _ in self.model.named_parameters():
-            _, k, rest = name.split(".", 2)
-            out.append((a + int(k), rest))
-        return out
+        return list(self.store.keys)
 
-    def _adam(self) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
-        """Per parameter (this rank's TP shard): Adam's first and second moments, and the step."""
-        if not self.zero:
-            st = [self.opt.state.get(p, {}) for p in self.params]
-            step = int(st[0]["step"]) if st and "step" in st[0] else 0
-            z = [torch.zeros_like(p) for p in self.params]
-            return ([x.get("exp_avg", zz) for x, zz in zip(st, z, strict=True)],
-                    [x.get("exp_avg_sq", zz) for x, zz in zip(st, z, strict=True)], step)
-        st = self.opt.state.get(self._mine, {})
-        step = int(st["step"]) if "step" in st else 0
-        out = []
-        for key in ("exp_avg", "exp_avg_sq"):
-            mine = st.get(key, torch.zeros_like(self._mine)).detach()
-            parts = [torch.empty_like(mine) for _ in self.dp_ranks]
-            dist.all_gather(parts, mine, group=self.dp_group)
-            flat, at, per = torch.cat(parts), 0, []
-            for p in self.params:
-                per.append(flat[at:at + p.numel()].view_as(p).clone())
-                at += p.numel()
-            out.append(per)
-        return out[0], out[1], step
+    def state(self) -> dict[tuple[int, str], torch.Tensor]:
+        """This rank's parameters (its TP shards) by (global layer index, name in the layer).
+        Collective under ZeRO-3 and the zorse schedule (the shards are gathered)."""
+        rows, _ = self.store.state()
+        return {k: r["param"].cpu() for k, r in zip(self._keys(), rows, strict=True)}
 
     def snapshot(self) -> dict:
         """This rank's checkpoint content, copied now: parameters and Adam state by global
         layer and name, TP shards as such. Collective: every rank must call it."""
-        m1, m2, step = self._adam()
-        rows = {key: {"param": p.detach().clone(), "exp_avg": a.clone(), "exp_avg_sq": b.clone()}
-                for key, p, a, b in zip(self._keys(), self.params, m1, m2, strict=True)}
-        return {"tp_rank": self.role.tp_rank, "tp": self.tp.size, "step": step, "rows": rows}
+        rows, step = self.store.state()
+        return {"tp_rank": self.role.tp_rank, "tp": self.tp.size, "step": step,
+                "rows": {k: {n: t.cpu() for n, t in r.items()}
+                         for k, r in zip(self._keys(), rows, strict=True)}}
 
     def load(self, folder) -> None:
         """Take parameters and Adam state from a published checkpoint written under any plan
         (its files checked against its manifest and read as weights only)."""
-        from shoal.runtime.model import shard, unshard
-
         shards: dict[tuple[int, str], dict[int, dict]] = {}
         degree: dict[tuple[int, str], int] = {}
         step = 0
@@ -319,7 +320,7 @@ class Worker:
             for key, row in doc["rows"].items():
                 shards.setdefault(key, {})[doc["tp_rank"]] = row
                 degree[key] = doc["tp"]
-        state = {}
+        rows = []
         for key, p in zip(self._keys(), self.params, strict=True):
             if key not in shards:
                 raise SpecError("the checkpoint lacks a parameter of this plan", file=str(folder),
@@ -331,26 +332,7 @@ class Worker:
             parts = [shards[key][t] for t in sorted(shards[key])]
             full = {k: unshard(key[1], [x[k] for x in parts]) for k in parts[0]}
             # in this run's dtype (the checkpoint may have been written in another)
-            mine = {k: shard(key[1], v, self.tp.size, self.role.tp_rank).to(p.dtype)
-                    for k, v in full.items()}
-            with torch.no_grad():
-                p.copy_(mine["param"])
-            state[p] = mine
-        if not self.zero:
-            for p in self.params:
-                self.opt.state[p] = {"step": torch.tensor(float(step)),
-                                     "exp_avg": state[p]["exp_avg"],
-                                     "exp_avg_sq": state[p]["exp_avg_sq"]}
-            return
-        n_dp, me = len(self.dp_ranks), self.dp_ranks.index(self.rank)
-        flat = {}
-        for k in ("param", "exp_avg", "exp_avg_sq"):
-            f = torch.cat([state[p][k].reshape(-1) for p in self.params])
-            f = F.pad(f, (0, self._shard * n_dp - f.numel()))
-            flat[k] = f[me * self._shard:(me + 1) * self._shard].clone()
-        with torch.no_grad():
-            self._mine.copy_(flat["param"])
-        self.opt.state[self._mine] = {"step": torch.tensor(float(step)),
-                                      "exp_avg": flat["exp_avg"],
-                                      "exp_avg_sq": flat["exp_avg_sq"]}
+            rows.append({k: shard(key[1], v, self.tp.size, self.role.tp_rank)
+                         .to(device=self.device, dtype=p.dtype) for k, v in full.items()})
+        self.store.load(rows, step)
 

@@ -1,15 +1,17 @@
-"""Training with the runtime: synthetic token batches, the one-process reference, and running a
-plan's ranks (spawned on this machine with gloo, or under torchrun)."""
+"""Training with the runtime: the one-process reference, and running a plan's ranks (spawned on
+this machine with gloo, or under torchrun)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import tempfile
 import time
 import weakref
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,33 +19,40 @@ import torch
 import torch.distributed as dist
 
 from shoal.runtime import checkpoint as ckpt
+from shoal.runtime.arch import Arch, as_arch
+from shoal.runtime.data import RandomTokens
+from shoal.runtime.hf.weights import save_hf
 from shoal.runtime.model import Stage, token_loss
+from shoal.runtime.pipeline import Worker, layout
 from shoal.runtime.supervise import die_with_parent
 from shoal.specs.model import ModelSpec
 from shoal.specs.plan import TrainingPlan
+
+LR, WEIGHT_DECAY = 1e-3, 0.01  # AdamW's, as the workers'
 
 
 def batch(step: int, global_batch: int, seq: int, vocab: int, seed: int = 0) -> torch.Tensor:
     """The iteration's tokens (global batch x (seq + 1)): uniform ids from a generator seeded by
     (seed, step), so every rank and the reference see the same data without a data set."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    return torch.randint(0, vocab, (global_batch, seq + 1), generator=gen)
+    return RandomTokens(vocab, seed).batch(step, global_batch, seq)
 
 
 def global_batch(plan: TrainingPlan) -> int:
     return sum(r.microbatches for r in plan.stages[0].replicas) * plan.microbatch_size
 
 
-def reference(spec: ModelSpec, plan: TrainingPlan, steps: int, seq: int, *, seed: int = 0,
-              dtype=torch.float64, lr: float = 1e-3, weight_decay: float = 0.01):
+def reference(model: ModelSpec | Arch, plan: TrainingPlan, steps: int, seq: int, *,
+              seed: int = 0, dtype=torch.float64, data=None):
     """One process training the whole model on the same batches: (losses, parameters by
     global layer index and name)."""
-    model = Stage(spec, 0, spec.num_layers + 2, seed=seed, dtype=dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    arch = as_arch(model)
+    data = data or RandomTokens(arch.spec.vocab_size, seed)
+    model = Stage(arch, 0, arch.n_layers, seed=seed, dtype=dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     mbs, gb = plan.microbatch_size, global_batch(plan)
     losses = []
     for step in range(steps):
-        tokens = batch(step, gb, seq, spec.vocab_size, seed)
+        tokens = data.batch(step, gb, seq)
         opt.zero_grad()
         total = 0.0
         for m in range(gb // mbs):
@@ -95,56 +104,127 @@ def save_checkpoint(w, directory: str | Path, step: int, plan: TrainingPlan, *, 
     return Path(directory) / f"step-{step}"
 
 
-def run_rank(plan: TrainingPlan, spec: ModelSpec, steps: int, seq: int, *, seed: int = 0,
-             dtype=torch.float64, out_dir: str | None = None, progress=None,
-             checkpoint_dir: str | None = None, resume: bool = False,
-             every: int | None = None, keep: int | None = None,
-             token: str | None = None) -> dict:
+@dataclass(frozen=True)
+class RunOptions:
+    """How a rank trains besides the plan and the model: the seed of weights and data, the
+    parameters' dtype, the device and the lower precision forwards run in (``autocast``:
+    ``bf16`` or ``fp16``; ``fp32`` for none), the data (``RandomTokens`` when None),
+    checkpoints (``every`` K steps and after the last, the newest ``keep`` kept, ``resume``
+    from the newest; ``token`` names this run's temporary folders), where each rank saves its
+    parameters for checks (``out_dir``), and where the trained model goes as a HuggingFace
+    folder (``save_hf``)."""
+
+    seed: int = 0
+    dtype: str = "float64"
+    device: str = "cpu"
+    autocast: str = "fp32"
+    data: object = None
+    checkpoint_dir: str | None = None
+    resume: bool = False
+    every: int | None = None
+    keep: int | None = None
+    token: str | None = None
+    out_dir: str | None = None
+    save_hf: str | None = None
+
+    @property
+    def torch_dtype(self):
+        return getattr(torch, self.dtype)
+
+    @property
+    def autocast_dtype(self):
+        return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.autocast]
+
+
+def options(**kw) -> RunOptions:
+    """RunOptions from keywords, ``dtype`` given as a torch dtype or its name."""
+    if "dtype" in kw and not isinstance(kw["dtype"], str):
+        kw["dtype"] = str(kw["dtype"]).split(".")[-1]
+    return RunOptions(**kw)
+
+
+def run_rank(plan: TrainingPlan, model: ModelSpec | Arch, steps: int, seq: int,
+             opts: RunOptions | None = None, progress=None) -> dict:
     """This rank's part of training (the process group must be initialised): per-step losses
     and times, with ``progress(steps_done, loss, step_time_s)`` called after each step; with
-    ``out_dir``, its parameters are saved there for checks. With ``checkpoint_dir``: ``resume``
-    starts from its newest checkpoint (written under any plan), a checkpoint is written after
-    every step whose number ``every`` divides and after the last step, and only the newest
-    ``keep`` stay (all without ``keep``). Rank 0's ``token`` (a new one without it) names this
-    run's temporary folders on every rank."""
-    from shoal.runtime.pipeline import Worker
-
-    w = Worker(plan, spec, seed=seed, dtype=dtype)
+    ``opts.out_dir``, its parameters are saved there for checks. With a checkpoint folder:
+    ``resume`` starts from its newest checkpoint (written under any plan), a checkpoint is
+    written after every step whose number ``every`` divides and after the last step, and only
+    the newest ``keep`` stay (all without ``keep``)."""
+    o = opts or RunOptions()
+    arch = as_arch(model)
+    w = Worker(plan, arch, seed=o.seed, dtype=o.torch_dtype, device=o.device,
+               autocast=o.autocast_dtype)
+    data = o.data or RandomTokens(arch.spec.vocab_size, o.seed)
     gb = global_batch(plan)
-    start = 0
-    if checkpoint_dir is not None:
+    start, token = 0, o.token
+    if o.checkpoint_dir is not None or o.save_hf is not None:
         token = _shared_token(token)
-    if resume and checkpoint_dir is not None:
-        found = ckpt.latest(checkpoint_dir)
+    if o.resume and o.checkpoint_dir is not None:
+        found = ckpt.latest(o.checkpoint_dir)
         if found is not None:
             start, folder = found
             w.load(folder)
     losses, times = [], []
     for step in range(start, start + steps):
-        tokens = batch(step, gb, seq, spec.vocab_size, seed)
-        t0 = time.perf_counter()
+        tokens = data.batch(step, gb, seq)
+        clock = _Clock(o.device)
         losses.append(w.step(tokens))
-        times.append(time.perf_counter() - t0)
+        times.append(clock.elapsed_s())
         done = step + 1  # steps done, as checkpoints count them
         if progress is not None:
             progress(done, losses[-1], times[-1])
-        if checkpoint_dir is not None and (done == start + steps or (every and done % every == 0)):
-            save_checkpoint(w, checkpoint_dir, done, plan, token=token, keep=keep)
+        if o.checkpoint_dir is not None and (done == start + steps
+                                             or (o.every and done % o.every == 0)):
+            save_checkpoint(w, o.checkpoint_dir, done, plan, token=token, keep=o.keep)
+    if o.save_hf is not None:
+        export_hf(w, plan, o.save_hf, token)
     res = {"rank": dist.get_rank(), "role": w.role, "losses": losses, "step_time_s": times,
            "first_step": start}
-    if out_dir is not None:
+    if o.out_dir is not None:
         torch.save({**res, "role": tuple(w.role.__dict__.values()), "state": w.state()},
-                   Path(out_dir) / f"rank{dist.get_rank()}.pt")
+                   Path(o.out_dir) / f"rank{dist.get_rank()}.pt")
     return res
 
 
+class _Clock:
+    """A step's time: CUDA events on a GPU (the device's own clock, once its queue has run),
+    the host's clock elsewhere."""
+
+    def __init__(self, device: str):
+        self.cuda = device.startswith("cuda")
+        if self.cuda:
+            self.start, self.end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            self.start.record()
+        self.t0 = time.perf_counter()
+
+    def elapsed_s(self) -> float:
+        if not self.cuda:
+            return time.perf_counter() - self.t0
+        self.end.record()
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end) / 1e3
+
+
+def export_hf(w, plan: TrainingPlan, folder: str, token: str) -> None:
+    """Collective: write the trained model as a HuggingFace folder (rank 0 writes it from a
+    checkpoint every rank puts its share in, then removes the checkpoint)."""
+    tmp = Path(folder).parent / f".{Path(folder).name}.parts-{token}"
+    save_checkpoint(w, tmp, 0, plan, token=token)
+    if dist.get_rank() == 0:
+        full = ckpt.full_params(tmp / "step-0")
+        save_hf(folder, w.arch, full, dtype=w.dtype if w.dtype != torch.float64 else torch.float32)
+        shutil.rmtree(tmp, ignore_errors=True)
+    dist.barrier()
+
+
 def store(port: int = 0, *, host: bool = False, timeout_s: float = 120.0,
-          listen_fd: int | None = None) -> dist.TCPStore:
-    """The key-value store processes of this machine meet in. ``host=True`` serves it (port 0:
-    on a port the system picks, held from then on, so two launches never race for one; with
-    ``listen_fd``, on that socket, already listening on ``port``); else a client of the one
-    served on ``port``."""
-    return dist.TCPStore("127.0.0.1", port, is_master=host, wait_for_workers=False,
+          listen_fd: int | None = None, addr: str = "127.0.0.1") -> dist.TCPStore:
+    """The key-value store processes meet in (on this machine, or at ``addr``).
+    ``host=True`` serves it (port 0: on a port the system picks, held from then on, so two
+    launches never race for one; with ``listen_fd``, on that socket, already listening on
+    ``port``); else a client of the one served at ``addr:port``."""
+    return dist.TCPStore(addr, port, is_master=host, wait_for_workers=False,
                          timeout=timedelta(seconds=timeout_s), master_listen_fd=listen_fd)
 
 
@@ -161,11 +241,12 @@ class StoreHost:
     thread holds a lock can hang. The server stops on ``close()``, when this object is
     collected, when the parent exits, or when the parent is killed (a parent-death signal)."""
 
-    def __init__(self, backlog: int = 64):
+    def __init__(self, backlog: int = 64, addr: str = "127.0.0.1", port: int = 0):
         import multiprocessing as mp
 
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((addr, port))
             sock.listen(backlog)
             self.port = sock.getsockname()[1]
             stop_r, stop_w = os.pipe()
@@ -222,27 +303,23 @@ def launch(world: int, fn, *args) -> None:
                                           nprocs=world, join=True, start_method="spawn")
 
 
-def _run_from_json(plan_json: str, spec_json: str, steps: int, seq: int, seed: int,
-                   dtype_name: str, out_dir: str, checkpoint_dir: str | None, resume: bool,
-                   every: int | None, keep: int | None) -> None:
-    run_rank(TrainingPlan.model_validate_json(plan_json), ModelSpec.model_validate_json(spec_json),
-             steps, seq, seed=seed, dtype=getattr(torch, dtype_name), out_dir=out_dir,
-             checkpoint_dir=checkpoint_dir, resume=resume, every=every, keep=keep)
+def _run_from_json(plan_json: str, arch_json: str, steps: int, seq: int,
+                   opts: RunOptions) -> None:
+    run_rank(TrainingPlan.model_validate_json(plan_json), Arch.model_validate_json(arch_json),
+             steps, seq, opts)
 
 
-def spawn(plan: TrainingPlan, spec: ModelSpec, steps: int, seq: int, *, seed: int = 0,
-          dtype=torch.float64, out_dir: str | None = None, checkpoint_dir: str | None = None,
-          resume: bool = False, every: int | None = None, keep: int | None = None,
-          launcher=None) -> list[dict]:
+def spawn(plan: TrainingPlan, model: ModelSpec | Arch, steps: int, seq: int, *, launcher=None,
+          **kw) -> list[dict]:
     """Run the plan's ranks as processes on this machine (gloo); each rank's saved result
-    (read as weights only). ``launcher(world, fn, *args)`` starts them (``launch`` by
-    default)."""
-    from shoal.runtime.pipeline import layout
-
-    world = layout(plan, spec).world
+    (read as weights only). ``kw``: ``RunOptions`` fields (``dtype`` may be a torch dtype);
+    ``launcher(world, fn, *args)`` starts the ranks (``launch`` by default)."""
+    arch = as_arch(model)
+    world = layout(plan, arch).world
     with tempfile.TemporaryDirectory(prefix="shoal-run-") as tmp:
-        out = out_dir or tmp  # results are read back before the temporary folder goes
+        opts = options(**kw)
+        out = opts.out_dir or tmp  # results are read back before the temporary folder goes
+        opts = replace(opts, out_dir=out)
         (launcher or launch)(world, _run_from_json, plan.model_dump_json(by_alias=True),
-                             spec.model_dump_json(), steps, seq, seed, str(dtype).split(".")[-1],
-                             out, checkpoint_dir, resume, every, keep)
+                             arch.model_dump_json(), steps, seq, opts)
         return [torch.load(Path(out) / f"rank{r}.pt", weights_only=True) for r in range(world)]

@@ -50,41 +50,17 @@ class Rejected:
     reason: str
 
 
-def block_step(blk, x, past):
-    """One block on new positions ``x`` (1, S, h) with the cached keys and values ``past`` of
-    the earlier positions (or None): the output and the cache extended by these positions."""
-    import torch
-    import torch.nn.functional as F
-
-    B, S, h = x.shape
-    nh, dh = blk.nh_local, blk.dh
-    y = F.layer_norm(x, (h,), blk.ln1_w, blk.ln1_b)
-    qkv = F.linear(y, blk.qkv, blk.qkv_b).view(B, S, 3, nh, dh)
-    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-    if past is not None:
-        k = torch.cat([past[0], k], dim=2)
-        v = torch.cat([past[1], v], dim=2)
-    T = k.shape[2]
-    att = (q @ k.transpose(-1, -2)) / math.sqrt(dh)
-    mask = torch.ones(S, T, dtype=torch.bool).triu(T - S + 1)  # position T-S+i sees keys <= it
-    att = att.masked_fill(mask, float("-inf")).softmax(-1)
-    a = (att @ v).transpose(1, 2).reshape(B, S, nh * dh)
-    x = x + F.linear(a, blk.o) + blk.o_b
-    y = F.layer_norm(x, (h,), blk.ln2_w, blk.ln2_b)
-    m = F.gelu(F.linear(y, blk.fc1, blk.fc1_b))
-    return x + F.linear(m, blk.fc2) + blk.fc2_b, (k, v)
-
-
 class Shard:
     """Blocks ``[a, b)`` of the model (block indices, not the layer list) with one KV cache per
-    request."""
+    request: the runtime's blocks (``shoal.runtime.model.Block``), which decode with a cache."""
 
     def __init__(self, spec, a: int, b: int, seed: int = 0, dtype_name: str = "float32"):
         import torch
 
-        from shoal.runtime.model import Stage
+        from shoal.runtime.model import KVCache, Stage
 
         self.a, self.b = a, b
+        self.new_cache = KVCache
         self.spec, self.dtype = spec, np.dtype(DTYPES[dtype_name])
         self.stage = Stage(spec, a + 1, b + 1, seed=seed, dtype=getattr(torch, dtype_name))
         self.stage.requires_grad_(False)
@@ -95,12 +71,11 @@ class Shard:
         range, with and into the request's cache."""
         import torch
 
-        cache = self.cache.setdefault(rid, [None] * (self.b - self.a))
+        cache = self.cache.setdefault(rid, [self.new_cache() for _ in range(self.b - self.a)])
         h = torch.from_numpy(x)
         with torch.no_grad():
             for i in range(max(at, self.a), self.b):
-                h, cache[i - self.a] = block_step(self.stage.layers[i - self.a], h,
-                                                  cache[i - self.a])
+                h = self.stage.layers[i - self.a](h, cache[i - self.a])
         return h.numpy()
 
 
@@ -705,8 +680,7 @@ class LiveServer:
 
         with torch.no_grad():
             tok = torch.tensor([tokens], dtype=torch.long)
-            e = self.embed.layers[0]
-            x = (e.tok[tok] + e.pos[offset: offset + len(tokens)]).numpy()
+            x = self.embed.layers[0](tok, start=offset).numpy()
         self._send(req.chain[0], {"kind": STEP, "key": req.key, "chain": req.chain, "hop": 0,
                                   "at": 0, "x": x})
 

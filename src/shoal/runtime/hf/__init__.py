@@ -1,0 +1,1 @@
+"""HuggingFace models in the runtime: configs read into an ``Arch``, weights in and out."""
