@@ -41,7 +41,7 @@ from shoal.serving.flow import max_flow
 from shoal.serving.http import Endpoint
 from shoal.serving.live import LiveServer, reference_generate, requests_from, workload
 from shoal.serving.placement import load_placement
-from shoal.serving.spec import load_serving
+from shoal.specs.serving import load_serving
 
 SERVING = {
     "schema": "shoal/serving@1", "name": "tiny on four workers", "model": {"name": "tiny"},

@@ -31,8 +31,8 @@ from shoal.serving.flow import max_flow
 from shoal.serving.placement import load_placement
 from shoal.serving.profile import measure
 from shoal.serving.simulator import simulate
-from shoal.serving.spec import load_serving
 from shoal.specs.model import ModelSpec
+from shoal.specs.serving import load_serving
 
 MODEL = ModelSpec(name="cpu-gpt", num_layers=8, hidden_size=512, num_heads=8, vocab_size=1024,
                   max_seq_len=512)

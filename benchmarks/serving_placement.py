@@ -23,7 +23,7 @@ from shoal.io.helix import import_helix, read_placement  # noqa: E402
 from shoal.serving.cluster import build_cluster  # noqa: E402
 from shoal.serving.flow import max_flow  # noqa: E402
 from shoal.serving.placers import place  # noqa: E402
-from shoal.serving.spec import parse_serving  # noqa: E402
+from shoal.specs.serving import parse_serving  # noqa: E402
 
 # name: (cluster file, model, placement folder, time limit s, Helix MILP's max flow)
 SETTINGS = {

@@ -44,7 +44,7 @@ from shoal.serving.cluster import build_cluster  # noqa: E402
 from shoal.serving.flow import max_flow  # noqa: E402
 from shoal.serving.placers import place  # noqa: E402
 from shoal.serving.simulator import simulate  # noqa: E402
-from shoal.serving.spec import parse_serving  # noqa: E402
+from shoal.specs.serving import parse_serving  # noqa: E402
 
 # name: (cluster file, model key in node_capacity.json, placement folder, Helix MILP file)
 SETTINGS = {"single24": ("single24.ini", "llama-2-70b", "single24-llama2-70b", "ilp.ini"),

@@ -31,7 +31,7 @@ from shoal.serving.cluster import build_cluster  # noqa: E402
 from shoal.serving.flow import max_flow  # noqa: E402
 from shoal.serving.placers import place  # noqa: E402
 from shoal.serving.simulator import simulate  # noqa: E402
-from shoal.serving.spec import parse_serving  # noqa: E402
+from shoal.specs.serving import parse_serving  # noqa: E402
 
 HELIX = {"iwrr": {"decode": 248.3, "tokens": 1176.7, "prompt_latency": 3.09,
                   "decode_latency": 1.46},

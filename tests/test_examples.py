@@ -32,7 +32,7 @@ def test_example_plan_estimates():
 def test_example_serving_places(path):
     from shoal.serving.cluster import build_cluster
     from shoal.serving.placers import place
-    from shoal.serving.spec import load_serving
+    from shoal.specs.serving import load_serving
 
     c = build_cluster(load_serving(path), file=str(path))
     r = place(c, "auto", time_limit_s=5)

@@ -27,7 +27,7 @@ from shoal.serving.live import (  # noqa: E402
     workload,
 )
 from shoal.serving.placement import load_placement  # noqa: E402
-from shoal.serving.spec import load_serving  # noqa: E402
+from shoal.specs.serving import load_serving  # noqa: E402
 
 SERVING = """
 schema: shoal/serving@1

@@ -17,7 +17,7 @@ from shoal.serving.cluster import build_cluster
 from shoal.serving.flow import max_flow, valid
 from shoal.serving.placement import Placement, placement_from_json
 from shoal.serving.placers import baselines, milp, place, stages
-from shoal.serving.spec import Batch, WakeSpec, parse_serving
+from shoal.specs.serving import Batch, WakeSpec, parse_serving
 
 runner = CliRunner()
 

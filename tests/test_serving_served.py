@@ -19,7 +19,7 @@ from shoal.serving.placement import Placement
 from shoal.serving.placers import TIE, place
 from shoal.serving.routing import Router
 from shoal.serving.served import SATURATED
-from shoal.serving.spec import parse_serving
+from shoal.specs.serving import parse_serving
 
 runner = CliRunner()
 

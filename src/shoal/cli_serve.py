@@ -32,7 +32,7 @@ class Placer(StrEnum):
 
 def _load(serving: Path):
     from shoal.serving.cluster import build_cluster
-    from shoal.serving.spec import load_serving
+    from shoal.specs.serving import load_serving
 
     return build_cluster(load_serving(serving), file=str(serving))
 
@@ -457,7 +457,7 @@ def run_cmd(
         why, fix = no_flow_reason(cluster, placed.placement)
         raise InfeasibleError(f"the placement serves nothing ({why})", binding="placement",
                               relaxation=fix)
-    from shoal.serving.spec import load_serving
+    from shoal.specs.serving import load_serving
 
     name = model or load_serving(serving).model.name
     spec = catalog.models().get(name, field="--model" if model else "model.name",
@@ -713,7 +713,7 @@ def import_helix_cmd(
     from shoal.files import check_folder, write_json, write_text
     from shoal.io.helix import import_helix, read_placement
     from shoal.serving.cluster import build_cluster
-    from shoal.serving.spec import parse_serving
+    from shoal.specs.serving import parse_serving
 
     check_folder(out_dir, "--out")
     doc = import_helix(cluster=cluster, machines=machines, capacity=capacity, model=model,

@@ -124,7 +124,7 @@ def table(times: LayerTimes, *, memory: float, layer_bytes: float, kvb: float,
     its KV cache, and its decode batches capped by the machine's ``batch`` limits and by
     ``max_batch``)."""
     from shoal.serving import perf
-    from shoal.serving.spec import Batch
+    from shoal.specs.serving import Batch
 
     b = batch if batch is not None else Batch()
     kmax = int(weights_fraction * memory // layer_bytes)

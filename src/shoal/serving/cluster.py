@@ -4,11 +4,15 @@ table T(k) and layer limit, per pair of nodes the tokens/s their link carries (H
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from shoal import catalog
 from shoal.errors import SpecError, close_match
-from shoal.serving.spec import COORDINATOR, ServingSpec
+from shoal.serving import capacity
+from shoal.specs.model import ModelSpec
+from shoal.specs.serving import COORDINATOR, ServingModel, ServingSpec
 
 
 @dataclass(frozen=True)
@@ -90,23 +94,39 @@ class MachineModel:
     memory_bytes: float | None
 
 
+def architecture(model: ServingModel) -> ModelSpec | None:
+    """The catalog model named ``model.name``, or None when it is not in the catalog."""
+    try:
+        return catalog.models().get(model.name)
+    except SpecError:
+        return None
+
+
+def resolved(model: ServingModel) -> tuple[int, float]:
+    """(layers, activation bytes per token), from the fields or the catalog model."""
+    arch = architecture(model)
+    layers = model.layers or (arch.num_layers if arch else None)
+    hidden = model.hidden or (arch.hidden_size if arch else None)
+    act = model.activation_bytes or (2.0 * hidden if hidden else None)
+    if layers is None or act is None:
+        if arch is None and model.name != "custom":  # a misspelt catalog name, likely
+            catalog.models().get(model.name, field="model.name")
+        raise SpecError("the model needs 'layers' and 'activation_bytes' (or 'hidden'), or "
+                        "a catalog 'name'", field="model", value=model.name,
+                        suggestion=None)
+    return int(layers), float(act)
+
+
 def _model_bytes(spec: ServingSpec) -> tuple[float | None, float | None]:
     """(weights of one layer, KV bytes per token per layer) from the fields or the catalog."""
-    from shoal.serving import capacity
-
-    arch = spec.model.architecture()
+    arch = architecture(spec.model)
     lb = spec.model.layer_bytes or (2.0 * capacity.layer_params(arch) if arch else None)
     kv = spec.model.kv_bytes or (capacity.kv_bytes(arch) if arch else None)
     return lb, kv
 
 
 def _machines(spec: ServingSpec, file: str | None) -> dict[str, MachineModel]:
-    from pathlib import Path
-
-    from shoal import catalog
-    from shoal.serving import capacity
-
-    arch = spec.model.architecture()
+    arch = architecture(spec.model)
     layer_b, kv_b = _model_bytes(spec)
     c = spec.capacity
     out = {}
@@ -189,7 +209,7 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
         seen.add(nm)
     n = len(names)
     try:
-        layers, act = spec.model.resolved()
+        layers, act = resolved(spec.model)
     except SpecError as exc:
         raise exc.located(file) from None
     tok = spec.model.token_bytes

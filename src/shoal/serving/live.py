@@ -493,7 +493,7 @@ class LiveServer:
         self.pull.setsockopt(zmq.MAXMSGSIZE, frame_limit(spec))
         here = "127.0.0.1"
         if cluster.coordinator_address is not None:  # workers on other hosts reach it there
-            from shoal.serving.spec import split_address
+            from shoal.specs.serving import split_address
 
             here, port = split_address(cluster.coordinator_address)
             try:

@@ -63,7 +63,7 @@ def decode_cap(batch, layers: int) -> int:
 def batch_caps(cluster, pl) -> list[tuple[float, int, int]]:
     """Per node: (prompts, prompt tokens, decode steps) one batch takes at most, from its
     machine's ``batch`` limits (the decode limit at the node's layer count)."""
-    from shoal.serving.spec import Batch
+    from shoal.specs.serving import Batch
 
     out = []
     for i, r in enumerate(pl.ranges):

@@ -26,9 +26,9 @@ KEY_NAMES = {"regions": "region", "zones": "zone", "machines": "machine", "defau
 
 def roots() -> dict[str, type[BaseModel]]:
     """The model at the top of each input format."""
-    from shoal.serving.spec import ServingSpec
     from shoal.specs.plan import TrainingPlan
     from shoal.specs.scenario import Scenario
+    from shoal.specs.serving import ServingSpec
 
     return {"scenario": Scenario, "plan": TrainingPlan, "serving": ServingSpec}
 

@@ -8,9 +8,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from shoal.errors import SpecError
 from shoal.files import read_document
 from shoal.specs._types import STRICT, Bytes, BytesPerSecond, Flag, PositiveInt, Seconds
+from shoal.specs.scenario import validated
 
 SERVING_SCHEMA = "shoal/serving@1"
 COORDINATOR = "coordinator"
@@ -34,31 +34,6 @@ class ServingModel(BaseModel):
                                       "(default: from the catalog model, fp16)")
     kv_bytes: Bytes | None = Field(default=None, description="KV cache of one token in one layer "
                                    "(default: from the catalog model, fp16)")
-
-    def architecture(self):
-        """The catalog model named ``name``, or None when it is not in the catalog."""
-        from shoal import catalog
-
-        try:
-            return catalog.models().get(self.name)
-        except SpecError:
-            return None
-
-    def resolved(self) -> tuple[int, float]:
-        """(layers, activation bytes per token), from the fields or the catalog model."""
-        arch = self.architecture()
-        layers = self.layers or (arch.num_layers if arch else None)
-        hidden = self.hidden or (arch.hidden_size if arch else None)
-        act = self.activation_bytes or (2.0 * hidden if hidden else None)
-        if layers is None or act is None:
-            if arch is None and self.name != "custom":  # a misspelt catalog name, likely
-                from shoal import catalog
-
-                catalog.models().get(self.name, field="model.name")
-            raise SpecError("the model needs 'layers' and 'activation_bytes' (or 'hidden'), or "
-                            "a catalog 'name'", field="model", value=self.name,
-                            suggestion=None)
-        return int(layers), float(act)
 
 
 class Batch(BaseModel):
@@ -283,8 +258,6 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 def parse_serving(data: dict, *, file: str | None = None) -> ServingSpec:
-    from shoal.specs.scenario import validated
-
     return validated(ServingSpec, data, file)
 
 
