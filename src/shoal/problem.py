@@ -17,6 +17,8 @@ from shoal.profiles.analytic import AnalyticProfile, uses_flash
 from shoal.profiles.compute import load_profile
 from shoal.profiles.layers import LayerSizes, layer_sizes
 from shoal.profiles.network import NetworkModel
+from shoal.profiles.transfer import TransferProfile
+from shoal.specs.hf import model_from_hf_config
 from shoal.specs.job import Constraints, JobSpec
 from shoal.specs.model import ModelSpec
 from shoal.specs.scenario import HFModelRef, Scenario, load_scenario
@@ -110,7 +112,6 @@ def resolve_model(ref, file: str | None, base: Path) -> ModelSpec:
     if isinstance(ref, str):
         return catalog.models().get(ref, field="model", file=file)
     if isinstance(ref, HFModelRef):
-        from shoal.io.hf import model_from_hf_config
 
         p = Path(ref.hf_config)
         try:
@@ -220,7 +221,6 @@ def _transfer(path: Path, model: ModelSpec, job: JobSpec, reg, gpus, analytic, o
     """A profile measured on another model, scaled to this one (shoal.profiles.transfer)."""
     import json
 
-    from shoal.profiles.transfer import TransferProfile
 
     try:
         spec = json.loads(path.read_text()).get("model_spec")

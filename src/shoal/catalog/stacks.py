@@ -10,6 +10,8 @@ from pathlib import Path
 import yaml
 
 from shoal.errors import SpecError, close_match
+from shoal.files import read_document
+from shoal.specs.scenario import validated
 from shoal.specs.stack import StackSpec
 
 DEFAULT_STACK = "megatron"
@@ -44,8 +46,6 @@ def resolve_stack(ref: str, *, base: Path | None = None, file: str | None = None
     if not p.is_absolute() and base is not None:
         p = base / p
     if p.suffix.lower() in (".yaml", ".yml", ".json") or p.exists():
-        from shoal.files import read_document
-        from shoal.specs.scenario import validated
 
         try:
             spec = validated(StackSpec, read_document(p), str(p))

@@ -13,6 +13,7 @@ import numpy as np
 from shoal.problem import Problem
 from shoal.profiles.analytic import architecture, element_bytes, peak_flops, precision_class
 from shoal.profiles.layers import activation_bytes, recompute_working_bytes
+from shoal.profiles.network import bandwidth
 
 
 def _prefix(x: np.ndarray) -> np.ndarray:
@@ -87,7 +88,6 @@ class CostTables:
         self.flat_lat = np.broadcast_to(self.link_lat[..., None], self.link_div.shape).ravel().copy()
         # pipeline send time per microbatch for every link and microbatch size: (M, links)
         msg = self.boundary_bytes * np.asarray(self.mbs, dtype=float)[:, None]
-        from shoal.profiles.network import bandwidth
 
         self.p2p_time = self.flat_lat[None, :] + msg / (
             self.flat_div[None, :] * bandwidth(self.flat_curve[None, :, :], msg / self.flat_div[None, :]))

@@ -14,6 +14,8 @@ from shoal import catalog
 from shoal.errors import SpecError
 from shoal.files import read_json, read_text
 from shoal.profiles.compute import PROFILE_SCHEMA
+from shoal.specs.plan import TrainingPlan
+from shoal.specs.scenario import parse_scenario
 
 _NETWORK_FILES = ("network_coeffs_all_homo.json", "multizone_bandwidths_het.json",
                   "multizone_bandwidths.json")
@@ -277,8 +279,6 @@ def import_sailor(*, training_config: Path, cluster_config: Path | None = None, 
     """
     import yaml
 
-    from shoal.specs.plan import TrainingPlan
-    from shoal.specs.scenario import parse_scenario
 
     tcfg = read_json(training_config)
     model = model_from_training_config(tcfg, training_config)

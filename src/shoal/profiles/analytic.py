@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from shoal.catalog import GPU
+from shoal.catalog.stacks import DEFAULT_STACK, stacks
 from shoal.profiles import collectives
 from shoal.profiles.kernels import (
     Device,
@@ -33,6 +34,7 @@ from shoal.profiles.kernels import (
     memory_bound_s,
 )
 from shoal.profiles.layers import layer_sizes
+from shoal.profiles.network import bandwidth
 from shoal.specs.model import ModelSpec
 from shoal.specs.stack import StackSpec
 
@@ -93,7 +95,6 @@ class AnalyticProfile:
                  precision: str = "mixed-fp16", attention: str = "auto",
                  intra_node: dict | None = None):
         if stack is None:
-            from shoal.catalog.stacks import DEFAULT_STACK, stacks
 
             stack = stacks()[DEFAULT_STACK]
         self.model = model
@@ -208,7 +209,6 @@ class AnalyticProfile:
 
     def _tp_allreduce(self, g: GPU, nbytes: float, tp: int) -> float:
         if g.name in self.intra:  # measured curve: bandwidth at this message size
-            from shoal.profiles.network import bandwidth
 
             link = self.intra[g.name]
             bw, lat = float(bandwidth(link.single, nbytes)), link.latency_s

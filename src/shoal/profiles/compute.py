@@ -14,6 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
+from shoal import catalog
 from shoal.errors import SpecError
 from shoal.files import read_json
 
@@ -137,7 +138,6 @@ def load_profile(path: str | Path, n_layers: int, fallback=None) -> ComputeProfi
         raise SpecError("profile is for a model with another number of layers", file=str(p),
                         field="n_layers", value=data.get("n_layers"),
                         allowed=f"{n_layers} (the scenario's model: blocks + embedding + head)")
-    from shoal import catalog
 
     prof = ComputeProfile(n_layers=n_layers, fallback=fallback, name=f"measured ({p.name})")
     prof.model_spec = data.get("model_spec")

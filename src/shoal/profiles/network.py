@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shoal import catalog
 from shoal.errors import SpecError
 from shoal.specs.network import CurveSpec, LinkSpec, NetworkSpec
 
@@ -104,14 +105,12 @@ class NetworkModel:
                                     value=z, allowed=", ".join(sorted(zone_region)))
             gpus = None
             if pl.gpus:
-                from shoal import catalog
 
                 gpus = frozenset(catalog.gpus().canonical(g, field=f"network.links.{i}.gpus", file=file)
                                  for g in pl.gpus)
             key = (frozenset(pl.zones), gpus)
             self._pairs[key] = _link(pl, f"{pl.zones[0]}<->{pl.zones[1]}")
         self._defaults = {k: _link(v, k) for k, v in spec.defaults.items()}
-        from shoal import catalog
 
         self.intra: dict[str, Link] = {
             catalog.gpus().canonical(g, field=f"network.intra_node.{g}", file=file): _link(v, g)

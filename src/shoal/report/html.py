@@ -18,7 +18,8 @@ from pathlib import Path
 from shoal.errors import SpecError
 from shoal.files import read_json, write_text
 from shoal.report import figures
-from shoal.units import fmt_bytes, fmt_per_usd
+from shoal.specs.plan import TrainingPlan
+from shoal.units import fmt_bytes, fmt_per_usd, fmt_seconds
 
 KINDS = ("plan", "estimate", "replay", "bubbles", "serve plan", "serve simulate")
 
@@ -64,13 +65,11 @@ def _grid(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _s(t: float | None) -> str:
-    from shoal.units import fmt_seconds
 
     return "-" if t is None else fmt_seconds(t)
 
 
 def _summary(plan_json: dict) -> str:
-    from shoal.specs.plan import TrainingPlan
 
     return TrainingPlan.model_validate(plan_json).summary()
 

@@ -14,9 +14,14 @@ import signal
 import sys
 from pathlib import Path
 
+from shoal.runtime.arch import Arch
+from shoal.runtime.data import TokenFile
+
 # torch is imported only once the signal mask is set (RankReport.stop_on_signals): a thread it
 # starts before that could take SIGTERM and end the process without a report
 from shoal.runtime.supervise import RankReport, die_with_parent
+from shoal.runtime.train import RunOptions, global_batch, run_rank
+from shoal.specs.plan import TrainingPlan
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,10 +63,6 @@ def _train(a) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from shoal.runtime.arch import Arch
-    from shoal.runtime.data import TokenFile
-    from shoal.runtime.train import RunOptions, global_batch, run_rank
-    from shoal.specs.plan import TrainingPlan
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     run = json.loads(Path(a.job).read_text())

@@ -25,7 +25,9 @@ import numpy as np
 from shoal.catalog import GPU
 from shoal.errors import SpecError
 from shoal.files import read_text
+from shoal.serving import perf
 from shoal.specs.model import ModelSpec
+from shoal.specs.serving import Batch
 
 
 def layer_params(m: ModelSpec) -> float:
@@ -123,8 +125,6 @@ def table(times: LayerTimes, *, memory: float, layer_bytes: float, kvb: float,
     count, the tokens/s of the performance model the simulator runs (``perf.tokens_per_s``:
     its KV cache, and its decode batches capped by the machine's ``batch`` limits and by
     ``max_batch``)."""
-    from shoal.serving import perf
-    from shoal.specs.serving import Batch
 
     b = batch if batch is not None else Batch()
     kmax = int(weights_fraction * memory // layer_bytes)

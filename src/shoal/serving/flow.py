@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from shoal.mip import Model
 from shoal.serving.cluster import Cluster
 from shoal.serving.placement import Placement
 
@@ -90,7 +91,6 @@ def balanced(cluster: Cluster, pl: Placement, value: float | None = None) -> Flo
     Helix routes by whichever one its solver returns (§5.1). This one is unique (the cost is
     strictly convex in every capacity-limited edge) and follows only the placement. Solved
     as a quadratic program by HiGHS; the max flow itself when that fails."""
-    from shoal.mip import Model
 
     best = max_flow(cluster, pl)
     target = best.value if value is None else min(float(value), best.value)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from shoal.errors import SpecError
+from shoal.specs.serving import Batch
 
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of GPU memory it manages
 
@@ -63,7 +64,6 @@ def decode_cap(batch, layers: int) -> int:
 def batch_caps(cluster, pl) -> list[tuple[float, int, int]]:
     """Per node: (prompts, prompt tokens, decode steps) one batch takes at most, from its
     machine's ``batch`` limits (the decode limit at the node's layer count)."""
-    from shoal.specs.serving import Batch
 
     out = []
     for i, r in enumerate(pl.ranges):

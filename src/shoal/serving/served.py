@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shoal.serving import perf
+from shoal.serving import perf, workload
 from shoal.serving.cluster import Cluster
 from shoal.serving.flow import max_flow
 from shoal.serving.placement import Placement
+from shoal.serving.simulator import FEED_HIGH_WATER, simulate
 
 WARMUP_S, WINDOW_S = 60.0, 240.0  # the offline run: seconds not measured, then measured
 SATURATED = 0.85  # a node or link busy this share of the window binds
@@ -93,8 +94,6 @@ def served(cluster: Cluster, pl: Placement, lengths: np.ndarray | None = None, *
     """The offline run of ``pl`` on ``lengths`` (prompt and output tokens per request, in a
     permutation drawn with ``seed``; default seeded synthetic lengths like the Azure
     conversation trace)."""
-    from shoal.serving import workload
-    from shoal.serving.simulator import simulate
 
     if lengths is None:
         lengths = workload.synthetic_lengths(20000, seed)
@@ -116,7 +115,6 @@ def binding(r, cluster: Cluster, bound: float | None = None) -> dict:
 room (the nodes whose KV was the fullest), even if a node is busy
     (its batches are small because few requests are in flight); else a node's compute when it
     is busy ``SATURATED`` of the time; else the requests themselves (the lengths ran out)."""
-    from shoal.serving.simulator import FEED_HIGH_WATER
 
     names = cluster.names
     util = np.asarray(r.node_utilization)

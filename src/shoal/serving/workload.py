@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from shoal.errors import SpecError
-from shoal.files import read_text
+from shoal.files import read_text, write_text
 
 INTERVAL_S = 3.0
 
@@ -99,7 +99,6 @@ def load_trace(path: Path) -> Workload:
 
 def write_trace(path: Path, work: Workload) -> Path:
     """The workload as a ``load_trace`` file (online workloads only)."""
-    from shoal.files import write_text
 
     assert work.arrival_s is not None
     rows = "".join(f"{t:.6f},{a},{b}\n" for t, a, b in zip(work.arrival_s, work.prompt,

@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field, model_validator
 from shoal.errors import SpecError
 from shoal.files import read_text
 from shoal.specs._types import STRICT, Bytes, BytesPerSecond, Flag, PositiveInt, Seconds
+from shoal.specs.scenario import validated
 
 ARCH_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
                "vocab_size", "max_seq_len", "mlp", "norm", "position", "head_dim", "dropout",
@@ -142,7 +143,6 @@ def _cell(text: str):
 def read_runs(path: str | Path) -> list[MeasuredRun]:
     """The runs of a CSV or JSON measurements file, or a SpecError naming the file, the row
     and the field."""
-    from shoal.specs.scenario import validated
 
     p = Path(path)
     text = read_text(p, "measurements file", "UTF-8 CSV or JSON")

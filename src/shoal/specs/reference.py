@@ -16,41 +16,17 @@ from pydantic import BaseModel, WithJsonSchema
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
+from shoal.specs.fields import field_name, nested_models
+from shoal.specs.plan import TrainingPlan
+from shoal.specs.scenario import Scenario
+from shoal.specs.serving import ServingSpec
+
 TITLES = {"scenario": "The scenario format", "plan": "The training-plan format",
           "serving": "The serving file"}
 
-# The placeholder a dict key takes in a field path (pool.regions.<region>); other dicts get <key>.
-KEY_NAMES = {"regions": "region", "zones": "zone", "machines": "machine", "defaults": "class",
-             "intra_node": "gpu", "parallel": "k"}
-
-
 def roots() -> dict[str, type[BaseModel]]:
     """The model at the top of each input format."""
-    from shoal.specs.plan import TrainingPlan
-    from shoal.specs.scenario import Scenario
-    from shoal.specs.serving import ServingSpec
-
     return {"scenario": Scenario, "plan": TrainingPlan, "serving": ServingSpec}
-
-
-def _field_name(name: str, field: FieldInfo) -> str:
-    return field.alias or name  # what the file says: 'schema', not 'schema_'
-
-
-def _nested(tp, path: str, name: str) -> list[tuple[str, type[BaseModel]]]:
-    """(path, model) for each model inside the annotation ``tp`` of field ``name`` at ``path``."""
-    origin, args = get_origin(tp), get_args(tp)
-    if origin is Annotated:
-        return _nested(args[0], path, name)
-    if origin is dict:
-        return _nested(args[1], f"{path}.<{KEY_NAMES.get(name, 'key')}>", name)
-    if origin in (list, tuple):
-        return [x for a in args if a is not Ellipsis for x in _nested(a, path + "[]", name)]
-    if origin in (Union, types.UnionType):
-        return [x for a in args for x in _nested(a, path, name)]
-    if origin is None and isinstance(tp, type) and issubclass(tp, BaseModel):
-        return [(path, tp)]
-    return []
 
 
 def model_paths(root: type[BaseModel]) -> dict[type[BaseModel], list[str]]:
@@ -61,8 +37,8 @@ def model_paths(root: type[BaseModel]) -> dict[type[BaseModel], list[str]]:
     def visit(model: type[BaseModel], path: str, above: frozenset) -> None:
         found.setdefault(model, []).append(path)
         for name, field in model.model_fields.items():
-            fpath = f"{path}.{_field_name(name, field)}" if path else _field_name(name, field)
-            for sub_path, sub in _nested(field.annotation, fpath, name):
+            fpath = f"{path}.{field_name(name, field)}" if path else field_name(name, field)
+            for sub_path, sub in nested_models(field.annotation, fpath, name):
                 if sub not in above:  # a model containing itself would recurse forever
                     visit(sub, sub_path, above | {sub})
 
@@ -153,7 +129,7 @@ def _section(model: type[BaseModel], paths: list[str]) -> str:
         lines += ["Also at " + ", ".join(f"`{p}`" for p in paths[1:]) + ".", ""]
     lines += ["| field | type | default | description |", "|---|---|---|---|"]
     for name, field in model.model_fields.items():
-        cells = [f"`{_field_name(name, field)}`", type_text(field.annotation, field.metadata),
+        cells = [f"`{field_name(name, field)}`", type_text(field.annotation, field.metadata),
                  default_text(field), field.description or ""]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"

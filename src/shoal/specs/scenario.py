@@ -11,6 +11,7 @@ from shoal.errors import SpecError, close_match
 from shoal.files import read_document
 from shoal.specs._types import STRICT
 from shoal.specs.cluster import PoolSpec, PriceSpec
+from shoal.specs.fields import field_name, nested_models
 from shoal.specs.job import Constraints, JobSpec, ObjectiveSpec
 from shoal.specs.model import ModelSpec
 from shoal.specs.network import NetworkSpec
@@ -125,14 +126,13 @@ def spec_error_from_validation(exc: ValidationError, file: str | None,
 def _fields_at(cls: type[BaseModel], loc) -> list[str]:
     """The keys (aliases first) of the table at ``loc`` inside ``cls``'s documents: the path
     goes through model fields, list items (an index) and mapping values (a key), as the field
-    reference walks them (``reference._nested``); [] where it leads to no model."""
-    from shoal.specs.reference import _field_name, _nested
+    reference walks them (``fields.nested_models``); [] where it leads to no model."""
 
     model, keys = cls, list(loc)
     while keys:
         key = keys.pop(0)
         field = next((f for n, f in model.model_fields.items() if key in (n, f.alias)), None)
-        inner = [] if field is None else _nested(field.annotation, "", str(key))
+        inner = [] if field is None else nested_models(field.annotation, "", str(key))
         if not inner:
             return []
         sub_path, model = inner[0]
@@ -140,7 +140,7 @@ def _fields_at(cls: type[BaseModel], loc) -> list[str]:
         if len(keys) < steps:
             return []
         del keys[:steps]
-    return [_field_name(n, f) for n, f in model.model_fields.items()]
+    return [field_name(n, f) for n, f in model.model_fields.items()]
 
 
 def validated(cls: type[BaseModel], data: dict, file: str | None = None):

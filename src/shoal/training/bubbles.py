@@ -29,7 +29,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shoal.training.geo import INTRA_DC_BPS, GeoTimeline
+from shoal import catalog
+from shoal.errors import SpecError
+from shoal.files import read_text
+from shoal.profiles.analytic import AnalyticProfile
+from shoal.serving.workload import poisson, synthetic_lengths
+from shoal.training.geo import INTRA_DC_BPS, GeoTimeline, simulate
 
 # Calibrated on the one latency anchor the paper gives: Llama-3-8B, 512 tokens on a DGX A100, 8
 # pipeline stages add 16 ms (29%) to time-to-first-token against one GPU (Atlas §6.6): 16 ms / 7
@@ -69,8 +74,6 @@ class PrefillModel:
 def prefill_model(model_name: str, gpu: str, link_bw: float = INTRA_DC_BPS) -> PrefillModel:
     """A prefill model for a catalog model on a catalog GPU whose pipeline stages hand off over
     ``link_bw`` bytes/s (default: between nodes of a datacenter)."""
-    from shoal import catalog
-    from shoal.profiles.analytic import AnalyticProfile
 
     spec = catalog.models().get(model_name)
     gpus = {gpu: catalog.gpus().get(gpu)}
@@ -288,7 +291,6 @@ def _iteration_with_prefill(tl: GeoTimeline, reserved, cells: int, max_checks: i
     taken (``geo.simulate(blocked=...)``), for every iteration the prefills touch (at most
     ``max_checks`` (cell, iteration) pairs, the busiest first); the longest one is returned.
     Equal to the undisturbed iteration when every prefill sits inside a bubble."""
-    from shoal.training.geo import simulate
 
     T = tl.iteration_s
     per: dict[tuple[int, int], dict[tuple[int, int], list]] = {}
@@ -397,7 +399,6 @@ def sustainable(tl: GeoTimeline, model: PrefillModel, *, cells: int = 1, depth: 
 def _poisson(rate_per_s: float, n: int, seed: int) -> list[tuple[float, int]]:
     """``n`` Poisson prefills at ``rate_per_s``, prompts like the Azure conversation trace (the
     same prompts in the same order at every rate, so trials differ only in the rate)."""
-    from shoal.serving.workload import poisson, synthetic_lengths
 
     w = poisson(synthetic_lengths(n, seed), rate_per_s, n, seed)
     return [(float(a), int(p)) for a, p in zip(w.arrival_s, w.prompt, strict=True)]
@@ -408,8 +409,6 @@ def load_requests(path) -> list[tuple[float, int]]:
     non-negative; prompts > 0); every problem is a SpecError naming the line."""
     import csv
 
-    from shoal.errors import SpecError
-    from shoal.files import read_text
 
     text = read_text(path, "file", "a UTF-8 CSV")
     rows = list(csv.reader(text.splitlines()))
@@ -441,8 +440,6 @@ def synthetic_requests(rate_per_s: float, duration_s: float, seed: int = 0
                        ) -> list[tuple[float, int]]:
     """Poisson arrivals at ``rate_per_s`` for ``duration_s``, prompt lengths like the Azure
     conversation trace (``shoal.serving.workload.synthetic_lengths``)."""
-    from shoal.errors import SpecError
-    from shoal.serving.workload import poisson, synthetic_lengths
 
     n = max(1, int(round(rate_per_s * duration_s)))
     w = poisson(synthetic_lengths(n, seed), rate_per_s, n, seed)

@@ -17,10 +17,13 @@ import time
 from dataclasses import dataclass, field
 
 from shoal.errors import InfeasibleError, SpecError
+from shoal.serving import served as sv
 from shoal.serving.cluster import Cluster
 from shoal.serving.flow import Flow, max_flow
+from shoal.serving.perf import GPU_MEMORY_UTILIZATION
 from shoal.serving.placement import Placement
 from shoal.serving.placers import baselines, milp, stages
+from shoal.serving.served import simulatable
 
 PLACERS = ("auto", "milp", "swarm", "petals", "separate")
 OBJECTIVES = ("decode", "max-flow")
@@ -98,7 +101,6 @@ def place(cluster: Cluster, placer: str = "auto", *, time_limit_s: float = 60.0,
         raise SpecError("an objective is for the auto placer", field="--objective",
                         value=objective, allowed="--placer auto")
     if placer == "auto" and objective != "max-flow":
-        from shoal.serving.served import simulatable
 
         if simulatable(cluster):
             return _for_decode(cluster, time_limit_s=time_limit_s, seed=seed, lengths=lengths)
@@ -160,7 +162,6 @@ def with_served(cluster: Cluster, placed: Placed, lengths=None, seed: int = 0) -
     cannot be simulated."""
     import dataclasses
 
-    from shoal.serving import served as sv
 
     if placed.served is not None or placed.flow.value <= 0 \
             or not sv.simulatable(cluster, placed.placement):
@@ -212,7 +213,6 @@ def no_flow_reason(cluster: Cluster, pl: Placement) -> tuple[str, str]:
 def kv_bound(cluster: Cluster) -> float:
     """Tokens of KV cache per layer if every node's memory beside one copy of the weights held
     KV, spread evenly over the layers: no placement's fullest layer holds more."""
-    from shoal.serving.perf import GPU_MEMORY_UTILIZATION
 
     free = GPU_MEMORY_UTILIZATION * float(cluster.memory.sum()) \
         - cluster.layers * cluster.layer_bytes
@@ -225,7 +225,6 @@ def _for_decode(cluster: Cluster, *, time_limit_s: float, seed: int, lengths) ->
     the grid's far corners, the max-flow placement and the baselines while time remains. The
     best decode throughput wins (ties within ``TIE``: the lower mean decode latency). A new
     simulation starts only if the longest so far still fits before the deadline."""
-    from shoal.serving import served as sv
 
     t0 = time.perf_counter()
     deadline = t0 + (1.0 - MARGIN) * time_limit_s
