@@ -98,7 +98,9 @@ class ElasticJob:
     seed: int = 0
     dtype: str = "float64"
     out_dir: str | None = None
-    heartbeat_timeout_s: float = 3.0
+    # other machines' workers: silent this long, they count as gone (a starved or partitioned
+    # machine is not cut off at once)
+    heartbeat_timeout_s: float = 10.0
     on_event: object = None
     listen: str | None = None  # host:port: the store served there, for other machines' workers
     reconfigurations: list[Reconfiguration] = field(default_factory=list)
@@ -154,6 +156,9 @@ class ElasticJob:
             if p is not None and not p.is_alive():
                 continue
             if not self.store.check([f"ready/{wid}"]):
+                continue
+            if p is not None:  # this machine's: its process is the truth, whatever the load
+                out.append(wid)
                 continue
             hb = float(self.store.get(f"hb/{wid}")) if self.store.check([f"hb/{wid}"]) else now
             if now - hb <= self.heartbeat_timeout_s:

@@ -1,0 +1,1 @@
+"""shoal: plan, estimate, run and re-plan LLM training and serving on mixed, scattered GPU pools."""
