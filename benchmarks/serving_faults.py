@@ -36,10 +36,10 @@ from pathlib import Path
 import numpy as np
 
 from shoal.catalog import TINY
+from shoal.runtime.serve.http import Endpoint
+from shoal.runtime.serve.live import LiveServer, reference_generate, requests_from, workload
 from shoal.serving.cluster import build_cluster
 from shoal.serving.flow import max_flow
-from shoal.serving.http import Endpoint
-from shoal.serving.live import LiveServer, reference_generate, requests_from, workload
 from shoal.serving.placement import load_placement
 from shoal.specs.serving import load_serving
 

@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from shoal.serving import live
+from shoal.runtime.serve import live
+from shoal.runtime.serve.profile import measure
 from shoal.serving import workload as wl
 from shoal.serving.cluster import build_cluster
 from shoal.serving.flow import max_flow
 from shoal.serving.placement import load_placement
-from shoal.serving.profile import measure
 from shoal.serving.simulator import simulate
 from shoal.specs.model import ModelSpec
 from shoal.specs.serving import load_serving

@@ -18,14 +18,14 @@ pytest.importorskip("torch")
 pytest.importorskip("zmq")
 
 from shoal.catalog import TINY  # noqa: E402
-from shoal.serving.cluster import build_cluster  # noqa: E402
-from shoal.serving.flow import max_flow  # noqa: E402
-from shoal.serving.live import (  # noqa: E402
+from shoal.runtime.serve.live import (  # noqa: E402
     LiveServer,
     reference_generate,
     requests_from,
     workload,
 )
+from shoal.serving.cluster import build_cluster  # noqa: E402
+from shoal.serving.flow import max_flow  # noqa: E402
 from shoal.serving.placement import load_placement  # noqa: E402
 from shoal.specs.serving import load_serving  # noqa: E402
 
@@ -167,7 +167,7 @@ def test_http_endpoint_streams_concurrent_requests(setup):
     import http.client
     from concurrent.futures import ThreadPoolExecutor
 
-    from shoal.serving.http import Endpoint
+    from shoal.runtime.serve.http import Endpoint
 
     _, cl, pl, fl = setup
     reqs = requests_from(workload(TINY, 8, max_new=6, seed=5), TINY)
@@ -225,7 +225,7 @@ def test_http_endpoint_streams_concurrent_requests(setup):
     ('[1, 2]', "prompt"),
 ])
 def test_a_completions_request_of_a_bad_value_is_refused_naming_it(body, what):
-    from shoal.serving.http import parse_request
+    from shoal.runtime.serve.http import parse_request
 
     with pytest.raises(ValueError, match=re.escape(what)):
         parse_request(json.loads(body), 256)
@@ -478,7 +478,7 @@ def _crafted(hidden: int) -> list[list[bytes]]:
 def test_every_crafted_frame_is_a_bad_message_and_a_real_one_decodes():
     import numpy as np
 
-    from shoal.serving.live import BadMessage, decode
+    from shoal.runtime.serve.live import BadMessage, decode
 
     for frames in _crafted(TINY.hidden_size)[:9] + _crafted(TINY.hidden_size)[11:]:
         with pytest.raises(BadMessage):
@@ -512,7 +512,7 @@ def test_crafted_frames_on_the_coordinators_port_are_dropped_and_counted(setup):
     """One crafted frame on the coordinator's port used to kill its loop (every request then
     waited --timeout + 5 s for a 503, while /v1/models answered 200): each is dropped and
     counted, and requests are served as before."""
-    from shoal.serving.http import Endpoint
+    from shoal.runtime.serve.http import Endpoint
 
     _, cl, pl, fl = setup
     crafted = _crafted(TINY.hidden_size)
@@ -606,7 +606,7 @@ def test_health_and_models_tell_whether_anything_can_be_served(setup):
     """/health: 200 with the live workers; with no chain of live workers left (restarts off),
     503 with the reason, as /v1/models (which used to answer 200 whatever the state) and a
     completion request, at once."""
-    from shoal.serving.http import Endpoint
+    from shoal.runtime.serve.http import Endpoint
 
     _, cl, pl, fl = setup
     with LiveServer(cl, pl, fl, TINY, restarts=0) as srv:
@@ -644,7 +644,7 @@ def test_a_burst_over_http_with_a_worker_killed_midway(setup):
     import http.client
     from concurrent.futures import ThreadPoolExecutor
 
-    from shoal.serving.http import Endpoint
+    from shoal.runtime.serve.http import Endpoint
 
     _, cl, pl, fl = setup
     reqs = requests_from(workload(TINY, 300, max_new=6, seed=9), TINY)

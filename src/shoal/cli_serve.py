@@ -442,7 +442,7 @@ def run_cmd(
     the coordinator routing each request along its chain; the simulator's metrics, measured."""
     from shoal import catalog
     from shoal.files import check_outputs, write_json
-    from shoal.serving import live
+    from shoal.runtime.serve import live
     from shoal.serving import workload as wl
 
     check_outputs([(output, "--output")], [serving, placement, lengths, trace])
@@ -556,7 +556,7 @@ def worker_cmd(
     """Run one node's worker on this machine for `shoal serve run` on another: it reaches the
     coordinator at the serving file's coordinator.address, gets its layers from it, serves until
     the coordinator stops it, then exits."""
-    from shoal.serving import live
+    from shoal.runtime.serve import live
 
     cluster = _load(serving)
     try:
@@ -601,7 +601,7 @@ def profile_cmd(
     from dataclasses import asdict
 
     from shoal import catalog
-    from shoal.serving.profile import measure
+    from shoal.runtime.serve.profile import measure
 
     if dtype not in ("float32", "float64"):
         raise SpecError("unknown dtype", field="--dtype", value=dtype, allowed="float32, float64")
@@ -648,7 +648,7 @@ def _serve_http(server, host: str, port: int, spec, timeout: float, as_json: boo
     import signal
     import time
 
-    from shoal.serving.http import Endpoint
+    from shoal.runtime.serve.http import Endpoint
 
     def interrupt(*_):
         raise KeyboardInterrupt

@@ -1,5 +1,5 @@
 """Measure what the serving simulator needs on this machine, with the live workers' own code
-(``shoal.serving.live``): the time one transformer block takes for a prompt of n tokens and for
+(``shoal.runtime.serve.live``): the time one transformer block takes for a prompt of n tokens and for
 a decode step of a batch of b requests, and the time a message of n tokens' hidden states takes
 from one process to another over ZeroMQ.
 
@@ -82,7 +82,7 @@ def block_times(spec, *, prompt_tokens=PROMPT_TOKENS, decode_batch=DECODE_BATCHE
     import torch
 
     from shoal.runtime.profiler import _median_time
-    from shoal.serving.live import Shard
+    from shoal.runtime.serve.live import Shard
 
     torch.set_num_threads(1)  # as in a worker process
     L = spec.num_layers
@@ -140,7 +140,7 @@ def wake_times(spec, *, gaps=WAKE_GAPS, reps: int = 5, seed: int = 0, dtype: str
     import torch
 
     from shoal.runtime.profiler import _clock
-    from shoal.serving.live import Shard
+    from shoal.runtime.serve.live import Shard
 
     torch.set_num_threads(1)
     L = spec.num_layers
@@ -177,7 +177,7 @@ def _share_worker(i: int, spec_json: str, seed: int, dtype: str, rounds: int, wi
     for ``window`` seconds and report their steps per second; the others wait."""
     import torch
 
-    from shoal.serving.live import Shard
+    from shoal.runtime.serve.live import Shard
     from shoal.specs.model import ModelSpec
 
     torch.set_num_threads(1)
@@ -238,7 +238,7 @@ def _echo(addr_out: str) -> None:
     first message is the address it listens on."""
     import zmq
 
-    from shoal.serving.live import HELLO, STOP, recv, send
+    from shoal.runtime.serve.live import HELLO, STOP, recv, send
 
     ctx = zmq.Context()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
@@ -263,7 +263,7 @@ def link_times(hidden: int, *, tokens=MESSAGE_TOKENS, reps: int = 20, dtype: str
     awake)."""
     import zmq
 
-    from shoal.serving.live import STEP, STOP, recv, send
+    from shoal.runtime.serve.live import STEP, STOP, recv, send
 
     per_token = hidden * np.dtype(dtype).itemsize
     ctx = zmq.Context()
