@@ -30,7 +30,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from shoal.files import finite_float, json_depth
-from shoal.runtime.serve.live import LiveServer, Rejected, Request
+from shoal.runtime.serve.live import LiveServer
+from shoal.runtime.serve.traffic import Rejected, Request
 
 MAX_BODY_BYTES = 1 << 20  # or 16 bytes per token of the model's context, if more
 MAX_JSON_DEPTH = 32  # a completions request nests two levels
