@@ -24,6 +24,7 @@ import itertools
 import json
 import queue
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -65,8 +66,9 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = BACKLOG
     daemon_threads = True
 
-    def __init__(self, address, handler, max_connections: int):
-        super().__init__(address, handler)
+    def __init__(self, address, endpoint: Endpoint, max_connections: int):
+        super().__init__(address, _Handler)
+        self.endpoint = endpoint  # what the handler answers with
         self.max_connections = max_connections
         self.open = 0
         self.lock = threading.Lock()
@@ -75,8 +77,6 @@ class _Server(ThreadingHTTPServer):
     def handle_error(self, request, client_address):
         """A connection that failed (the client went away or reset it, or a handler's bug):
         counted, not printed (the socketserver default prints a traceback per connection)."""
-        import sys
-
         name = type(sys.exc_info()[1]).__name__
         with self.lock:
             self.errors[name] = self.errors.get(name, 0) + 1
@@ -121,8 +121,8 @@ class Endpoint:
         self.max_body_bytes = max_body_bytes or max(MAX_BODY_BYTES,
                                                     16 * server.spec.max_seq_len)
         self.failure: str | None = None  # why the coordinator loop stopped, if it did
-        self.httpd = _Server((host, port), _handler(self), max_connections)  # may fail:
-        self.loop = threading.Thread(target=self._loop, daemon=True)        # nothing started
+        self.httpd = _Server((host, port), self, max_connections)  # may fail: nothing started
+        self.loop = threading.Thread(target=self._loop, daemon=True)
         self.loop.start()
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -241,267 +241,276 @@ def parse_body(data: bytes) -> object:
         raise ValueError(f"the body is not JSON: {exc}") from None
 
 
-def _handler(ep: Endpoint):
-    spec = ep.server.spec
+class _Handler(BaseHTTPRequestHandler):
+    """One connection's requests, answered by the endpoint its server holds."""
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = ep.read_timeout_s  # every read and write of the socket: a stalled client
-                                     # raises TimeoutError and its connection is closed
+    protocol_version = "HTTP/1.1"
 
-        def log_message(self, *args):  # quiet: the CLI prints its own summary
-            pass
+    @property
+    def timeout(self) -> float:
+        """Of every read and write of the socket: a stalled client raises TimeoutError and its
+        connection is closed."""
+        return self.ep.read_timeout_s
 
-        def handle_one_request(self):
-            """One request; a handler's own failure is a 500 (when no answer has started)
-            rather than a connection closed with no answer, and is counted by the server."""
-            self.replied = False
-            try:
-                super().handle_one_request()
-            except OSError:
-                raise
-            except Exception as exc:
-                self.close_connection = True
-                if not self.replied:
-                    with contextlib.suppress(OSError):
-                        self._error(500, f"internal error ({type(exc).__name__})")
-                raise
+    @property
+    def ep(self) -> Endpoint:
+        return self.server.endpoint
 
-        def send_response(self, code, message=None):
-            self.replied = True
-            super().send_response(code, message)
+    @property
+    def spec(self):
+        return self.ep.server.spec
 
-        def _route(self) -> str:
-            return urlsplit(self.path).path.rstrip("/") or "/"
+    def log_message(self, *args):  # quiet: the CLI prints its own summary
+        pass
 
-        def _json(self, code: int, doc: dict, headers: dict | None = None) -> None:
-            body = json.dumps(doc).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        def _error(self, code: int, message: str, headers: dict | None = None) -> None:
-            kind = ("not_found_error" if code == 404 else
-                    "invalid_request_error" if 400 <= code < 500 else "server_error")
-            self._json(code, {"error": {"message": message, "type": kind}}, headers)
-
-        def send_error(self, code, message=None, explain=None):
-            """The server's own errors (a malformed request line, headers too long, a method
-            it has no handler for) as JSON errors too, an unknown method as a 405."""
+    def handle_one_request(self):
+        """One request; a handler's own failure is a 500 (when no answer has started)
+        rather than a connection closed with no answer, and is counted by the server."""
+        self.replied = False
+        try:
+            super().handle_one_request()
+        except OSError:
+            raise
+        except Exception as exc:
             self.close_connection = True
-            if code == 501:  # no do_<METHOD>: a method no path here takes
-                self._no_method()
+            if not self.replied:
+                with contextlib.suppress(OSError):
+                    self._error(500, f"internal error ({type(exc).__name__})")
+            raise
+
+    def send_response(self, code, message=None):
+        self.replied = True
+        super().send_response(code, message)
+
+    def _route(self) -> str:
+        return urlsplit(self.path).path.rstrip("/") or "/"
+
+    def _json(self, code: int, doc: dict, headers: dict | None = None) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _error(self, code: int, message: str, headers: dict | None = None) -> None:
+        kind = ("not_found_error" if code == 404 else
+                "invalid_request_error" if 400 <= code < 500 else "server_error")
+        self._json(code, {"error": {"message": message, "type": kind}}, headers)
+
+    def send_error(self, code, message=None, explain=None):
+        """The server's own errors (a malformed request line, headers too long, a method
+        it has no handler for) as JSON errors too, an unknown method as a 405."""
+        self.close_connection = True
+        if code == 501:  # no do_<METHOD>: a method no path here takes
+            self._no_method()
+            return
+        with contextlib.suppress(OSError):
+            self._error(code, message or self.responses.get(code, ("error",))[0])
+
+    def _no_method(self) -> None:
+        route = self._route()
+        if route not in ROUTES:
+            self._error(404, f"no route {self.path}")
+            return
+        self._error(405, f"{self.command} {route}: allowed {ROUTES[route]}",
+                    {"Allow": ROUTES[route]})
+
+    do_HEAD = do_OPTIONS = do_PUT = do_DELETE = do_PATCH = _no_method  # noqa: N815
+
+    def handle_expect_100(self):
+        """``Expect: 100-continue``: a body that will be refused is not asked for."""
+        try:
+            self._length()
+        except HttpError as exc:
+            self.close_connection = True
+            self._error(exc.status, str(exc))
+            return False
+        return super().handle_expect_100()
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        route = self._route()
+        if route == "/health":
+            status, doc = self.ep.health()
+            self._json(status, doc)
+        elif route == "/v1/models":
+            why = self.ep.unavailable()
+            if why is not None:
+                self._error(503, why)
                 return
-            with contextlib.suppress(OSError):
-                self._error(code, message or self.responses.get(code, ("error",))[0])
+            self._json(200, {"object": "list", "data": [
+                {"id": self.spec.name, "object": "model", "owned_by": "shoal"}]})
+        else:
+            self._no_method()
 
-        def _no_method(self) -> None:
-            route = self._route()
-            if route not in ROUTES:
-                self._error(404, f"no route {self.path}")
-                return
-            self._error(405, f"{self.command} {route}: allowed {ROUTES[route]}",
-                        {"Allow": ROUTES[route]})
-
-        do_HEAD = do_OPTIONS = do_PUT = do_DELETE = do_PATCH = _no_method  # noqa: N815
-
-        def handle_expect_100(self):
-            """``Expect: 100-continue``: a body that will be refused is not asked for."""
+    def do_POST(self):  # noqa: N802
+        if self._route() != "/v1/completions":
+            self._no_method()
+            return
+        read = False
+        try:
+            data = self._body()
+            read = True
             try:
-                self._length()
-            except HttpError as exc:
+                tokens, max_new, stream = parse_request(parse_body(data), self.spec.vocab_size)
+            except ValueError as exc:
+                raise HttpError(400, str(exc)) from None
+            if len(tokens) + max_new > self.spec.max_seq_len:
+                raise HttpError(400, f"prompt ({len(tokens)} tokens) + max_tokens "
+                                     f"({max_new}) must fit the model's context of "
+                                     f"{self.spec.max_seq_len}")
+            down = self.ep.loop_down()
+            if down is not None:
+                raise HttpError(503, down)
+        except HttpError as exc:
+            if not read:  # where the body ends is unknown: the connection carries no more
                 self.close_connection = True
-                self._error(exc.status, str(exc))
-                return False
-            return super().handle_expect_100()
+            self._error(exc.status, str(exc))
+            if not read:
+                self._discard()
+            return
+        r = self.ep.submit(tokens, max_new)
+        try:
+            self._answer(r, tokens, stream)
+        except OSError:  # the client went away, or stopped reading: the answer is cut
+            self.close_connection = True
 
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            route = self._route()
-            if route == "/health":
-                status, doc = ep.health()
-                self._json(status, doc)
-            elif route == "/v1/models":
-                why = ep.unavailable()
-                if why is not None:
-                    self._error(503, why)
-                    return
-                self._json(200, {"object": "list", "data": [
-                    {"id": spec.name, "object": "model", "owned_by": "shoal"}]})
-            else:
-                self._no_method()
+    def _length(self) -> int | None:
+        """The body's announced length (None: chunked), or an HttpError: both or neither
+        of Content-Length and chunked Transfer-Encoding, a length that is not a
+        non-negative integer, or one past the cap."""
+        te = self.headers.get_all("Transfer-Encoding") or []
+        cl = self.headers.get_all("Content-Length") or []
+        if te:
+            if [t.strip().lower() for t in te] != ["chunked"]:
+                raise HttpError(501, f"Transfer-Encoding {', '.join(te)[:50]!r}: only "
+                                     "chunked is taken")
+            if cl:  # which one frames the body is ambiguous: refused (RFC 9112 §6.3)
+                raise HttpError(400, "both Content-Length and Transfer-Encoding")
+            return None
+        if not cl:
+            raise HttpError(411, "a body needs Content-Length or Transfer-Encoding: "
+                                 "chunked")
+        if len(set(cl)) > 1 or not (cl[0].strip().isdigit() and len(cl[0].strip()) <= 18):
+            raise HttpError(400, f"Content-Length {', '.join(cl)[:50]!r} is not one "
+                                 "non-negative integer")
+        n = int(cl[0])
+        if n > self.ep.max_body_bytes:
+            raise HttpError(413, f"a body of {n:,} bytes; at most {self.ep.max_body_bytes:,}")
+        return n
 
-        def do_POST(self):  # noqa: N802
-            if self._route() != "/v1/completions":
-                self._no_method()
-                return
-            read = False
+    def _body(self) -> bytes:
+        n = self._length()
+        if n is not None:
+            data = self.rfile.read(n)
+            if len(data) != n:
+                raise HttpError(400, f"the body ended after {len(data)} of {n} bytes")
+            return data
+        parts, total = [], 0
+        while True:  # chunks: a hex size line, the bytes, CRLF; size 0 ends (RFC 9112 §7.1)
+            line = self.rfile.readline(1024)
+            size = line.split(b";")[0].strip()
+            if not line.endswith(b"\n") or not size or len(size) > 16 or any(
+                    c not in b"0123456789abcdefABCDEF" for c in size):
+                raise HttpError(400, "a malformed chunk size line")
+            n = int(size, 16)
+            if n == 0:
+                break
+            total += n
+            if total > self.ep.max_body_bytes:
+                raise HttpError(413, f"a chunked body past {self.ep.max_body_bytes:,} bytes")
+            parts.append(self.rfile.read(n))
+            if len(parts[-1]) != n or self.rfile.read(2) != b"\r\n":
+                raise HttpError(400, "a chunk shorter than its size")
+        for _ in range(64):  # trailer fields, up to the empty line: read and ignored
+            line = self.rfile.readline(8192)
+            if line in (b"\r\n", b"\n", b""):
+                return b"".join(parts)
+        raise HttpError(400, "too many trailer lines")
+
+    def _discard(self) -> None:
+        """Close after an answer to a request whose body was not read: stop sending, read
+        what the client still sends for a moment (a close with unread bytes resets the
+        connection, and the client could lose the answer), then close."""
+        with contextlib.suppress(OSError):
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(1.0)
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and self.connection.recv(65536):
+                pass
+
+    def _next(self, r: Request):
+        """The request's next token, None when done, or a Rejected: waits for the
+        coordinator, looking every second whether its loop still runs."""
+        deadline = time.monotonic() + self.ep.timeout_s + 5
+        while True:
             try:
-                data = self._body()
-                read = True
-                try:
-                    tokens, max_new, stream = parse_request(parse_body(data), spec.vocab_size)
-                except ValueError as exc:
-                    raise HttpError(400, str(exc)) from None
-                if len(tokens) + max_new > spec.max_seq_len:
-                    raise HttpError(400, f"prompt ({len(tokens)} tokens) + max_tokens "
-                                         f"({max_new}) must fit the model's context of "
-                                         f"{spec.max_seq_len}")
-                down = ep.loop_down()
-                if down is not None:
-                    raise HttpError(503, down)
-            except HttpError as exc:
-                if not read:  # where the body ends is unknown: the connection carries no more
-                    self.close_connection = True
-                self._error(exc.status, str(exc))
-                if not read:
-                    self._discard()
-                return
-            r = ep.submit(tokens, max_new)
-            try:
-                self._answer(r, tokens, stream)
-            except OSError:  # the client went away, or stopped reading: the answer is cut
-                self.close_connection = True
+                return r.sink.get(timeout=1.0)
+            except queue.Empty:
+                pass
+            down = self.ep.loop_down()
+            if down is not None:
+                return Rejected(down)
+            if time.monotonic() > deadline:
+                return Rejected("no answer from the coordinator")
 
-        def _length(self) -> int | None:
-            """The body's announced length (None: chunked), or an HttpError: both or neither
-            of Content-Length and chunked Transfer-Encoding, a length that is not a
-            non-negative integer, or one past the cap."""
-            te = self.headers.get_all("Transfer-Encoding") or []
-            cl = self.headers.get_all("Content-Length") or []
-            if te:
-                if [t.strip().lower() for t in te] != ["chunked"]:
-                    raise HttpError(501, f"Transfer-Encoding {', '.join(te)[:50]!r}: only "
-                                         "chunked is taken")
-                if cl:  # which one frames the body is ambiguous: refused (RFC 9112 §6.3)
-                    raise HttpError(400, "both Content-Length and Transfer-Encoding")
-                return None
-            if not cl:
-                raise HttpError(411, "a body needs Content-Length or Transfer-Encoding: "
-                                     "chunked")
-            if len(set(cl)) > 1 or not (cl[0].strip().isdigit() and len(cl[0].strip()) <= 18):
-                raise HttpError(400, f"Content-Length {', '.join(cl)[:50]!r} is not one "
-                                     "non-negative integer")
-            n = int(cl[0])
-            if n > ep.max_body_bytes:
-                raise HttpError(413, f"a body of {n:,} bytes; at most {ep.max_body_bytes:,}")
-            return n
-
-        def _body(self) -> bytes:
-            n = self._length()
-            if n is not None:
-                data = self.rfile.read(n)
-                if len(data) != n:
-                    raise HttpError(400, f"the body ended after {len(data)} of {n} bytes")
-                return data
-            parts, total = [], 0
-            while True:  # chunks: a hex size line, the bytes, CRLF; size 0 ends (RFC 9112 §7.1)
-                line = self.rfile.readline(1024)
-                size = line.split(b";")[0].strip()
-                if not line.endswith(b"\n") or not size or len(size) > 16 or any(
-                        c not in b"0123456789abcdefABCDEF" for c in size):
-                    raise HttpError(400, "a malformed chunk size line")
-                n = int(size, 16)
-                if n == 0:
-                    break
-                total += n
-                if total > ep.max_body_bytes:
-                    raise HttpError(413, f"a chunked body past {ep.max_body_bytes:,} bytes")
-                parts.append(self.rfile.read(n))
-                if len(parts[-1]) != n or self.rfile.read(2) != b"\r\n":
-                    raise HttpError(400, "a chunk shorter than its size")
-            for _ in range(64):  # trailer fields, up to the empty line: read and ignored
-                line = self.rfile.readline(8192)
-                if line in (b"\r\n", b"\n", b""):
-                    return b"".join(parts)
-            raise HttpError(400, "too many trailer lines")
-
-        def _discard(self) -> None:
-            """Close after an answer to a request whose body was not read: stop sending, read
-            what the client still sends for a moment (a close with unread bytes resets the
-            connection, and the client could lose the answer), then close."""
-            with contextlib.suppress(OSError):
-                self.wfile.flush()
-                self.connection.shutdown(socket.SHUT_WR)
-                self.connection.settimeout(1.0)
-                deadline = time.monotonic() + 2.0
-                while time.monotonic() < deadline and self.connection.recv(65536):
-                    pass
-
-        def _next(self, r: Request):
-            """The request's next token, None when done, or a Rejected: waits for the
-            coordinator, looking every second whether its loop still runs."""
-            deadline = time.monotonic() + ep.timeout_s + 5
-            while True:
-                try:
-                    return r.sink.get(timeout=1.0)
-                except queue.Empty:
-                    pass
-                down = ep.loop_down()
-                if down is not None:
-                    return Rejected(down)
-                if time.monotonic() > deadline:
-                    return Rejected("no answer from the coordinator")
-
-        def _answer(self, r: Request, tokens: list[int], stream: bool) -> None:
-            rid = f"cmpl-{r.rid}"
-            got: list[int] = []
-            while True:
-                item = self._next(r)
-                if isinstance(item, Rejected) or item is None:
-                    break
-                if stream and not got:  # the first token: the stream starts (a request
-                    # rejected before any token gets a 503, streamed or not)
-                    self._start_stream()
-                got.append(item)
-                if stream:
-                    self._chunk({"id": rid, "object": "text_completion", "model": spec.name,
-                                 "created": int(time.time()), "choices": [
-                                     {"index": 0, "text": decode([item]), "tokens": [item],
-                                      "finish_reason": None}]})
-            if isinstance(item, Rejected):
-                if stream and got:  # rejected mid-stream: the status is sent already
-                    self._chunk({"id": rid, "error": {"message": item.reason}})
-                    self._end()
-                else:
-                    self._error(503, item.reason)
-                return
-            usage = {"prompt_tokens": len(tokens), "completion_tokens": len(got),
-                     "total_tokens": len(tokens) + len(got)}
-            if stream and not got:
+    def _answer(self, r: Request, tokens: list[int], stream: bool) -> None:
+        rid = f"cmpl-{r.rid}"
+        got: list[int] = []
+        while True:
+            item = self._next(r)
+            if isinstance(item, Rejected) or item is None:
+                break
+            if stream and not got:  # the first token: the stream starts (a request
+                # rejected before any token gets a 503, streamed or not)
                 self._start_stream()
+            got.append(item)
             if stream:
-                self._chunk({"id": rid, "object": "text_completion", "model": spec.name,
-                             "choices": [{"index": 0, "text": "", "tokens": [],
-                                          "finish_reason": "length"}], "usage": usage})
-                self._end()
-                return
-            self._json(200, {"id": rid, "object": "text_completion", "model": spec.name,
+                self._chunk({"id": rid, "object": "text_completion", "model": self.spec.name,
                              "created": int(time.time()), "choices": [
-                                 {"index": 0, "text": decode(got), "tokens": got,
-                                  "finish_reason": "length"}], "usage": usage})
+                                 {"index": 0, "text": decode([item]), "tokens": [item],
+                                  "finish_reason": None}]})
+        if isinstance(item, Rejected):
+            if stream and got:  # rejected mid-stream: the status is sent already
+                self._chunk({"id": rid, "error": {"message": item.reason}})
+                self._end()
+            else:
+                self._error(503, item.reason)
+            return
+        usage = {"prompt_tokens": len(tokens), "completion_tokens": len(got),
+                 "total_tokens": len(tokens) + len(got)}
+        if stream and not got:
+            self._start_stream()
+        if stream:
+            self._chunk({"id": rid, "object": "text_completion", "model": self.spec.name,
+                         "choices": [{"index": 0, "text": "", "tokens": [],
+                                      "finish_reason": "length"}], "usage": usage})
+            self._end()
+            return
+        self._json(200, {"id": rid, "object": "text_completion", "model": self.spec.name,
+                         "created": int(time.time()), "choices": [
+                             {"index": 0, "text": decode(got), "tokens": got,
+                              "finish_reason": "length"}], "usage": usage})
 
-        def _start_stream(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
+    def _start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
 
-        def _chunk(self, doc) -> None:
-            data = f"data: {json.dumps(doc)}\n\n".encode()
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
+    def _chunk(self, doc) -> None:
+        data = f"data: {json.dumps(doc)}\n\n".encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
 
-        def _end(self) -> None:
-            data = b"data: [DONE]\n\n"
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n\r\n")
-            self.wfile.flush()
-
-    return Handler
+    def _end(self) -> None:
+        data = b"data: [DONE]\n\n"
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n\r\n")
+        self.wfile.flush()
