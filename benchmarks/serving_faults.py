@@ -36,10 +36,12 @@ from pathlib import Path
 import numpy as np
 
 from shoal.catalog import TINY
+from shoal.runtime.serve.http import Endpoint
+from shoal.runtime.serve.live import LiveOptions, LiveServer
+from shoal.runtime.serve.shard import reference_generate
+from shoal.runtime.serve.traffic import requests_from, workload
 from shoal.serving.cluster import build_cluster
 from shoal.serving.flow import max_flow
-from shoal.serving.http import Endpoint
-from shoal.serving.live import LiveServer, reference_generate, requests_from, workload
 from shoal.serving.placement import load_placement
 from shoal.specs.serving import load_serving
 
@@ -63,7 +65,7 @@ def run_case(cl, pl, fl, killed: list[str], n: int, rate: float, seed: int,
              restarts: int) -> dict:
     reqs = requests_from(workload(TINY, n, rate=rate, max_new=MAX_NEW, seed=seed), TINY)
     ref = reference_generate(TINY, [r.prompt for r in reqs], MAX_NEW)
-    with LiveServer(cl, pl, fl, TINY, restarts=restarts) as srv:
+    with LiveServer(cl, pl, fl, TINY, LiveOptions(restarts=restarts)) as srv:
         def kill():
             time.sleep(0.5)
             for name in killed:

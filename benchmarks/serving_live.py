@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from shoal.serving import live
+from shoal.runtime.serve import live, traffic
+from shoal.runtime.serve.profile import measure
 from shoal.serving import workload as wl
 from shoal.serving.cluster import build_cluster
 from shoal.serving.flow import max_flow
 from shoal.serving.placement import load_placement
-from shoal.serving.profile import measure
 from shoal.serving.simulator import simulate
 from shoal.specs.model import ModelSpec
 from shoal.specs.serving import load_serving
@@ -74,7 +74,7 @@ def rel(sim: float | None, real: float | None) -> float | None:
 
 
 def run_one(name: str, ranges, load: float, prof, folder: Path, args) -> dict:
-    pool = live.workload(MODEL, 4000, seed=args.seed)
+    pool = traffic.workload(MODEL, 4000, seed=args.seed)
     lengths = np.stack([pool.prompt, pool.output], axis=1)
     lengths[:, 1] = lengths[:, 1].clip(max=args.max_new)
     sub = folder / f"{name}-{load:g}"
@@ -89,7 +89,7 @@ def run_one(name: str, ranges, load: float, prof, folder: Path, args) -> dict:
     fl = max_flow(cl, pl)
     per_req = float(lengths.sum(axis=1).mean())
     rate = load * fl.value / per_req  # as serve simulate --load: a share of the max flow
-    work = live.workload(MODEL, args.requests, rate=rate, lengths=lengths, seed=args.seed)
+    work = traffic.workload(MODEL, args.requests, rate=rate, lengths=lengths, seed=args.seed)
     wl.write_trace(sub / "trace.csv", work)
     sim = simulate(cl, pl, fl, wl.load_trace(sub / "trace.csv"), warmup_s=0.0, duration_s=None,
                    batching="live")
@@ -99,11 +99,11 @@ def run_one(name: str, ranges, load: float, prof, folder: Path, args) -> dict:
     # and without what work reaching an idle worker pays
     awake = simulate(replace(cl, wake=None), pl, fl, wl.load_trace(sub / "trace.csv"),
                      warmup_s=0.0, duration_s=None, batching="live").to_json(cl.names)
-    reqs = live.requests_from(work, MODEL, args.seed)
-    with live.LiveServer(cl, pl, fl, MODEL, mode="online") as srv:
+    reqs = traffic.requests_from(work, MODEL, args.seed)
+    with live.LiveServer(cl, pl, fl, MODEL, live.LiveOptions(mode="online")) as srv:
         srv.run(reqs, timeout_s=600)
         wall = srv.wall_s
-    real = live.summary(reqs, wall)
+    real = traffic.summary(reqs, wall)
     s = sim.to_json(cl.names)
     out = {"placement": name, "load": load, "requests": args.requests, "rate_per_s": rate,
            "max_flow_tokens_per_s": fl.value, "completed": real["requests"]["completed"]}
@@ -132,7 +132,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        pool = live.workload(MODEL, 4000, seed=args.seed)
+        pool = traffic.workload(MODEL, 4000, seed=args.seed)
         # decode steps timed at the trace's mean context (prompt and half the output)
         ctx = int(pool.prompt.mean() + pool.output.clip(max=args.max_new).mean() / 2)
         prof = measure(MODEL, seed=args.seed, context=ctx)

@@ -15,7 +15,7 @@ import pytest
 from tests._clock import patience
 
 from shoal.catalog import TINY
-from shoal.serving.http import Endpoint
+from shoal.runtime.serve.http import Endpoint
 
 # deadlines for what the server must do within its own short timeouts; generous, so that a
 # loaded machine does not fail them, and short beside a server that would never do it

@@ -18,14 +18,11 @@ pytest.importorskip("torch")
 pytest.importorskip("zmq")
 
 from shoal.catalog import TINY  # noqa: E402
+from shoal.runtime.serve.live import LiveOptions, LiveServer  # noqa: E402
+from shoal.runtime.serve.shard import reference_generate  # noqa: E402
+from shoal.runtime.serve.traffic import requests_from, workload  # noqa: E402
 from shoal.serving.cluster import build_cluster  # noqa: E402
 from shoal.serving.flow import max_flow  # noqa: E402
-from shoal.serving.live import (  # noqa: E402
-    LiveServer,
-    reference_generate,
-    requests_from,
-    workload,
-)
 from shoal.serving.placement import load_placement  # noqa: E402
 from shoal.specs.serving import load_serving  # noqa: E402
 
@@ -64,7 +61,7 @@ def test_tokens_equal_a_one_process_run(setup):
     _, cl, pl, fl = setup
     reqs = requests_from(workload(TINY, 12, max_new=6, seed=3), TINY)
     ref = reference_generate(TINY, [r.prompt for r in reqs], 6, dtype="float64")
-    with LiveServer(cl, pl, fl, TINY, dtype="float64") as srv:
+    with LiveServer(cl, pl, fl, TINY, LiveOptions(dtype="float64")) as srv:
         srv.run(reqs, timeout_s=120)
     for r, want in zip(reqs, ref, strict=True):
         assert r.rejected is None
@@ -89,7 +86,7 @@ def test_a_killed_worker_is_routed_around(setup):
     _, cl, pl, fl = setup
     reqs = requests_from(workload(TINY, 60, rate=40, max_new=8, seed=1), TINY)
     ref = reference_generate(TINY, [r.prompt for r in reqs], 8, dtype="float64")
-    with LiveServer(cl, pl, fl, TINY, dtype="float64", restarts=0) as srv:
+    with LiveServer(cl, pl, fl, TINY, LiveOptions(dtype="float64", restarts=0)) as srv:
         th = _kill_later(srv, ["a"], 0.5)
         t0 = time.perf_counter()
         srv.run(reqs, timeout_s=120)
@@ -106,7 +103,7 @@ def test_a_killed_worker_is_routed_around(setup):
 def test_no_chain_left_rejects_with_a_reason(setup):
     _, cl, pl, fl = setup
     reqs = requests_from(workload(TINY, 40, rate=20, max_new=8, seed=2), TINY)
-    with LiveServer(cl, pl, fl, TINY, restarts=0) as srv:
+    with LiveServer(cl, pl, fl, TINY, LiveOptions(restarts=0)) as srv:
         th = _kill_later(srv, ["a", "c"], 0.5)
         srv.run(reqs, timeout_s=120)
         th.join()
@@ -154,7 +151,7 @@ def test_partial_inference_runs_only_the_blocks_past_the_entry(tmp_path):
     pl = load_placement(tmp_path / "p.json", cl)
     reqs = requests_from(workload(TINY, 4, max_new=5, seed=4), TINY)
     ref = reference_generate(TINY, [r.prompt for r in reqs], 5, dtype="float64")
-    with LiveServer(cl, pl, max_flow(cl, pl), TINY, dtype="float64") as srv:
+    with LiveServer(cl, pl, max_flow(cl, pl), TINY, LiveOptions(dtype="float64")) as srv:
         srv.run(reqs, timeout_s=60)
     assert all(r.chain == ["a", "d", "coord"] for r in reqs)
     for r, want in zip(reqs, ref, strict=True):
@@ -167,12 +164,12 @@ def test_http_endpoint_streams_concurrent_requests(setup):
     import http.client
     from concurrent.futures import ThreadPoolExecutor
 
-    from shoal.serving.http import Endpoint
+    from shoal.runtime.serve.http import Endpoint
 
     _, cl, pl, fl = setup
     reqs = requests_from(workload(TINY, 8, max_new=6, seed=5), TINY)
     ref = reference_generate(TINY, [r.prompt for r in reqs], 6, dtype="float64")
-    with LiveServer(cl, pl, fl, TINY, dtype="float64") as srv:
+    with LiveServer(cl, pl, fl, TINY, LiveOptions(dtype="float64")) as srv:
         ep = Endpoint(srv, port=0)
         try:
             def ask(i):
@@ -225,7 +222,7 @@ def test_http_endpoint_streams_concurrent_requests(setup):
     ('[1, 2]', "prompt"),
 ])
 def test_a_completions_request_of_a_bad_value_is_refused_naming_it(body, what):
-    from shoal.serving.http import parse_request
+    from shoal.runtime.serve.http import parse_request
 
     with pytest.raises(ValueError, match=re.escape(what)):
         parse_request(json.loads(body), 256)
@@ -313,7 +310,7 @@ def test_workers_on_other_hosts_join_by_the_addresses_in_the_serving_file(tmp_pa
         later = requests_from(workload(TINY, 60, rate=40, max_new=8, seed=1), TINY)
         ref1 = reference_generate(TINY, [r.prompt for r in first], 6, dtype="float64")
         ref2 = reference_generate(TINY, [r.prompt for r in later], 8, dtype="float64")
-        with LiveServer(cl, pl, max_flow(cl, pl), TINY, dtype="float64") as srv:
+        with LiveServer(cl, pl, max_flow(cl, pl), TINY, LiveOptions(dtype="float64")) as srv:
             assert set(srv.procs) == {"a", "b"} and set(srv.workers) == {"a", "b", "c", "d"}
             srv.run(first, timeout_s=120)
             assert {tuple(r.chain) for r in first} == {("a", "b", "coord"), ("c", "d", "coord")}
@@ -478,7 +475,7 @@ def _crafted(hidden: int) -> list[list[bytes]]:
 def test_every_crafted_frame_is_a_bad_message_and_a_real_one_decodes():
     import numpy as np
 
-    from shoal.serving.live import BadMessage, decode
+    from shoal.runtime.serve.wire import BadMessage, decode
 
     for frames in _crafted(TINY.hidden_size)[:9] + _crafted(TINY.hidden_size)[11:]:
         with pytest.raises(BadMessage):
@@ -512,7 +509,7 @@ def test_crafted_frames_on_the_coordinators_port_are_dropped_and_counted(setup):
     """One crafted frame on the coordinator's port used to kill its loop (every request then
     waited --timeout + 5 s for a 503, while /v1/models answered 200): each is dropped and
     counted, and requests are served as before."""
-    from shoal.serving.http import Endpoint
+    from shoal.runtime.serve.http import Endpoint
 
     _, cl, pl, fl = setup
     crafted = _crafted(TINY.hidden_size)
@@ -606,10 +603,10 @@ def test_health_and_models_tell_whether_anything_can_be_served(setup):
     """/health: 200 with the live workers; with no chain of live workers left (restarts off),
     503 with the reason, as /v1/models (which used to answer 200 whatever the state) and a
     completion request, at once."""
-    from shoal.serving.http import Endpoint
+    from shoal.runtime.serve.http import Endpoint
 
     _, cl, pl, fl = setup
-    with LiveServer(cl, pl, fl, TINY, restarts=0) as srv:
+    with LiveServer(cl, pl, fl, TINY, LiveOptions(restarts=0)) as srv:
         ep = Endpoint(srv, port=0, timeout_s=120)
         try:
             status, doc = _http(ep.port, "GET", "/health")
@@ -644,7 +641,7 @@ def test_a_burst_over_http_with_a_worker_killed_midway(setup):
     import http.client
     from concurrent.futures import ThreadPoolExecutor
 
-    from shoal.serving.http import Endpoint
+    from shoal.runtime.serve.http import Endpoint
 
     _, cl, pl, fl = setup
     reqs = requests_from(workload(TINY, 300, max_new=6, seed=9), TINY)

@@ -442,7 +442,7 @@ def run_cmd(
     the coordinator routing each request along its chain; the simulator's metrics, measured."""
     from shoal import catalog
     from shoal.files import check_outputs, write_json
-    from shoal.serving import live
+    from shoal.runtime.serve import live, traffic
     from shoal.serving import workload as wl
 
     check_outputs([(output, "--output")], [serving, placement, lengths, trace])
@@ -465,9 +465,9 @@ def run_cmd(
     if trace is not None:
         work = _trace(trace, lengths=lengths, rate=rate)
     else:
-        work = live.workload(spec, requests, rate=rate, max_new=max_new, seed=seed,
-                             lengths=wl.load_lengths(lengths) if lengths is not None else None)
-    reqs = live.requests_from(work, spec, seed)
+        work = traffic.workload(spec, requests, rate=rate, max_new=max_new, seed=seed,
+                                lengths=wl.load_lengths(lengths) if lengths is not None else None)
+    reqs = traffic.requests_from(work, spec, seed)
     host, port = "127.0.0.1", None
     if http is not None:
         h, _, p = http.rpartition(":")
@@ -487,8 +487,8 @@ def run_cmd(
             f"starting {len(held) - len(far)} workers"
             + (f"; waiting for {len(far)} on other hosts (shoal serve worker {serving} --node "
                f"NAME): {', '.join(far)}" if far else "")) if not as_json else _null():
-        server = live.LiveServer(cluster, placed.placement, placed.flow, spec, seed=seed,
-                                 dtype=dtype, start_timeout_s=start_timeout, restarts=restarts)
+        server = live.LiveServer(cluster, placed.placement, placed.flow, spec, live.LiveOptions(
+            seed=seed, dtype=dtype, start_timeout_s=start_timeout, restarts=restarts))
     if port is not None:
         _serve_http(server, host, port, spec, timeout, as_json)
         return
@@ -498,7 +498,7 @@ def run_cmd(
     finally:
         server.close()
     health = server.health
-    doc = live.summary(reqs, server.wall_s) | {
+    doc = traffic.summary(reqs, server.wall_s) | {
         "model": spec.name, "max_flow_tokens_per_s": placed.flow.value,
         "workers": {n: {k: w[k] for k in ("state", "restarts", "dropped_messages")}
                     for n, w in health["workers"].items()},
@@ -556,7 +556,7 @@ def worker_cmd(
     """Run one node's worker on this machine for `shoal serve run` on another: it reaches the
     coordinator at the serving file's coordinator.address, gets its layers from it, serves until
     the coordinator stops it, then exits."""
-    from shoal.serving import live
+    from shoal.runtime.serve.worker import worker_main
 
     cluster = _load(serving)
     try:
@@ -573,7 +573,7 @@ def worker_cmd(
     out = _cli._out()
     out.print(f"node {node}: waiting for the coordinator at {coord}")
     try:
-        why = live.worker_main(node, coord, bind or host, advertise=host, with_parent=False)
+        why = worker_main(node, coord, bind or host, advertise=host, with_parent=False)
     except KeyboardInterrupt:
         raise _cli._fail(f"node {node}: interrupted", 130) from None
     if why is not None:
@@ -601,7 +601,7 @@ def profile_cmd(
     from dataclasses import asdict
 
     from shoal import catalog
-    from shoal.serving.profile import measure
+    from shoal.runtime.serve.profile import measure
 
     if dtype not in ("float32", "float64"):
         raise SpecError("unknown dtype", field="--dtype", value=dtype, allowed="float32, float64")
@@ -648,7 +648,7 @@ def _serve_http(server, host: str, port: int, spec, timeout: float, as_json: boo
     import signal
     import time
 
-    from shoal.serving.http import Endpoint
+    from shoal.runtime.serve.http import Endpoint
 
     def interrupt(*_):
         raise KeyboardInterrupt

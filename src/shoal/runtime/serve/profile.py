@@ -1,5 +1,5 @@
 """Measure what the serving simulator needs on this machine, with the live workers' own code
-(``shoal.serving.live``): the time one transformer block takes for a prompt of n tokens and for
+(``shoal.runtime.serve``): the time one transformer block takes for a prompt of n tokens and for
 a decode step of a batch of b requests, and the time a message of n tokens' hidden states takes
 from one process to another over ZeroMQ.
 
@@ -30,6 +30,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
+import zmq
+
+from shoal.files import write_json, write_text
+from shoal.runtime.model import Stage
+from shoal.runtime.profiler import _clock, _median_time
+from shoal.runtime.serve.shard import Shard
+from shoal.runtime.serve.wire import HELLO, STEP, STOP, recv, send
+from shoal.specs.model import ModelSpec
 
 PROMPT_TOKENS = (1, 4, 16, 32, 64, 128, 256)
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -56,8 +65,6 @@ class ServingProfile:
 
     def write(self, out: Path) -> list[Path]:
         """The two Helix CSVs and ``links.json`` in ``out`` (created), each written whole."""
-        from shoal.files import write_json, write_text
-
         out.mkdir(parents=True, exist_ok=True)
         rows = [("prompt_bs2time.csv", "tokens", self.prompt_tokens, self.prompt_s_per_layer),
                 ("decode_bs2time.csv", "batch", self.decode_batch, self.decode_s_per_layer)]
@@ -79,11 +86,6 @@ def block_times(spec, *, prompt_tokens=PROMPT_TOKENS, decode_batch=DECODE_BATCHE
     """Seconds per block: for a prompt of n tokens (no cache), and for a decode batch of b
     requests run one after the other as a live worker does, each at ``context`` cached tokens
     (default: a quarter of the model's context)."""
-    import torch
-
-    from shoal.runtime.profiler import _median_time
-    from shoal.serving.live import Shard
-
     torch.set_num_threads(1)  # as in a worker process
     L = spec.num_layers
     shard = Shard(spec, 0, L, seed=seed, dtype_name=dtype)
@@ -137,11 +139,6 @@ def wake_times(spec, *, gaps=WAKE_GAPS, reps: int = 5, seed: int = 0, dtype: str
     """Extra seconds per block of a step that follows an idle time of each of ``gaps``, against
     the same step run right after another: a prompt of ``WAKE_PROMPT_TOKENS`` tokens, and a
     decode step of one request at ``context`` cached tokens."""
-    import torch
-
-    from shoal.runtime.profiler import _clock
-    from shoal.serving.live import Shard
-
     torch.set_num_threads(1)
     L = spec.num_layers
     shard = Shard(spec, 0, L, seed=seed, dtype_name=dtype)
@@ -175,11 +172,6 @@ def _share_worker(i: int, spec_json: str, seed: int, dtype: str, rounds: int, wi
                   barrier, results) -> None:
     """One of the processes of ``host_share``: in round k, the first k of them run prompt steps
     for ``window`` seconds and report their steps per second; the others wait."""
-    import torch
-
-    from shoal.serving.live import Shard
-    from shoal.specs.model import ModelSpec
-
     torch.set_num_threads(1)
     spec = ModelSpec.model_validate_json(spec_json)
     shard = Shard(spec, 0, min(2, spec.num_layers), seed=seed, dtype_name=dtype)
@@ -236,10 +228,6 @@ def host_share(spec, *, processes: int, window: float = 1.0, seed: int = 0,
 def _echo(addr_out: str) -> None:
     """A process that sends back every message it receives, as a worker forwards a step; its
     first message is the address it listens on."""
-    import zmq
-
-    from shoal.serving.live import HELLO, STOP, recv, send
-
     ctx = zmq.Context()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
@@ -261,10 +249,6 @@ def link_times(hidden: int, *, tokens=MESSAGE_TOKENS, reps: int = 20, dtype: str
     messages of ``tokens`` tokens sent one after the other; the extra is what the round trip of
     the smallest message takes more when the receiver has been idle that long (the sender is
     awake)."""
-    import zmq
-
-    from shoal.serving.live import STEP, STOP, recv, send
-
     per_token = hidden * np.dtype(dtype).itemsize
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
@@ -311,11 +295,6 @@ def link_times(hidden: int, *, tokens=MESSAGE_TOKENS, reps: int = 20, dtype: str
 def coordinator_time(spec, *, reps: int = 50, seed: int = 0, dtype: str = "float32") -> float:
     """Seconds of the coordinator's work per generated token: embed one token, run the head on
     one position, pick the greedy token."""
-    import torch
-
-    from shoal.runtime.model import Stage
-    from shoal.runtime.profiler import _median_time
-
     dt = getattr(torch, dtype)
     embed = Stage(spec, 0, 1, seed=seed, dtype=dt).requires_grad_(False).layers[0]
     head = Stage(spec, spec.num_layers + 1, spec.num_layers + 2, seed=seed,
