@@ -10,4 +10,5 @@ fi
 pip install -q torch==2.13.0
 pip install -q -e '.[test]'
 ruff check src tests benchmarks
+lint-imports
 python -m pytest -q -n 2 -m "not slow" tests
