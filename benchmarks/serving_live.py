@@ -30,7 +30,7 @@ from shoal.serving import workload as wl
 from shoal.serving.cluster import build_cluster
 from shoal.serving.flow import max_flow
 from shoal.serving.placement import load_placement
-from shoal.serving.simulator import simulate
+from shoal.serving.simulator import SimOptions, simulate
 from shoal.specs.model import ModelSpec
 from shoal.specs.serving import load_serving
 
@@ -91,14 +91,14 @@ def run_one(name: str, ranges, load: float, prof, folder: Path, args) -> dict:
     rate = load * fl.value / per_req  # as serve simulate --load: a share of the max flow
     work = traffic.workload(MODEL, args.requests, rate=rate, lengths=lengths, seed=args.seed)
     wl.write_trace(sub / "trace.csv", work)
-    sim = simulate(cl, pl, fl, wl.load_trace(sub / "trace.csv"), warmup_s=0.0, duration_s=None,
-                   batching="live")
+    sim = simulate(cl, pl, fl, wl.load_trace(sub / "trace.csv"), SimOptions(warmup_s=0.0, duration_s=None,
+                   batching="live"))
     # the same without the shared cores (each worker as if it had its own)
     own = simulate(replace(cl, host_cores=None, host_share=None), pl, fl, wl.load_trace(sub / "trace.csv"),
-                   warmup_s=0.0, duration_s=None, batching="live").to_json(cl.names)
+                   SimOptions(warmup_s=0.0, duration_s=None, batching="live")).to_json(cl.names)
     # and without what work reaching an idle worker pays
     awake = simulate(replace(cl, wake=None), pl, fl, wl.load_trace(sub / "trace.csv"),
-                     warmup_s=0.0, duration_s=None, batching="live").to_json(cl.names)
+                     SimOptions(warmup_s=0.0, duration_s=None, batching="live")).to_json(cl.names)
     reqs = traffic.requests_from(work, MODEL, args.seed)
     with live.LiveServer(cl, pl, fl, MODEL, live.LiveOptions(mode="online")) as srv:
         srv.run(reqs, timeout_s=600)

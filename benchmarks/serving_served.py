@@ -43,7 +43,7 @@ from shoal.serving import workload  # noqa: E402
 from shoal.serving.cluster import build_cluster  # noqa: E402
 from shoal.serving.flow import max_flow  # noqa: E402
 from shoal.serving.placers import place  # noqa: E402
-from shoal.serving.simulator import simulate  # noqa: E402
+from shoal.serving.simulator import SimOptions, simulate  # noqa: E402
 from shoal.specs.serving import parse_serving  # noqa: E402
 
 # name: (cluster file, model key in node_capacity.json, placement folder, Helix MILP file)
@@ -75,7 +75,7 @@ def metrics(r) -> dict:
 
 
 def run(c, pl, work, router="iwrr", **kw):
-    return simulate(c, pl, max_flow(c, pl), work, router=router, **kw)
+    return simulate(c, pl, max_flow(c, pl), work, SimOptions(router=router), **kw)
 
 
 def setting(h: Path, name: str, lengths: np.ndarray, arrivals: np.ndarray, online: bool,

@@ -30,7 +30,7 @@ from shoal.serving import workload  # noqa: E402
 from shoal.serving.cluster import build_cluster  # noqa: E402
 from shoal.serving.flow import max_flow  # noqa: E402
 from shoal.serving.placers import place  # noqa: E402
-from shoal.serving.simulator import simulate  # noqa: E402
+from shoal.serving.simulator import SimOptions, simulate  # noqa: E402
 from shoal.specs.serving import parse_serving  # noqa: E402
 
 HELIX = {"iwrr": {"decode": 248.3, "tokens": 1176.7, "prompt_latency": 3.09,
@@ -68,8 +68,8 @@ def fidelity(h: Path) -> dict:
                                ("shoal_iwrr", "iwrr", None),
                                ("shoal_iwrr_at_baseline_concurrency", "iwrr",
                                 HELIX_BASELINE_CONCURRENCY)):
-        r = simulate(c, pl, fl, workload.offline(lengths, seed=0), router=router, warmup_s=60.0,
-                     duration_s=600.0, concurrency=conc)
+        r = simulate(c, pl, fl, workload.offline(lengths, seed=0), SimOptions(router=router, warmup_s=60.0,
+                     duration_s=600.0, concurrency=conc))
         row = {"router": router, "concurrency": "KV feeder" if conc is None else conc,
                "in_flight_peak": r.in_flight_peak,
                "decode_tokens_per_s": round(r.decode_tokens_per_s, 1),
@@ -88,7 +88,7 @@ def fidelity(h: Path) -> dict:
                      ("auto_decode", {"objective": "decode", "lengths": lengths})):
         placed = place(c, "auto", time_limit_s=60.0, **kw)
         r = simulate(c, placed.placement, placed.flow, workload.offline(lengths, seed=0),
-                     warmup_s=60.0, duration_s=600.0)
+                     SimOptions(warmup_s=60.0, duration_s=600.0))
         out[name] = {"max_flow": round(placed.flow.value, 2),
                      "stages": len({x for x in placed.placement.ranges if x is not None}),
                      "nodes": sum(x is not None for x in placed.placement.ranges),
@@ -113,7 +113,7 @@ def online42(h: Path) -> dict:
     rate = len(lengths) / (len(per) * workload.INTERVAL_S)
     w = workload.online(lengths, per, rate, seed=0)
     t0 = time.perf_counter()
-    r = simulate(c, placed.placement, placed.flow, w, warmup_s=30.0, duration_s=None)
+    r = simulate(c, placed.placement, placed.flow, w, SimOptions(warmup_s=30.0, duration_s=None))
     return {"placement": "auto, decode objective", "placement_max_flow": round(placed.flow.value, 2),
             "placement_stages": len({x for x in placed.placement.ranges if x is not None}),
             "requests": w.n,

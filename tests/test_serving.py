@@ -215,7 +215,7 @@ def test_simulator_within_15pct_of_helix_simulator_on_single24(reference_dir):
     swarm 187.6 and random 189.8 decode tokens/s at 240 requests in flight), with Helix's
     router as its code runs it."""
     from shoal.io.helix import read_placement
-    from shoal.serving.simulator import simulate
+    from shoal.serving.simulator import SimOptions, simulate
     from shoal.serving.workload import load_lengths, offline
 
     h = reference_dir / "helix"
@@ -225,13 +225,13 @@ def test_simulator_within_15pct_of_helix_simulator_on_single24(reference_dir):
     pl = read_placement(h / "placements" / "single24-llama2-70b" / "ilp.ini", c)
     fl = max_flow(c, pl)
     work = offline(load_lengths(h / "traces" / "azure_conv_lengths.csv"), seed=0)
-    r = simulate(c, pl, fl, work, router="helix-iwrr", warmup_s=60.0, duration_s=600.0)
+    r = simulate(c, pl, fl, work, SimOptions(router="helix-iwrr", warmup_s=60.0, duration_s=600.0))
     for got, helix in ((r.decode_tokens_per_s, 248.3), (r.prompt_latency_s["mean"], 3.09),
                        (r.decode_latency_s["mean"], 1.46)):
         assert abs(got / helix - 1) <= 0.15
     for router, helix in (("swarm", 187.6), ("random", 189.8)):
-        b = simulate(c, pl, fl, work, router=router, warmup_s=60.0, duration_s=600.0,
-                     concurrency=240)
+        b = simulate(c, pl, fl, work, SimOptions(router=router, warmup_s=60.0, duration_s=600.0,
+                     concurrency=240))
         assert abs(b.decode_tokens_per_s / helix - 1) <= 0.15
         assert b.decode_tokens_per_s < r.decode_tokens_per_s  # Helix's ranking
 
@@ -354,13 +354,13 @@ def sim_cluster(nodes, links=None, layers=4, kv_bytes=1000):
 
 
 def test_one_request_on_one_node_takes_the_profiled_times():
-    from shoal.serving.simulator import simulate
+    from shoal.serving.simulator import SimOptions, simulate
     from shoal.serving.workload import Workload
 
     c = sim_cluster([{"machine": "m", "name": "a"}])
     pl = Placement(((0, 4),))
     w = Workload(np.array([100]), np.array([5]), np.array([0.0]), "one")
-    r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.0, duration_s=None)
+    r = simulate(c, pl, max_flow(c, pl), w, SimOptions(warmup_s=0.0, duration_s=None))
     # prompt: link in (1 ms) + 4 layers x 100 ms + link out (1 ms); each decode step:
     # 1 ms in + 4 x 10 ms + 1 ms out
     assert r.prompt_latency_s["mean"] == pytest.approx(0.402, rel=1e-3)
@@ -369,22 +369,22 @@ def test_one_request_on_one_node_takes_the_profiled_times():
 
 
 def test_a_run_that_ends_in_its_warm_up_says_nothing_was_measured(tmp_path):
-    from shoal.serving.simulator import simulate
+    from shoal.serving.simulator import SimOptions, simulate
     from shoal.serving.workload import Workload
 
     c = sim_cluster([{"machine": "m", "name": "a"}])
     pl = Placement(((0, 4),))
     w = Workload(np.array([100, 100]), np.array([5, 5]), np.array([0.0, 1.0]), "two")
-    r = simulate(c, pl, max_flow(c, pl), w, warmup_s=60.0, duration_s=None)
+    r = simulate(c, pl, max_flow(c, pl), w, SimOptions(warmup_s=60.0, duration_s=None))
     assert r.measured == 0 and r.prompt_latency_s["mean"] is None
     assert len(r.warnings) == 1 and "warm-up" in r.warnings[0]
     assert r.to_json(["a"])["warnings"] == r.warnings
-    r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.5, duration_s=None)
+    r = simulate(c, pl, max_flow(c, pl), w, SimOptions(warmup_s=0.5, duration_s=None))
     assert r.measured == 1 and r.warnings == []
 
 
 def test_simulated_tokens_add_up_and_routers_run():
-    from shoal.serving.simulator import simulate
+    from shoal.serving.simulator import SimOptions, simulate
     from shoal.serving.workload import online, synthetic_lengths
 
     c = sim_cluster([{"machine": "m", "count": 3}], layers=4)
@@ -392,7 +392,7 @@ def test_simulated_tokens_add_up_and_routers_run():
     lengths = synthetic_lengths(200, seed=1) // 8 + 1
     for router in ("iwrr", "helix-iwrr", "swarm", "random", "shortest-queue"):
         w = online(lengths, np.array([30, 0, 30, 10]), rate_per_s=5.0, seed=2, limit=40)
-        r = simulate(c, pl, max_flow(c, pl), w, router=router, warmup_s=0.0, duration_s=None)
+        r = simulate(c, pl, max_flow(c, pl), w, SimOptions(router=router, warmup_s=0.0, duration_s=None))
         assert r.completed == w.n
         # every output token and prompt token is counted once
         assert r.decode_tokens_per_s * r.window_s == pytest.approx(float(w.output.sum()))
@@ -419,7 +419,7 @@ def test_iwrr_follows_the_flows():
 
 def test_offline_kv_admission_limits_the_requests_in_flight():
     from shoal.serving.perf import kv_capacity
-    from shoal.serving.simulator import simulate
+    from shoal.serving.simulator import SimOptions, simulate
     from shoal.serving.workload import offline
 
     c = sim_cluster([{"machine": "m", "name": "a"}], kv_bytes=1e5)
@@ -427,7 +427,7 @@ def test_offline_kv_admission_limits_the_requests_in_flight():
     cap = kv_capacity(c, pl)[0]  # (0.9 x 10 GB - 4 GB) / 100 kB = 5e4 token-layers
     assert cap == pytest.approx(5e4)
     w = offline(np.array([[1000, 250]] * 50), seed=0)
-    r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.0, duration_s=30.0)
+    r = simulate(c, pl, max_flow(c, pl), w, SimOptions(warmup_s=0.0, duration_s=30.0))
     # each request reserves (1000 + 250) x 4 layers; at most 85% of the cache in use: 8
     assert r.in_flight_peak == int(0.85 * cap // (1250 * 4)) == 8
     assert r.kv_peak_fraction[0] == pytest.approx(8 * 5000 / cap)
@@ -435,27 +435,27 @@ def test_offline_kv_admission_limits_the_requests_in_flight():
 
 def test_offline_feeder_stops_at_the_high_water_and_concurrency_fixes_the_requests():
     from shoal.serving.perf import kv_capacity
-    from shoal.serving.simulator import FEED_HIGH_WATER, simulate
+    from shoal.serving.simulator import FEED_HIGH_WATER, SimOptions, simulate
     from shoal.serving.workload import offline
 
     c = sim_cluster([{"machine": "m", "name": "a"}], kv_bytes=1e5)
     pl = Placement(((0, 4),))
     share = (100 + 25) * 4 / kv_capacity(c, pl)[0]  # one request's part of the cache: 1%
     w = offline(np.array([[100, 25]] * 400), seed=0)
-    r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.0, duration_s=60.0)
+    r = simulate(c, pl, max_flow(c, pl), w, SimOptions(warmup_s=0.0, duration_s=60.0))
     # the feeder adds requests while at most 80% is expected in use (the node's own high water,
     # 85%, is never reached): 81 in flight at most
     assert r.in_flight_peak == int(FEED_HIGH_WATER / share + 1e-9) + 1 == 81
     assert r.kv_peak_fraction[0] == pytest.approx(81 * share)
-    r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.0, duration_s=60.0, concurrency=10)
+    r = simulate(c, pl, max_flow(c, pl), w, SimOptions(warmup_s=0.0, duration_s=60.0, concurrency=10))
     assert r.in_flight_peak == 10 and r.completed > 10
     with pytest.raises(SpecError, match="concurrency"):
-        simulate(c, pl, max_flow(c, pl), w, concurrency=0)
+        simulate(c, pl, max_flow(c, pl), w, SimOptions(concurrency=0))
 
 
 def test_batch_limits_of_a_machine():
     from shoal.serving.perf import batch_caps
-    from shoal.serving.simulator import simulate
+    from shoal.serving.simulator import SimOptions, simulate
     from shoal.serving.workload import Workload
 
     w = Workload(np.array([100, 100, 100]), np.array([1, 1, 1]), np.zeros(3), "three at once")
@@ -465,7 +465,7 @@ def test_batch_limits_of_a_machine():
         c = sim_cluster([{"machine": "m", "name": "a"}])
         if prompts is not None:
             c = replace(c, batch=(Batch(prompts=prompts),))
-        r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.0, duration_s=None)
+        r = simulate(c, pl, max_flow(c, pl), w, SimOptions(warmup_s=0.0, duration_s=None))
         lat[prompts] = r.prompt_latency_s["mean"]
     # the first starts alone (0.4 s), the other two then go together (4 layers x 200 ms, done
     # at 1.2 s); one at a time: done at 0.4, 0.8 and 1.2 s (each plus the two 1 ms links)
@@ -484,7 +484,7 @@ def test_batch_limits_of_a_machine():
 
 
 def test_nodes_on_one_host_share_its_cores():
-    from shoal.serving.simulator import simulate
+    from shoal.serving.simulator import SimOptions, simulate
     from shoal.serving.workload import Workload
 
     pl = Placement(((0, 4), (0, 4)))  # two chains of one node each
@@ -492,7 +492,7 @@ def test_nodes_on_one_host_share_its_cores():
     ends = {}
     for cores in (None, 2, 1):
         c = replace(sim_cluster([{"machine": "m", "count": 2}]), host_cores=cores)
-        r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.0, duration_s=None)
+        r = simulate(c, pl, max_flow(c, pl), w, SimOptions(warmup_s=0.0, duration_s=None))
         assert r.completed == 3
         ends[cores] = r.prompt_latency_s["mean"]
     # each prompt is 0.4 s of work; on one core the two at t=0 progress at half speed (0.8 s),
@@ -503,12 +503,12 @@ def test_nodes_on_one_host_share_its_cores():
     # runs alone for 0.1 s, both at half speed until the second is done at 0.5 s, then the
     # first alone again to 0.6 s
     w = Workload(np.array([100, 50]), np.array([1, 1]), np.array([0.0, 0.1]), "2")
-    r = simulate(c, pl, max_flow(c, pl), w, warmup_s=0.0, duration_s=None)
+    r = simulate(c, pl, max_flow(c, pl), w, SimOptions(warmup_s=0.0, duration_s=None))
     assert r.prompt_latency_s["mean"] == pytest.approx((0.602 + 0.402) / 2, rel=1e-3)
 
 
 def test_measured_sharing_of_the_host():
-    from shoal.serving.simulator import simulate
+    from shoal.serving.simulator import SimOptions, simulate
     from shoal.serving.workload import Workload
 
     pl = Placement(((0, 4), (0, 4), (0, 4)))  # three chains of one node each
@@ -520,11 +520,11 @@ def test_measured_sharing_of_the_host():
                            ((1.0, 0.5, 0.5), three, 0.8)):
         # the measured sharing is used, not host_cores' min(1, cores / k)
         cl = replace(c, host_share=share, host_cores=2)
-        r = simulate(cl, pl, max_flow(cl, pl), w, warmup_s=0.0, duration_s=None)
+        r = simulate(cl, pl, max_flow(cl, pl), w, SimOptions(warmup_s=0.0, duration_s=None))
         assert r.prompt_latency_s["mean"] == pytest.approx(each + 0.002, rel=1e-3)
     # only nodes on one host share it: a and b on h1 go at a quarter, c alone on h2 at full
     cl = replace(c, host_share=(1.0, 0.25), hosts=("h1", "h1", "h2"))
-    r = simulate(cl, pl, max_flow(cl, pl), three, warmup_s=0.0, duration_s=None)
+    r = simulate(cl, pl, max_flow(cl, pl), three, SimOptions(warmup_s=0.0, duration_s=None))
     assert r.prompt_latency_s["mean"] == pytest.approx((1.6 + 1.6 + 0.4) / 3 + 0.002, rel=1e-3)
     base = {"model": {"layers": 4, "activation_bytes": 1000},
             "machines": {"m": {"max_layers": 1, "tokens_per_s": [1]}}, "nodes": [{"machine": "m"}]}
@@ -534,7 +534,7 @@ def test_measured_sharing_of_the_host():
 
 
 def test_work_reaching_an_idle_node_pays_its_wake():
-    from shoal.serving.simulator import simulate, woken
+    from shoal.serving.simulator import SimOptions, simulate, woken
     from shoal.serving.workload import Workload
 
     gaps, hop = [0.01, 1.0], [0.001, 0.003]
@@ -548,7 +548,7 @@ def test_work_reaching_an_idle_node_pays_its_wake():
     wake = {"gap_s": gaps, "hop_s": hop, "prompt_s_per_layer": [0.0, 0.01],
             "decode_s_per_layer": [0.0, 0.002]}
     cw = replace(c, wake=WakeSpec(**wake))
-    r = simulate(cw, pl, max_flow(cw, pl), w, warmup_s=0.0, duration_s=None)
+    r = simulate(cw, pl, max_flow(cw, pl), w, SimOptions(warmup_s=0.0, duration_s=None))
     # the node was never busy: the whole wake (3 ms + 4 layers x 10 ms) on its 0.4 s prompt;
     # the token is back at the coordinator at 0.445 s, 0.445 s after it last worked (the
     # arrival): 1 ms + 2 ms x 0.435 / 0.99 more
@@ -650,7 +650,7 @@ def test_trace_round_trips_and_live_batching_times_prompts_one_by_one(tmp_path):
     with ``vllm`` batching they run as one prefill of both and come back together, with
     ``live`` (serve run's workers) one after the other, each paying the step's fixed cost (9 ms
     per layer here) and each sent on as soon as it is done."""
-    from shoal.serving.simulator import simulate
+    from shoal.serving.simulator import SimOptions, simulate
     from shoal.serving.workload import Workload, load_trace, write_trace
 
     w = Workload(np.array([100, 100, 100]), np.array([1, 1, 1]), np.array([0.0, 0.01, 0.01]), "t")
@@ -665,8 +665,8 @@ def test_trace_round_trips_and_live_batching_times_prompts_one_by_one(tmp_path):
         "nodes": [{"machine": "m", "name": "a"}],
         "links": {"within": {"bandwidth": 1e12, "latency": 0.001}}}))
     pl = Placement(((0, 4),))
-    lat = {b: simulate(c, pl, max_flow(c, pl), back, warmup_s=0.0, duration_s=None,
-                       batching=b).prompt_latency_s["mean"] for b in ("vllm", "live")}
+    lat = {b: simulate(c, pl, max_flow(c, pl), back, SimOptions(warmup_s=0.0, duration_s=None,
+                       batching=b)).prompt_latency_s["mean"] for b in ("vllm", "live")}
     # the first prompt: link in, 4 layers x (9 + 100) ms, link out, back at 0.438 s; the other
     # two (arrived at 0.01 s) start when it is done, at 0.437 s: as one prefill of 200 tokens
     # (4 x 209 ms) both back at 1.274 s; one by one (4 x 109 ms each) back at 0.874 and 1.310 s

@@ -190,7 +190,7 @@ def test_single24_default_placement_serves_more_than_helix_milp_at_a_lower_laten
     import time
 
     from shoal.io.helix import read_placement
-    from shoal.serving.simulator import simulate
+    from shoal.serving.simulator import SimOptions, simulate
     from shoal.serving.workload import load_lengths, offline
 
     h = reference_dir / "helix"
@@ -202,8 +202,8 @@ def test_single24_default_placement_serves_more_than_helix_milp_at_a_lower_laten
     ilp = read_placement(h / "placements" / "single24-llama2-70b" / "ilp.ini", c)
     got = {}
     for name, pl in (("ours", ours), ("ilp", ilp)):
-        got[name] = simulate(c, pl, max_flow(c, pl), offline(lengths, seed=0), warmup_s=60.0,
-                             duration_s=600.0)
+        got[name] = simulate(c, pl, max_flow(c, pl), offline(lengths, seed=0), SimOptions(warmup_s=60.0,
+                             duration_s=600.0))
     assert got["ours"].decode_tokens_per_s >= got["ilp"].decode_tokens_per_s
     assert got["ours"].decode_latency_s["mean"] <= got["ilp"].decode_latency_s["mean"]
 
@@ -216,7 +216,7 @@ def test_iwrr_decodes_at_least_as_much_as_swarm_and_random_at_equal_load(referen
     import time
 
     from shoal.serving.placers import stages as st
-    from shoal.serving.simulator import simulate
+    from shoal.serving.simulator import SimOptions, simulate
     from shoal.serving.workload import load_lengths, offline
 
     h = reference_dir / "helix"
@@ -226,8 +226,8 @@ def test_iwrr_decodes_at_least_as_much_as_swarm_and_random_at_equal_load(referen
     for level in (0.7, 0.85):
         pl = st.shallowest(c, level * top, time.perf_counter() + 30.0)
         fl = max_flow(c, pl)
-        dec = {router: simulate(c, pl, fl, offline(lengths, seed=0), router=router,
+        dec = {router: simulate(c, pl, fl, offline(lengths, seed=0), SimOptions(router=router,
                                 warmup_s=60.0, duration_s=600.0,
-                                concurrency=240).decode_tokens_per_s
+                                concurrency=240)).decode_tokens_per_s
                for router in ("iwrr", "swarm", "random", "helix-iwrr")}
         assert dec["iwrr"] >= max(dec["swarm"], dec["random"], dec["helix-iwrr"]), (level, dec)

@@ -320,7 +320,7 @@ def simulate_cmd(
     """Simulate requests on a placement: throughput, prompt and decode latency, utilisation."""
     from shoal.files import check_outputs, write_json
     from shoal.serving import workload as wl
-    from shoal.serving.simulator import simulate
+    from shoal.serving.simulator import SimOptions, simulate
 
     check_outputs([(output, "--output")], [serving, placement, lengths, arrivals, trace])
     if trace is not None and mode is Mode.offline:
@@ -354,9 +354,9 @@ def simulate_cmd(
                 work = wl.poisson(L, rate, requests or 2000, seed)
             dur = duration
     if as_json:
-        res = simulate(cluster, placed.placement, placed.flow, work, router=router.value,
+        res = simulate(cluster, placed.placement, placed.flow, work, SimOptions(router=router.value,
                        warmup_s=warmup, duration_s=dur, seed=seed, batching=batching,
-                       concurrency=concurrency)
+                       concurrency=concurrency))
     else:
         from rich.progress import Progress
 
@@ -367,9 +367,9 @@ def simulate_cmd(
                 bar.update(task, completed=t, total=end,
                            description=f"simulating: {t:,.0f} s, {completed} requests done")
 
-            res = simulate(cluster, placed.placement, placed.flow, work, router=router.value,
+            res = simulate(cluster, placed.placement, placed.flow, work, SimOptions(router=router.value,
                            warmup_s=warmup, duration_s=dur, seed=seed, progress=tick,
-                           batching=batching, concurrency=concurrency)
+                           batching=batching, concurrency=concurrency))
     doc = res.to_json(cluster.names)
     doc["max_flow_tokens_per_s"] = placed.flow.value
     doc["workload"] = work.source

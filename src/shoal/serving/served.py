@@ -27,7 +27,7 @@ from shoal.serving import perf, workload
 from shoal.serving.cluster import Cluster
 from shoal.serving.flow import max_flow
 from shoal.serving.placement import Placement
-from shoal.serving.simulator import FEED_HIGH_WATER, simulate
+from shoal.serving.simulator import FEED_HIGH_WATER, SimOptions, simulate
 
 WARMUP_S, WINDOW_S = 60.0, 240.0  # the offline run: seconds not measured, then measured
 SATURATED = 0.85  # a node or link busy this share of the window binds
@@ -99,8 +99,8 @@ def served(cluster: Cluster, pl: Placement, lengths: np.ndarray | None = None, *
         lengths = workload.synthetic_lengths(20000, seed)
         source = source or "synthetic lengths"
     fl = max_flow(cluster, pl)
-    r = simulate(cluster, pl, fl, workload.offline(lengths, seed), router=router,
-                 warmup_s=warmup_s, duration_s=window_s, seed=seed)
+    r = simulate(cluster, pl, fl, workload.offline(lengths, seed), SimOptions(router=router,
+                 warmup_s=warmup_s, duration_s=window_s, seed=seed))
     bound = compute_bound(cluster, pl, float(lengths[:, 0].mean()), float(lengths[:, 1].mean()))
     return Served(r.decode_tokens_per_s, r.tokens_per_s, r.prompt_latency_s,
                   r.decode_latency_s, r.in_flight_mean, r.hops_mean, bound,
