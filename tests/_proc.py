@@ -15,7 +15,7 @@ def shoal(*args, env: dict | None = None, **kwargs) -> subprocess.Popen:
     """``python -m shoal ARGS`` from the source tree these tests import."""
     import shoal.cli
 
-    src = str(Path(shoal.cli.__file__).resolve().parents[1])
+    src = str(Path(shoal.cli.__file__).resolve().parents[2])
     env = {**os.environ, **(env or {}),
            "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-m", "shoal", *map(str, args)], env=env, **kwargs)

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from shoal.cli_common import _out, _table, only_with, output_option
+from shoal.cli.common import _out, _table, only_with, output_option
 from shoal.errors import SpecError
 from shoal.units import fmt_seconds, parse_seconds
 
@@ -115,7 +115,7 @@ def bubbles_cmd(
     gpu = catalog.gpus().canonical(tplan.stages[0].replicas[0].gpu)
     import contextlib
 
-    from shoal.cli_common import _progress
+    from shoal.cli.common import _progress
 
     with (contextlib.nullcontext() if as_json else
           _progress().status(f"simulating {len(tplan.stages)} stages and placing "

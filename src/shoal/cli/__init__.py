@@ -23,7 +23,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from shoal.cli_common import (  # noqa: F401  (re-exported for tests and scripts)
+from shoal.cli.common import (  # noqa: F401  (re-exported for tests and scripts)
     EXIT_BAD_INPUT,
     EXIT_INFEASIBLE,
     _err,
@@ -965,7 +965,7 @@ def _train_elastic(p, arch, run, as_json: bool) -> None:
 
 
 def _serving_commands() -> None:
-    from shoal.cli_serve import import_helix_cmd, serve_app
+    from shoal.cli.serve import import_helix_cmd, serve_app
 
     app.add_typer(serve_app, name="serve")
     import_app.command("helix")(handles_errors(import_helix_cmd))
@@ -1010,7 +1010,7 @@ def _nullcontext():
 
 
 def _geo_commands() -> None:
-    from shoal.cli_geo import bubbles_cmd
+    from shoal.cli.bubbles import bubbles_cmd
 
     app.command("bubbles")(handles_errors(bubbles_cmd))
 
@@ -1019,7 +1019,7 @@ _geo_commands()
 
 
 def _calibrate_command() -> None:
-    from shoal.cli_calibrate import calibrate_cmd
+    from shoal.cli.calibrate import calibrate_cmd
 
     app.command("calibrate")(calibrate_cmd)
 

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from shoal.cli_common import _out, _progress, _table, handles_errors, output_option
+from shoal.cli.common import _out, _progress, _table, handles_errors, output_option
 
 
 @handles_errors
