@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from shoal.elastic.names import POLICIES
 from shoal.elastic.switch import (
     Running,
     checkpoint_every_s,
@@ -31,7 +32,6 @@ from shoal.errors import SpecError
 from shoal.problem import Problem
 from shoal.training.planners.common import score
 
-POLICIES = ("shoal", "always", "never", "oracle")
 # how far ahead ``shoal`` looks, in mean gaps between changes (benchmarks/replay.py, seed 0 and
 # seeds 1-2, at SIGNIFICANCE 3: 5 against 2, 3, 4, 6, 8 and 12; BENCHMARKS.md)
 HORIZON_GAPS = 5

@@ -215,3 +215,41 @@ def replay(problem: Problem, trace: Trace, policy: str, *, replanner: Replanner 
     replanner = replanner or Replanner(problem)
     return simulate(problem, trace, plan_trace(problem, trace, replanner, progress), policy,
                     replanner.objective)
+
+
+def replay_json(trace: Trace, runs: list[Replay], replanner: Replanner) -> dict:
+    """The replay's JSON (DESIGN §6): each distinct plan once, and per policy its totals and one
+    object per availability state; with one policy, its fields at the top level."""
+    index: dict = {}
+    plans = []
+    for r in runs:
+        for p in r.plans:
+            if p.cand.spec not in index:
+                index[p.cand.spec] = len(plans)
+                plans.append({"plan": p.cand.plan.to_json(), "summary": p.cand.plan.summary(),
+                              "iters_per_s": 1 / p.iteration_time_s, "tokens_per_s": p.tokens_per_s,
+                              "usd_per_h": p.usd_per_s * 3600,
+                              "egress_usd_per_h": p.egress_usd_per_s * 3600, "gpus": p.cand.num_gpus})
+    cut = [c.timed_out for c in replanner.calls]  # one call per state, in order
+    calls = [c.time_s for c in replanner.calls if not c.remembered]
+    doc = {"trace": trace.source, "states": len(trace.states), "end_s": trace.end_s, "plans": plans,
+           "replan": {"states": len(replanner.calls), "searched": len(calls),
+                      "total_s": sum(calls), "max_s": max(calls, default=0.0),
+                      "timed_out": sum(cut)}}
+    if len(runs) == 1:
+        return {**_replay_run_json(runs[0], index, cut), **doc}
+    return {**doc, "replays": [_replay_run_json(r, index, cut) for r in runs]}
+
+
+def _replay_run_json(r: Replay, index: dict, cut: list[bool]) -> dict:
+    return {"policy": r.policy, "objective": r.objective, "totals": r.totals(), "steps": [
+        {"time_s": s.time_s, "duration_s": s.duration_s, "search_timed_out": cut[i],
+         "available": {f"{g}@{z}": n for (g, z), n in sorted(s.avail.items())},
+         "decision": s.decision, "plan": index[s.plan.cand.spec] if s.plan else None,
+         "iters_per_s": 1 / s.plan.iteration_time_s if s.plan else 0.0,
+         "usd_per_h": s.plan.usd_per_s * 3600 if s.plan else 0.0,
+         "egress_usd_per_h": s.plan.egress_usd_per_s * 3600 if s.plan else 0.0,
+         "switch": s.switch.to_json() if s.switch else None, "switch_s": s.switch_s,
+         "checkpoint_s": s.checkpoint_s, "checkpoint_every_s": s.checkpoint_every_s,
+         "train_s": s.train_s, "tokens": s.tokens, "usd": s.usd}
+        for i, s in enumerate(r.steps)]}

@@ -38,6 +38,11 @@ class Running:
     def tokens_per_s(self) -> float:
         return self.tokens_per_iter / self.cand.iteration_time_s
 
+    @property
+    def egress_usd_per_s(self) -> float:
+        """What the plan pays for egress while it trains (none while it switches)."""
+        return self.egress_usd_per_iter / self.iteration_time_s
+
     def fits(self, avail: dict[tuple[str, str], int]) -> bool:
         return fits(self.usage, avail)
 

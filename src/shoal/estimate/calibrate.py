@@ -243,3 +243,39 @@ def summary(errs: list[dict]) -> dict:
             "time_mape_pct": float(np.mean(t)) if t else None,
             "time_max_pct": float(np.max(t)) if t else None,
             "memory_mape_pct": float(np.mean(m)) if m else None}
+
+
+def stack_document(fitted: StackSpec, rows: list[Row], groups: list[str], *, name: str,
+                   measurements: str, date: str, quality: dict) -> dict:
+    """The fitted stack as the file scenarios name in job.stack: its constants to four
+    significant digits, a source for every fitted entry, the default kernels the geometric mean
+    of the fitted ones (for GPUs of other architectures), and the fit (``measurements``, the
+    file's name; ``quality``, the ``summary`` of its errors)."""
+    doc = rounded(fitted.model_dump(mode="json", by_alias=True, exclude_none=True))
+    doc["name"] = name
+    doc["sources"] = dict(doc.get("sources", {}))
+    keys = sorted({r.key for r in rows if r.step_s})
+    for k in keys:
+        doc["sources"][f"kernels.{k}"] = (
+            f"fitted by shoal calibrate on {measurements} ({date}; "
+            f"{sum(r.key == k for r in rows)} runs)")
+    if keys:
+        doc["kernels"]["default"] = rounded(mean_kernels(fitted, keys))
+        doc["sources"]["kernels.default"] = (
+            "the geometric mean of the fitted entries (" + ", ".join(keys) + ")")
+    if any(r.memory_bytes for r in rows):
+        doc["sources"]["memory"] = f"fitted by shoal calibrate on {measurements} ({date})"
+    doc["fit"] = {"measurements": measurements, "runs": len(rows), "groups": groups,
+                  "date": date, **quality}
+    return doc
+
+
+def rounded(x):
+    """Floats to four significant digits (a fitted constant is not known better)."""
+    if isinstance(x, float):
+        return float(f"{x:.4g}")
+    if isinstance(x, dict):
+        return {k: rounded(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [rounded(v) for v in x]
+    return x

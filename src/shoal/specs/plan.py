@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
+from shoal.errors import SpecError
+from shoal.files import read_document
 from shoal.specs._types import STRICT, Flag, NonNegInt, PositiveInt
+from shoal.specs.scenario import spec_error_from_validation
 
 PLAN_SCHEMA = "shoal/training-plan@1"
 
@@ -152,3 +156,15 @@ class TrainingPlan(BaseModel):
                     parts.append(f"S{start}{'' if start == i - 1 else f'-{i - 1}'}: {prev}")
                 prev, start = d, i
         return " | ".join(parts)
+
+
+def load_plan(path: str | Path) -> TrainingPlan:
+    """A TrainingPlan from a JSON or YAML file; every problem is a SpecError naming the file."""
+    data = read_document(path)
+    if "plans" in data and "pareto" in data:
+        raise SpecError("a `shoal plan --json` result, not a plan: write the best plan with "
+                        "`shoal plan ... -o plan.json` (or take its plans[i].plan)", file=str(path))
+    try:
+        return TrainingPlan.model_validate(data)
+    except ValidationError as exc:
+        raise spec_error_from_validation(exc, str(path)) from None

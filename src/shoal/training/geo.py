@@ -35,8 +35,8 @@ from shoal.estimate.events import Event, EventLoop
 from shoal.estimate.pipeline import stage_order
 from shoal.profiles import collectives
 from shoal.profiles.network import bandwidth
+from shoal.training.names import GEO_SCHEDULES as SCHEDULES
 
-SCHEDULES = ("gpipe", "1f1b", "varuna", "atlas")
 INTRA_DC_BPS = 100e9 / 8  # Atlas testbed: 100 Gbit/s between nodes of one datacenter (§6.1)
 
 

@@ -18,8 +18,8 @@ from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
 from shoal.specs.job import Constraints
 from shoal.specs.plan import TrainingPlan
+from shoal.training.names import OBJECTIVES
 
-OBJECTIVES = ("max-throughput", "min-cost", "max-throughput-per-dollar")
 MEMO_MAX = 50_000  # plan estimates an Evaluator's memo keeps
 
 
