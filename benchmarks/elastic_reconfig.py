@@ -75,9 +75,9 @@ def full_restart(tmp: Path, plan: TrainingPlan, ck: Path) -> float:
     f = tmp / "plan.json"
     f.write_text(plan.model_dump_json(by_alias=True))
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "shoal.cli", "train", str(f), "--model", "tiny",
-                          "--steps", "1", "--seq", str(SEQ), "--dtype", "float64",
-                          "--checkpoint-dir", str(ck), "--resume", "--json"],
+    subprocess.run([sys.executable, "-m", "shoal", "train", str(f), "--model", "tiny",
+                    "--steps", "1", "--seq", str(SEQ), "--dtype", "float64",
+                    "--checkpoint-dir", str(ck), "--resume", "--json"],
                    capture_output=True, text=True, check=True)
     return time.perf_counter() - t0
 

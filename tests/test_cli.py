@@ -220,7 +220,7 @@ def test_error_kinds_map_to_exit_codes():
     import typer
     from pydantic import BaseModel
 
-    from shoal.cli import handles_errors
+    from shoal.cli.common import handles_errors
     from shoal.errors import InfeasibleError, ShoalError, SpecError
 
     class M(BaseModel):
@@ -312,7 +312,7 @@ def test_plan_json_and_outputs(tmp_path):
 def test_what_to_rent_covers_the_gpus_used_with_no_gpu_idle(tmp_path):
     """VMs hold the plan's TP groups exactly: whole nodes, then powers of two (one GPU used of
     an 8-GPU type rents a 1-GPU VM, not a node of 8)."""
-    from shoal.cli import vm_shapes
+    from shoal.training.rent import vm_shapes
 
     assert vm_shapes([1], 8) == {1: 1}
     assert vm_shapes([4, 4, 4], 8) == {8: 1, 4: 1}
@@ -379,6 +379,35 @@ def test_command_listings_break_lines_only_where_the_terminal_does():
         res = runner.invoke(app, args, terminal_width=80)
         assert res.exit_code == 0, res.output
         assert line in res.output
+
+
+def test_the_choices_of_options_are_the_registries_names():
+    """The command line offers the strategies, objectives, policies, WAN schedules and file
+    formats the layers below know, from the plain name lists it reads without loading them."""
+    from shoal.cli import choices
+    from shoal.elastic.policy import POLICIES
+    from shoal.specs.reference import TITLES, roots
+    from shoal.training.geo import SCHEDULES
+    from shoal.training.planners import OBJECTIVES, STRATEGIES
+
+    assert [s.value for s in choices.Strategy] == list(STRATEGIES)
+    assert [g.value for g in choices.Goal] == list(OBJECTIVES)
+    assert [p.value for p in choices.Policy] == [*POLICIES, "all"]
+    assert [s.value for s in choices.GeoSchedule] == list(SCHEDULES)
+    assert [k.value for k in choices.SchemaKind] == list(roots()) == list(TITLES)
+
+
+def test_the_command_line_loads_no_planner_to_start():
+    """``shoal --help`` stays quick: importing the command line loads neither the planners nor
+    numpy (their imports wait inside the commands)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, shoal.cli; print(sorted(m for m in sys.modules if m == 'numpy' or "
+            "m.startswith(('shoal.training.planners', 'shoal.estimate', 'shoal.runtime'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_an_output_that_is_a_folder_is_bad_input_and_nothing_is_left(tmp_path):

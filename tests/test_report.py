@@ -26,7 +26,7 @@ FIGURES = {"estimate": 2, "plan": 2, "replay": 1, "bubbles": 1, "serve plan": 1,
 
 def _shoal(*args: str) -> str:
     """Run the installed CLI in a subprocess, as a user would, and return its stdout."""
-    out = subprocess.run([sys.executable, "-m", "shoal.cli", *args], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "shoal", *args], capture_output=True,
                          text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     return out.stdout

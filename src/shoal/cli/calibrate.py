@@ -9,7 +9,9 @@ from typing import Annotated
 
 import typer
 
-from shoal.cli.common import _out, _progress, _table, handles_errors, output_option
+from shoal.cli.common import _progress, handles_errors, output_option, show
+from shoal.files import check_output, write_text
+from shoal.report.catalog_tables import fit_line, kernels_table, runs_table
 
 
 @handles_errors
@@ -36,7 +38,6 @@ def calibrate_cmd(
 
     from shoal.catalog.stacks import resolve_stack
     from shoal.estimate import calibrate as cal
-    from shoal.files import check_output, write_text
     from shoal.specs.measurements import read_runs
 
     check_output(output, "--output")
@@ -44,77 +45,35 @@ def calibrate_cmd(
     runs = read_runs(measurements)
     rows = cal.rows_for(runs, base, base=measurements.parent, file=str(measurements))
     groups = sorted({cal.group_of(r) for r in runs})
-    with _progress().status(f"fitting {len(rows)} runs") as status:
-        fitted = cal.fit(rows, base)
-        in_sample = cal.errors(rows, fitted)
-        held_out: list[dict] = []
-        if len(groups) > 1:
-            status.update(f"judging the fit: leaving each of {len(groups)} groups out")
-            held_out = cal.leave_group_out(rows, base)
+    fitted, in_sample, held_out = _fit(rows, base, len(groups))
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-    summary = {"in_sample": cal.summary(in_sample),
+    quality = {"in_sample": cal.summary(in_sample),
                "leave_group_out": cal.summary(held_out) if held_out else None}
     new_name = name or output.stem
-    doc = _rounded(fitted.model_dump(mode="json", by_alias=True, exclude_none=True))
-    doc["name"] = new_name
-    doc["sources"] = dict(doc.get("sources", {}))
-    keys = sorted({r.key for r in rows if r.step_s})
-    for k in keys:
-        doc["sources"][f"kernels.{k}"] = (
-            f"fitted by shoal calibrate on {measurements.name} ({stamp}; "
-            f"{sum(r.key == k for r in rows)} runs)")
-    if keys:  # GPUs of other architectures: the fitted ones' geometric mean
-        doc["kernels"]["default"] = _rounded(cal.mean_kernels(fitted, keys))
-        doc["sources"]["kernels.default"] = (
-            "the geometric mean of the fitted entries (" + ", ".join(keys) + ")")
-    if any(r.memory_bytes for r in rows):
-        doc["sources"]["memory"] = f"fitted by shoal calibrate on {measurements.name} ({stamp})"
-    doc["fit"] = {"measurements": measurements.name, "runs": len(rows), "groups": groups,
-                  "date": stamp, **summary}
+    doc = cal.stack_document(fitted, rows, groups, name=new_name, measurements=measurements.name,
+                             date=stamp, quality=quality)
     write_text(output, yaml.safe_dump(doc, sort_keys=False))
     result = {"stack": new_name, "output": str(output), "kernels": {
-        k: v for k, v in doc["kernels"].items()}, **summary,
+        k: v for k, v in doc["kernels"].items()}, **quality,
         "runs": [dict(e, held_out_error_pct=h["time_error_pct"] if h else None)
                  for e, h in zip(in_sample, held_out or [None] * len(in_sample), strict=True)]}
     if as_json:
         typer.echo(json.dumps(result))
         return
-    _print(result)
+    show(kernels_table(result), runs_table(result), fit_line(result),
+         f"stack written to {result['output']} (use it as job.stack: {result['output']})")
 
 
-def _rounded(x):
-    """Floats to four significant digits (a fitted constant is not known better)."""
-    if isinstance(x, float):
-        return float(f"{x:.4g}")
-    if isinstance(x, dict):
-        return {k: _rounded(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_rounded(v) for v in x]
-    return x
+def _fit(rows, base, groups: int):
+    """The fitted stack, its errors on every run, and (with several groups) each group's errors
+    under the stack fitted on the others, with a status line on stderr."""
+    from shoal.estimate import calibrate as cal
 
-
-def _print(result: dict) -> None:
-    t = _table(f"Stack {result['stack']}: kernel efficiencies (share of the datasheet peak)",
-               ["kernels", "gemm", "attention fwd", "attention bwd", "memory", "launch"],
-               left=("kernels",), whole=("kernels",))
-    for k, v in result["kernels"].items():
-        t.add_row(k, *(f"{v[f]:.3f}" if f in v else "—" for f in
-                       ("gemm", "attention_fwd", "attention_bwd", "memory")),
-                  f"{v['launch_s'] * 1e6:.1f} us" if "launch_s" in v else "—")
-    _out().print(t)
-    rows = _table("Runs: step time, measured and predicted", ["run", "measured", "predicted",
-                                                               "error", "left out"],
-                  left=("run",))
-    for r in result["runs"]:
-        if r["measured_step_s"] is None:
-            continue
-        held = r["held_out_error_pct"]
-        rows.add_row(r["run"], f"{r['measured_step_s']:.3f} s", f"{r['predicted_step_s']:.3f} s",
-                     f"{r['time_error_pct']:+.1f}%", f"{held:+.1f}%" if held is not None else "—")
-    _out().print(rows)
-    ins, loo = result["in_sample"], result["leave_group_out"]
-    line = f"mean error {ins['time_mape_pct']:.1f}% in sample"
-    if loo:
-        line += f", {loo['time_mape_pct']:.1f}% with each group left out"
-    _out().print(line)
-    _out().print(f"stack written to {result['output']} (use it as job.stack: {result['output']})")
+    with _progress().status(f"fitting {len(rows)} runs") as status:
+        fitted = cal.fit(rows, base)
+        in_sample = cal.errors(rows, fitted)
+        held_out: list[dict] = []
+        if groups > 1:
+            status.update(f"judging the fit: leaving each of {groups} groups out")
+            held_out = cal.leave_group_out(rows, base)
+    return fitted, in_sample, held_out

@@ -4,6 +4,7 @@ an exit code (DESIGN §6)."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 import json
 import math
@@ -20,6 +21,8 @@ from rich.table import Table
 from rich.text import Text
 
 from shoal.errors import SHOWN_CHARS, InfeasibleError, RunFailed, ShoalError, SpecError, shown
+from shoal.files import FIGURE_FORMATS, FIGURE_OPTIONS
+from shoal.report import tables
 
 EXIT_RUN_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -42,8 +45,6 @@ def output_path(value: str) -> Path:
 
 def output_option(*names: str, help: str) -> typing.Any:
     """A typer option naming a file to write (``output_path``); a figure's says its formats."""
-    from shoal.files import FIGURE_FORMATS, FIGURE_OPTIONS
-
     if any(n in FIGURE_OPTIONS for n in names):
         help += " (" + ", ".join(f".{f}" for f in FIGURE_FORMATS) + "; no suffix: PNG)"
     return typer.Option(*names, parser=output_path, metavar="PATH", help=help)
@@ -185,6 +186,13 @@ def _spec_error(exc: ValidationError, file: str | None) -> SpecError:
     return spec_error_from_validation(exc, file)
 
 
+def needs_torch(command: str) -> None:
+    """A SpecError saying how to install PyTorch when it is not there (``command`` needs it)."""
+    if importlib.util.find_spec("torch") is None:
+        raise SpecError(f"{command} needs PyTorch, which is not installed",
+                        allowed="pip install torch==2.13.0 (or: pip install -e '.[runtime]')")
+
+
 def _table(title: str, columns: list[str], left: tuple[str, ...] = (),
            whole: tuple[str, ...] = ()) -> Table:
     """Narrow terminals wrap cells (fold) rather than cut them, so no value is shown truncated;
@@ -195,3 +203,28 @@ def _table(title: str, columns: list[str], left: tuple[str, ...] = (),
         t.add_column(col, justify="left" if col in left else "right", overflow="fold",
                      no_wrap=col in whole)
     return t
+
+
+def render(t: tables.Table) -> Table:
+    """One of report's tables drawn for the terminal."""
+    if t.listing:
+        out = Table(title=t.title, show_header=False, box=box.SIMPLE, title_justify="left",
+                    title_style="bold")
+        out.add_column(t.columns[0])
+        out.add_column(t.columns[1], justify="right")
+    else:
+        out = _table(t.title, t.columns, t.left, t.whole)
+    if t.caption is not None:
+        out.caption = t.caption
+        out.caption_justify = "left"
+    for cells, style in t.rows:
+        out.add_row(*(Text(c.text, style=c.style) if isinstance(c, tables.Styled) else c
+                      for c in cells), style=style)
+    return out
+
+
+def show(*items: tables.Table | str) -> None:
+    """Print report's tables (drawn for the terminal) and lines on stdout."""
+    out = _out()
+    for x in items:
+        out.print(render(x) if isinstance(x, tables.Table) else x)

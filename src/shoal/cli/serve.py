@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from shoal.cli import common as _cli
+import shoal.cli.common as _cli
 from shoal.errors import SpecError
 
 serve_app = typer.Typer(no_args_is_help=True,

@@ -1,0 +1,49 @@
+"""``shoal estimate``: time, memory and money of one plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from shoal.cli.common import handles_errors, output_option, show
+from shoal.report.tables import stage_table, summary_table, worker_table
+
+
+@handles_errors
+def estimate(
+    scenario: Annotated[Path, typer.Argument(metavar="SCENARIO", help="scenario file (YAML or JSON)")],
+    plan: Annotated[Path, typer.Option("--plan", "-p", metavar="PLAN",
+                                       help="training plan file (JSON or YAML)")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON only")] = False,
+    timeline: Annotated[Path | None, output_option("--timeline", help="write a timeline figure here")] = None,
+) -> None:
+    """Time, memory and money of one plan: per stage, per worker and in total."""
+    from shoal.estimate import estimate as run_estimate
+    from shoal.files import check_outputs
+    from shoal.problem import load_problem
+    from shoal.specs.plan import load_plan
+
+    check_outputs([(timeline, "--timeline")], [scenario, plan])
+    problem = load_problem(scenario)
+    tplan = load_plan(plan)
+    est = run_estimate(problem, tplan, file=str(plan))
+    tl_doc = None
+    if timeline is not None or (as_json and tplan.schedule != "zorse"):
+        from shoal.estimate.timeline import timeline_json
+
+        tl_doc = timeline_json(problem, tplan)
+    if timeline is not None:
+        from shoal.report.figures import draw_timeline_doc
+
+        draw_timeline_doc(tl_doc, timeline)
+    if as_json:
+        typer.echo(json.dumps(est.to_json() | {"stack": problem.stack.name}
+                              | ({"timeline": tl_doc} if tl_doc else {})))
+        return
+    show(stage_table(est), worker_table(est), summary_table(est),
+         f"software stack: {problem.stack.name} (job.stack; `shoal catalog stacks`)")
+    if timeline is not None:
+        show(f"timeline written to {timeline}")

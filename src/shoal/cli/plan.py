@@ -1,0 +1,139 @@
+"""``shoal plan``: which GPUs to rent and how to parallelise, ranked, with the throughput-cost
+front."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from shoal.cli.choices import Goal, Strategy
+from shoal.cli.common import _progress, handles_errors, output_option, show
+from shoal.errors import SpecError
+from shoal.files import check_outputs, write_json
+from shoal.report.tables import pareto_table, plans_table, rent_table, search_line
+from shoal.units import UnitError, fmt_seconds, parse_seconds
+
+
+@handles_errors
+def plan(
+    scenario: Annotated[Path, typer.Argument(metavar="SCENARIO", help="scenario file (YAML or JSON)")],
+    strategy: Annotated[Strategy, typer.Option(help="search strategy")] = Strategy.auto,
+    objective: Annotated[Goal | None, typer.Option(help="default: the scenario's")] = None,
+    max_cost_per_iter: Annotated[float | None, typer.Option(
+        "--max-cost-per-iter", help="USD per iteration at most")] = None,
+    min_throughput: Annotated[float | None, typer.Option(
+        "--min-throughput", help="iterations per second at least")] = None,
+    max_gpus: Annotated[int | None, typer.Option("--max-gpus", min=1, help="GPUs in total at most")] = None,
+    iterations: Annotated[int | None, typer.Option(
+        "--iterations", min=1, help="training-time SLO: this many iterations ...")] = None,
+    within: Annotated[str | None, typer.Option(
+        "--within", help="... must finish within this time, e.g. 72h or 3d")] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="plans to list")] = 5,
+    budget: Annotated[float, typer.Option("--budget", min=0.1, help="search time limit, seconds")] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
+    output: Annotated[Path | None, output_option("-o", "--output", help="write the best plan here")] = None,
+    figure: Annotated[Path | None, output_option("--figure", help="write the Pareto front here")] = None,
+) -> None:
+    """Which GPUs to rent and how to parallelise: ranked plans and the throughput-cost front."""
+    from shoal.problem import load_problem
+
+    check_outputs([(output, "--output"), (figure, "--figure")], [scenario])
+    for value, option in ((max_cost_per_iter, "--max-cost-per-iter"),
+                          (min_throughput, "--min-throughput")):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise SpecError("must be a positive number", field=option, value=value,
+                            allowed="a number > 0")
+    problem = load_problem(scenario)
+    cons = problem.constraints.model_copy(update={k: v for k, v in {
+        "max_cost_per_iteration_usd": max_cost_per_iter, "min_iters_per_s": min_throughput,
+        "max_gpus": max_gpus, "deadline": _deadline(iterations, within)}.items() if v is not None})
+    result = _search(problem, strategy.value, objective.value if objective else None, cons, top,
+                     budget, as_json)
+    best = result.ranked[0].plan
+    if output is not None:
+        write_json(output, best.to_json())
+    if figure is not None:
+        from shoal.report.figures import draw_pareto, front_doc
+
+        draw_pareto(front_doc(result), figure)
+    if as_json:
+        typer.echo(json.dumps(_plan_json(problem, result, cons.deadline)))
+        return
+    _print_plans(problem, result, cons.deadline)
+    if output is not None:
+        show(f"best plan written to {output}")
+    if figure is not None:
+        show(f"Pareto front drawn in {figure}")
+
+
+def _search(problem, strategy: str, goal: str | None, cons, top: int, budget: float, quiet: bool):
+    """The search, then the other objectives' searches completing the front (a status line on
+    stderr unless ``quiet``)."""
+    from shoal.training.planners import Limits, Reuse, complete_front, search
+
+    reuse = Reuse()
+
+    def run(status=None):
+        found = search(problem, strategy=strategy, objective=goal, constraints=cons,
+                       top_k=top, limits=Limits(budget_s=budget), reuse=reuse)
+        if status is not None:
+            status.update("completing the throughput-cost front (the other objectives' searches)...")
+        return complete_front(problem, found, strategy=strategy, constraints=cons,
+                              limits=Limits(budget_s=budget), reuse=reuse)
+    if quiet:
+        return run()
+    with _progress().status(f"searching plans ({strategy})...") as status:
+        return run(status)
+
+
+def _plan_json(problem, result, slo) -> dict:
+    """``shoal plan --json`` (DESIGN §6): ranked plans and the front, each with its estimate and
+    what to rent; with an SLO, each plan's dollars and time for it."""
+    from shoal.estimate import estimate
+    from shoal.training.rent import rent
+
+    def entry(c):
+        e = {"plan": c.plan.to_json(), "estimate": estimate(problem, c.plan).to_json(),
+             "rent": rent(problem, c.plan)}
+        if slo:
+            e["slo_total"] = {"cost_usd": c.cost_usd * slo.iterations,
+                              "time_s": c.iteration_time_s * slo.iterations}
+        return e
+    return {"search_time_s": result.stats.search_time_s, "objective": result.objective,
+            "slo": {"iterations": slo.iterations, "within_s": slo.within} if slo else None,
+            "plans": [entry(c) for c in result.ranked], "pareto": [entry(c) for c in result.pareto],
+            "stats": result.stats.to_json()}
+
+
+def _print_plans(problem, result, slo) -> None:
+    from shoal.training.rent import rent
+
+    show(plans_table(result, problem.job.global_batch * problem.job.seq_len, slo))
+    if slo:
+        show(f"SLO: {slo.iterations:,} iterations within {fmt_seconds(slo.within)}")
+    show(rent_table(rent(problem, result.ranked[0].plan)), pareto_table(result),
+         search_line(result.stats))
+
+
+def _deadline(iterations: int | None, within: str | None):
+    """The training-time SLO from ``--iterations`` and ``--within`` (both or neither)."""
+    from shoal.specs.job import Deadline
+
+    if iterations is None and within is None:
+        return None
+    if iterations is None or within is None:
+        raise SpecError("a training-time SLO needs both --iterations and --within",
+                        field="--iterations" if iterations is None else "--within",
+                        value=None, allowed="e.g. --iterations 10000 --within 72h")
+    try:
+        seconds = parse_seconds(within)
+    except UnitError as e:
+        raise SpecError(str(e), field="--within", value=within, allowed="e.g. 72h, 3d, 90min") from None
+    if seconds <= 0:
+        raise SpecError("the SLO must be a positive time", field="--within", value=within,
+                        allowed="e.g. 72h, 3d, 90min")
+    return Deadline(iterations=iterations, within=seconds)
