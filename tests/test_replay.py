@@ -206,7 +206,7 @@ def test_replanner_matches_cold_search_on_every_pool(problem):
     assert any(c.from_larger for c in rp.calls)  # the bounded check search ran, and held
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(walk=st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0, 2, 4, 6, 8])),
                      min_size=4, max_size=8),
        objective=st.sampled_from(["max-throughput", "min-cost"]))
