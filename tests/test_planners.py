@@ -504,7 +504,7 @@ def test_min_tp_is_the_smallest_tp_the_memory_model_fits(zero, recompute):
     """``Space.min_tp`` (tables built from memory parts shared across microbatches in flight
     and, without ZeRO, across replica counts) against the estimator's memory model, one
     worker at a time."""
-    from shoal.estimate.kernel import worker_memory
+    from shoal.estimate.kernel import Worker, worker_memory
 
     pb = problem(model__hidden_size=4096, model__num_layers=6, job__stack="sailor-testbed")
     tb = tables_for(pb, mbs_options(pb))
@@ -520,9 +520,11 @@ def test_min_tp_is_the_smallest_tp_the_memory_model_fits(zero, recompute):
                     for b in range(a + 1, L + 1):
                         want = None
                         for tp in tps:
+                            w = Worker(tb.gi(gpu), a, b, tb.ti(tp), float(mbs),
+                                       np.bool_(recompute))
                             states, buffers, act = worker_memory(
-                                tb, pb.memory, sp.state_b, tb.gi(gpu), a, b, tb.ti(tp), float(mbs),
-                                float(in_flight), np.bool_(recompute), np.int64(zero), float(dp))
+                                tb, pb.memory, sp.state_b, w, float(in_flight), np.int64(zero),
+                                float(dp))
                             if pb.memory.framework_bytes + states + buffers + act \
                                     <= pb.gpus[gpu].memory_bytes:
                                 want = tp
