@@ -29,8 +29,9 @@ from _reference import reference_or_skip  # noqa: E402
 from shoal.elastic.policy import POLICIES  # noqa: E402
 from shoal.elastic.replan import Replanner  # noqa: E402
 from shoal.elastic.replay import plan_trace, simulate  # noqa: E402
-from shoal.elastic.traces import load_trace, synthetic  # noqa: E402
+from shoal.elastic.traces import synthetic  # noqa: E402
 from shoal.io.sailor import import_sailor  # noqa: E402
+from shoal.io.traces import load_trace  # noqa: E402
 from shoal.problem import load_problem  # noqa: E402
 
 MODELS = {"opt350m": ("training_config_opt_350.json", "OPT-350"),

@@ -417,9 +417,9 @@ def replay(
     """Follow availability over time: the plan at every change, when to move, tokens and dollars."""
     from shoal.elastic.replan import Replanner
     from shoal.elastic.replay import plan_trace, simulate
-    from shoal.elastic.traces import load_trace
     from shoal.elastic.traces import synthetic as make_synthetic
     from shoal.files import check_outputs, write_json
+    from shoal.io.traces import load_trace
     from shoal.problem import load_problem
 
     check_outputs([(output, "--output"), (figure, "--figure")], [scenario, trace])
