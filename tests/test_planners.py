@@ -16,7 +16,7 @@ from shoal.estimate import estimate
 from shoal.estimate.api import run_specs, tables_for
 from shoal.estimate.encode import PlanSpec, ReplicaSpec, StageSpec
 from shoal.estimate.validate import validate_plan
-from shoal.io.sailor import import_sailor
+from shoal.io.sailor import SailorFiles, import_sailor
 from shoal.problem import build_problem, load_problem
 from shoal.specs.job import Constraints
 from shoal.specs.scenario import parse_scenario
@@ -363,10 +363,10 @@ def test_no_boundary_move_improves_the_best_plan_on_sailors_five_zones(reference
     stage a layer too many, no move of ``refine.moves`` (a boundary by one or two layers, a
     stage shifted by one, every stage keeping its replicas) makes the best plan faster."""
     s = reference_dir / "sailor"
-    import_sailor(training_config=s / "configs" / "training_config_opt_350.json",
-                  cluster_config=s / "configs" / "basic_cluster_config.json",
-                  profiles=s / "profiles" / "OPT-350", network=s / "network", out_dir=tmp_path,
-                  trace=s / "traces" / "gpu_trace_multizone.csv", step=2)
+    import_sailor(SailorFiles(training_config=s / "configs" / "training_config_opt_350.json",
+                              cluster_config=s / "configs" / "basic_cluster_config.json",
+                              profiles=s / "profiles" / "OPT-350", network=s / "network",
+                              trace=s / "traces" / "gpu_trace_multizone.csv", step=2), tmp_path)
     pb = load_problem(tmp_path / "scenario.yaml")
     best = search(pb, strategy="auto", limits=Limits(front=False)).ranked[0]
     moved = refine.moves(best.spec)
@@ -385,11 +385,11 @@ def test_allocations_by_level_beat_allocations_by_compute_on_sailors_gpt_neo_poo
     allocation gives the embedding stages replicas at the smallest TP, whose gradient rings
     outlast their microbatches, and the best plan is slower."""
     s = reference_dir / "sailor"
-    import_sailor(training_config=s / "configs" / "training_config_gpt_neo27.json",
-                  cluster_config=s / "configs" / "basic_cluster_config.json",
-                  profiles=s / "profiles" / "GPT-Neo-2.7", network=s / "network",
-                  out_dir=tmp_path, trace=s / "traces" / "gpu_trace_heterogeneous_imbalanced.csv",
-                  step=1)
+    import_sailor(SailorFiles(training_config=s / "configs" / "training_config_gpt_neo27.json",
+                              cluster_config=s / "configs" / "basic_cluster_config.json",
+                              profiles=s / "profiles" / "GPT-Neo-2.7", network=s / "network",
+                              trace=s / "traces" / "gpu_trace_heterogeneous_imbalanced.csv",
+                              step=1), tmp_path)
     pb = load_problem(tmp_path / "scenario.yaml")
     by_level = search(pb, strategy="auto", limits=Limits(front=False)).ranked[0]
     monkeypatch.setattr(auto.Bounds, "option_levels",
