@@ -123,7 +123,7 @@ def bubbles_cmd(
         tl = simulate(job, schedule.value, cell=cell)
         model = bt.prefill_model(inference_model, gpu)
         res = bt.place(tl, reqs, model, depth=depth, guard_s=g, max_wait_s=w)
-        sus = bt.sustainable(tl, model, depth=depth, guard_s=g, max_wait_s=w, seed=seed)
+        sus = bt.sustainable(tl, model, depth=depth, guard_s=g, max_wait_s=w, probe=bt.Probe(seed=seed))
     doc = res.summary() | {"schedule": schedule.value, "requests_source": source,
                            "sustainable": sus.to_json(),
                            "inference_model": inference_model, "training": tl.to_json(),
