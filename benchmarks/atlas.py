@@ -39,7 +39,7 @@ from shoal.profiles.analytic import AnalyticProfile  # noqa: E402
 from shoal.specs.model import ModelSpec  # noqa: E402
 from shoal.specs.network import WanSpec  # noqa: E402
 from shoal.training import bubbles  # noqa: E402
-from shoal.training.geo import iteration_bounds, job_from_profile, simulate  # noqa: E402
+from shoal.training.geo import JobShape, iteration_bounds, job_from_profile, simulate  # noqa: E402
 from shoal.training.planners.atlas import (  # noqa: E402
     algorithm1,
     best,
@@ -67,8 +67,8 @@ def make_job(model_name: str, microbatches: int, wan: WanSpec, pipelines: int = 
     per = blocks_per_stage or model.num_layers // 4
     stages = [(1 + i * per, 1 + (i + 1) * per) for i in range(4)]  # blocks only
     job = job_from_profile(prof, "A100-80GB", stages, STAGE_DC,
-                           lambda a, b: (wan.bandwidth(), wan.latency), mbs=1,
-                           microbatches=microbatches, pipelines=pipelines)
+                           lambda a, b: (wan.bandwidth(), wan.latency),
+                           JobShape(mbs=1, microbatches=microbatches, pipelines=pipelines))
     if not at_peak:
         return job
     k = [float(prof.sizes.fwd_flops[a:b].sum()) / gpus["A100-80GB"].flops_16 / f
@@ -143,7 +143,8 @@ def bubbletea_sustainable() -> list[dict]:
     out = []
     for wait in (0.05, 0.5):
         t0 = time.perf_counter()
-        s = bubbles.sustainable(tl, model, depth=8, guard_s=0.005, max_wait_s=wait, seed=1)
+        s = bubbles.sustainable(tl, model, depth=8, guard_s=0.005, max_wait_s=wait,
+                                probe=bubbles.Probe(seed=1))
         row = s.to_json()
         row["wall_s"] = time.perf_counter() - t0
         out.append(row)

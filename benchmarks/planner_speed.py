@@ -25,7 +25,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _reference import reference_dir  # noqa: E402
 from shoal.errors import InfeasibleError  # noqa: E402
-from shoal.io.sailor import import_sailor  # noqa: E402
+from shoal.io.sailor import SailorFiles, import_sailor  # noqa: E402
 from shoal.problem import load_problem  # noqa: E402
 from shoal.specs.job import Constraints  # noqa: E402
 from shoal.training.planners import Limits, search  # noqa: E402
@@ -87,10 +87,10 @@ def main() -> None:
             if args.only and args.only != name:
                 continue
             d = Path(tmp) / name
-            import_sailor(training_config=s / "configs" / cfg,
-                          cluster_config=s / "configs" / "basic_cluster_config.json",
-                          profiles=s / "profiles" / prof, network=s / "network", out_dir=d,
-                          trace=s / "traces" / trace, step=step)
+            import_sailor(SailorFiles(training_config=s / "configs" / cfg,
+                                      cluster_config=s / "configs" / "basic_cluster_config.json",
+                                      profiles=s / "profiles" / prof, network=s / "network",
+                                      trace=s / "traces" / trace, step=step), d)
             if change == "three_types":
                 three_types(d / "scenario.yaml")
             pb = load_problem(d / "scenario.yaml")

@@ -34,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _reference import reference_or_skip  # noqa: E402
 from replay import MODELS, scenario  # noqa: E402
+from shoal.elastic.policy import Change  # noqa: E402
 from shoal.elastic.replan import Replanner  # noqa: E402
 from shoal.elastic.replay import plan_trace, simulate  # noqa: E402
 from shoal.elastic.switch import (  # noqa: E402
@@ -119,24 +120,22 @@ class Informed:
                 break
         self.V = V
 
-    def __call__(self, policy, problem, objective, cur, options, *, forced, notice_s,
-                 since_checkpoint_s, seen, pending_s=0.0, owed_s=0.0, known=None,
-                 booting=None, boot_left_s=0.0, save_left_s=0.0, lost_iterations=0.0):
-        avail = seen[-1].avail
+    def __call__(self, policy, problem, objective, cur, options, change: Change):
+        avail = change.seen[-1].avail
         s = self.index[tuple(avail.get(k, 0) for k in self.keys)]
         best, value = None, -np.inf  # idle only when no plan fits
-        if cur is not None and not forced:
+        if cur is not None and not change.forced:
             q = self.specs[cur.cand.spec]
-            best, value = cur, self.V[s, q] - pending_s * self.thr[q]
-        owed = owed_s / cur.iteration_time_s if cur is not None and owed_s > 0 else 0.0
+            best, value = cur, self.V[s, q] - change.pending_s * self.thr[q]
+        owed = (change.owed_s / cur.iteration_time_s if cur is not None and change.owed_s > 0
+                else 0.0)
         for q, r in enumerate(self.runs, 1):
             if not r.fits(avail) or (cur is not None and r.cand.spec == cur.cand.spec):
                 continue
-            c = switch_cost(problem, cur, r, forced=forced, notice_s=notice_s,
-                            since_checkpoint_s=since_checkpoint_s,
-                            under_way=pending_s - owed_s > 0, booting=booting,
-                            boot_left_s=boot_left_s, save_left_s=save_left_s,
-                            lost_iterations=owed + lost_iterations).total_s
+            c = switch_cost(problem, cur, r, forced=change.forced, notice_s=change.notice_s,
+                            since_checkpoint_s=change.since_checkpoint_s,
+                            under_way=change.under_way(),
+                            lost_iterations=owed + change.lost_iterations).total_s
             v = self.V[s, q] - c * self.thr[q]
             if v > value:
                 best, value = r, v

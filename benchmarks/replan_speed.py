@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _reference import reference_or_skip  # noqa: E402
 from shoal.elastic.replan import Replanner  # noqa: E402
 from shoal.errors import InfeasibleError  # noqa: E402
-from shoal.io.sailor import import_sailor  # noqa: E402
+from shoal.io.sailor import SailorFiles, import_sailor  # noqa: E402
 from shoal.problem import load_problem  # noqa: E402
 from shoal.training.planners import Limits, search  # noqa: E402
 
@@ -75,10 +75,11 @@ def main() -> None:
     cfg, prof = MODELS[args.model]
     s = ref / "sailor"
     with tempfile.TemporaryDirectory() as tmp:
-        import_sailor(training_config=s / "configs" / cfg,
-                      cluster_config=s / "configs" / "basic_cluster_config.json",
-                      profiles=s / "profiles" / prof, network=s / "network", out_dir=Path(tmp),
-                      trace=s / "traces" / "gpu_trace_2zones_2gpus.csv", step=0)
+        import_sailor(SailorFiles(training_config=s / "configs" / cfg,
+                                  cluster_config=s / "configs" / "basic_cluster_config.json",
+                                  profiles=s / "profiles" / prof, network=s / "network",
+                                  trace=s / "traces" / "gpu_trace_2zones_2gpus.csv", step=0),
+                      Path(tmp))
         problem = load_problem(Path(tmp) / "scenario.yaml")
         keys = sorted(problem.avail)
         full = {k: args.capacity for k in keys}

@@ -29,8 +29,9 @@ from _reference import reference_or_skip  # noqa: E402
 from shoal.elastic.policy import POLICIES  # noqa: E402
 from shoal.elastic.replan import Replanner  # noqa: E402
 from shoal.elastic.replay import plan_trace, simulate  # noqa: E402
-from shoal.elastic.traces import load_trace, synthetic  # noqa: E402
-from shoal.io.sailor import import_sailor  # noqa: E402
+from shoal.elastic.traces import synthetic  # noqa: E402
+from shoal.io.sailor import SailorFiles, import_sailor  # noqa: E402
+from shoal.io.traces import load_trace  # noqa: E402
 from shoal.problem import load_problem  # noqa: E402
 
 MODELS = {"opt350m": ("training_config_opt_350.json", "OPT-350"),
@@ -42,11 +43,12 @@ KINDS = ("spot", "scarcity", "outage")
 def scenario(ref: Path, model: str, out: Path, zones: dict[str, dict[str, int]]) -> Path:
     cfg, prof = MODELS[model]
     s = ref / "sailor"
-    import_sailor(training_config=s / "configs" / cfg,
-                  cluster_config=s / "configs" / "basic_cluster_config.json",
-                  profiles=s / "profiles" / prof, network=s / "network", out_dir=out,
-                  trace=s / "traces" / ("gpu_trace_2zones_2gpus.csv" if len(zones) > 1
-                                        else "gpu_trace_heterogeneous_imbalanced.csv"), step=0)
+    trace = ("gpu_trace_2zones_2gpus.csv" if len(zones) > 1
+             else "gpu_trace_heterogeneous_imbalanced.csv")
+    import_sailor(SailorFiles(training_config=s / "configs" / cfg,
+                              cluster_config=s / "configs" / "basic_cluster_config.json",
+                              profiles=s / "profiles" / prof, network=s / "network",
+                              trace=s / "traces" / trace, step=0), out)
     path = out / "scenario.yaml"
     d = yaml.safe_load(path.read_text())
     d["pool"]["regions"]["us-central1"]["zones"] = {z: {"gpus": g} for z, g in zones.items()}

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _reference import reference_or_skip  # noqa: E402
 from shoal.errors import InfeasibleError  # noqa: E402
 from shoal.estimate import estimate  # noqa: E402
-from shoal.io.sailor import import_sailor  # noqa: E402
+from shoal.io.sailor import SailorFiles, import_sailor  # noqa: E402
 from shoal.problem import load_problem  # noqa: E402
 from shoal.specs.job import Constraints  # noqa: E402
 from shoal.specs.plan import TrainingPlan  # noqa: E402
@@ -230,10 +230,10 @@ def main() -> None:
                 continue
             cfg, prof, trace, objective, cons = RUNS[r["run"]]
             out = Path(tmp) / f"run{i}"
-            import_sailor(training_config=s / "configs" / cfg,
-                          cluster_config=s / "configs" / "basic_cluster_config.json",
-                          profiles=s / "profiles" / prof, network=s / "network", out_dir=out,
-                          trace=s / "traces" / trace, step=r["step"])
+            import_sailor(SailorFiles(training_config=s / "configs" / cfg,
+                                      cluster_config=s / "configs" / "basic_cluster_config.json",
+                                      profiles=s / "profiles" / prof, network=s / "network",
+                                      trace=s / "traces" / trace, step=r["step"]), out)
             pb = load_problem(out / "scenario.yaml")
             row = {"run": r["run"], "step": r["step"], "objective": objective,
                    "constraints": cons, "pool_gpus": sum(pb.avail.values()),

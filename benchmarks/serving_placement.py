@@ -22,7 +22,7 @@ from shoal.errors import InfeasibleError  # noqa: E402
 from shoal.io.helix import import_helix, read_placement  # noqa: E402
 from shoal.serving.cluster import build_cluster  # noqa: E402
 from shoal.serving.flow import max_flow  # noqa: E402
-from shoal.serving.placers import place  # noqa: E402
+from shoal.serving.placers import MilpOptions, place  # noqa: E402
 from shoal.specs.serving import parse_serving  # noqa: E402
 
 # name: (cluster file, model, placement folder, time limit s, Helix MILP's max flow)
@@ -88,7 +88,7 @@ def main() -> None:
         if not args.no_milp:
             ml = limit * args.milp_scale
             row["milp_warm"] = run(c, "milp", ml)
-            row["milp_cold"] = run(c, "milp", ml, warm_start=False)
+            row["milp_cold"] = run(c, "milp", ml, milp_options=MilpOptions(warm_start=False))
         row["helix_files"] = {f.stem: round(max_flow(cp if f.stem == "petals" else c,
                                                      read_placement(f, c)).value, 2)
                               for f in sorted((ref / "placements" / folder).glob("*.ini"))}

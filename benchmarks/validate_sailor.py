@@ -33,7 +33,7 @@ from scipy.optimize import least_squares
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _reference import reference_dir  # noqa: E402
 from shoal.estimate import estimate  # noqa: E402
-from shoal.io.sailor import import_sailor  # noqa: E402
+from shoal.io.sailor import SailorFiles, import_sailor  # noqa: E402
 from shoal.problem import MemoryConstants, TimeConstants, load_problem  # noqa: E402
 from shoal.specs.plan import TrainingPlan  # noqa: E402
 
@@ -52,14 +52,14 @@ def load_runs(ref: Path, model: str, profile_mode: str, work: Path):
         out = work / model / profile_mode / f.stem
         kw = dict(training_config=s / "configs" / CONFIGS[model],
                   cluster_config=s / "configs" / "basic_cluster_config.json",
-                  network=s / "network", out_dir=out, plan=f)
+                  network=s / "network", plan=f)
         if profile_mode == "measured":
             kw["profiles"] = s / "profiles" / "OPT-350"
         elif profile_mode == "transfer":
             kw["profiles"] = s / "profiles" / "GPT-Neo-2.7"  # measured on A100 and V100 only
             kw["transfer_profiles"] = s / "profiles" / "OPT-350"
             kw["transfer_training_config"] = s / "configs" / CONFIGS["OPT-350"]
-        import_sailor(**kw)
+        import_sailor(SailorFiles(**kw), out)
         meas = json.loads(f.read_text())
         runs.append(dict(name=f"{f.parent.name}/{f.stem}", problem=load_problem(out / "scenario.yaml"),
                          plan=TrainingPlan.model_validate_json((out / "plan.json").read_text()),

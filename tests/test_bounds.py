@@ -20,7 +20,7 @@ from shoal.specs.job import Constraints, Deadline
 from shoal.training.planners import sailor, search
 from shoal.training.planners.allocate import Allocation, tradeoffs
 from shoal.training.planners.auto import PACKINGS, Bounds, Shape, Worth
-from shoal.training.planners.build import build_spec
+from shoal.training.planners.build import Form, build_spec
 from shoal.training.planners.space import Kind, Space, mbs_options
 
 CASES = [*SMALL_PROBLEMS[1:],
@@ -196,8 +196,8 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
         worth = worths[(sh, D)]
         a = Allocation(per_stage, (0,) * len(pool.avail), 0.0)
         built = [sp for pk in PACKINGS
-                 if (sp := build_spec(space, a, opts, sh.split, sh.mbs, D,
-                                      recompute=sh.recompute, packing=pk)) is not None]
+                 if (sp := build_spec(space, a, opts, Form(sh.split, sh.mbs, sh.recompute), D,
+                                      packing=pk)) is not None]
         if not built:
             continue
         # the largest level of its options, as the variants' floor counts it

@@ -16,7 +16,7 @@ from shoal.problem import load_problem
 from shoal.specs.model import ModelSpec
 from shoal.specs.network import WanSpec
 from shoal.training import bubbles
-from shoal.training.geo import GeoJob, job_from_profile, simulate
+from shoal.training.geo import GeoJob, JobShape, job_from_profile, simulate
 from shoal.training.planners import search
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,8 +62,8 @@ def _testbed(M=4, pipelines=3):
     w = WanSpec(latency="40ms")
     stages = [(1 + 6 * i, 7 + 6 * i) for i in range(4)]
     return job_from_profile(prof, "A100-80GB", stages, ["dc1", "dc2", "dc3", "dc3"],
-                            lambda a, b: (w.bandwidth(), w.latency), mbs=1, microbatches=M,
-                            pipelines=pipelines)
+                            lambda a, b: (w.bandwidth(), w.latency),
+                            JobShape(mbs=1, microbatches=M, pipelines=pipelines))
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +262,7 @@ def test_the_sustainable_rate_keeps_rejections_under_one_percent(testbed_run):
     iteration is unchanged."""
     tl, _ = testbed_run
     model = bubbles.prefill_model("LLaMA-3-8B", "A100-80GB")
-    s = bubbles.sustainable(tl, model, max_wait_s=1.0, tolerance=0.05)
+    s = bubbles.sustainable(tl, model, max_wait_s=1.0, probe=bubbles.Probe(tolerance=0.05))
     assert s.rate_per_s is not None and s.result["rejected_fraction"] <= 0.01
     assert any(s.rate_per_s < r <= 1.06 * s.rate_per_s and f > 0.01 for r, f in s.trials)
     assert s.result["utilization_after"] > s.result["utilization_before"]

@@ -283,7 +283,7 @@ def test_a_live_switch_decision_is_the_replay_policys(tmp_path):
     history, with the re-planner's ranked plans and this runtime's switch costs: the same
     inputs given to the policy directly give the same plan, and a measured switch cost goes
     into the next decision."""
-    from shoal.elastic.policy import choose
+    from shoal.elastic.policy import Change, choose
     from shoal.elastic.replan import Replanner
     from shoal.runtime.elastic import SwitchCosts
 
@@ -299,8 +299,9 @@ def test_a_live_switch_decision_is_the_replay_policys(tmp_path):
                                                 hints=[d.current.cand.spec]).ranked
         assert [c.spec for c in ranked][:3] == [r.cand.spec for r in d.options][:3]
         got = choose("shoal", d.problem, d.problem.objective, d.current, d.options,
-                     forced=False, notice_s=0.0, since_checkpoint_s=d.since_checkpoint_s,
-                     seen=d.seen, known=list(choice.known.values()), end_s=d.end_s)
+                     Change(seen=d.seen, forced=False, notice_s=0.0,
+                            since_checkpoint_s=d.since_checkpoint_s,
+                            known=list(choice.known.values()), end_s=d.end_s))
         assert moved == (got.cand.spec != d.current.cand.spec)
         if moved:
             assert choice(2).summary() == got.cand.plan.summary()

@@ -171,14 +171,15 @@ def test_asymmetric_plans_schedule_and_bound(counts, seed):
        inflight=st.integers(1, 8), recompute=st.booleans())
 def test_zero_never_raises_memory(a, n, tp, dp, inflight, recompute):
     from shoal.estimate.api import _state_bytes
-    from shoal.estimate.kernel import worker_memory
+    from shoal.estimate.kernel import Worker, worker_memory
 
     pb, tb = small_het(), small_tables()
     b = min(a + n, pb.n_layers)
     totals = []
     for zero in (0, 1, 2, 3):
-        parts = worker_memory(tb, pb.memory, _state_bytes(pb)[1], 0, a, b, tp, 1.0,
-                              float(inflight), np.bool_(recompute), np.int64(zero), float(dp))
+        parts = worker_memory(tb, pb.memory, _state_bytes(pb)[1],
+                              Worker(0, a, b, tp, 1.0, np.bool_(recompute)), float(inflight),
+                              np.int64(zero), float(dp))
         totals.append(float(sum(parts)))
     assert totals[1] <= totals[0] and totals[2] <= totals[1] and totals[3] <= totals[2]
 

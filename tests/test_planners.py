@@ -16,7 +16,7 @@ from shoal.estimate import estimate
 from shoal.estimate.api import run_specs, tables_for
 from shoal.estimate.encode import PlanSpec, ReplicaSpec, StageSpec
 from shoal.estimate.validate import validate_plan
-from shoal.io.sailor import import_sailor
+from shoal.io.sailor import SailorFiles, import_sailor
 from shoal.problem import build_problem, load_problem
 from shoal.specs.job import Constraints
 from shoal.specs.scenario import parse_scenario
@@ -363,10 +363,10 @@ def test_no_boundary_move_improves_the_best_plan_on_sailors_five_zones(reference
     stage a layer too many, no move of ``refine.moves`` (a boundary by one or two layers, a
     stage shifted by one, every stage keeping its replicas) makes the best plan faster."""
     s = reference_dir / "sailor"
-    import_sailor(training_config=s / "configs" / "training_config_opt_350.json",
-                  cluster_config=s / "configs" / "basic_cluster_config.json",
-                  profiles=s / "profiles" / "OPT-350", network=s / "network", out_dir=tmp_path,
-                  trace=s / "traces" / "gpu_trace_multizone.csv", step=2)
+    import_sailor(SailorFiles(training_config=s / "configs" / "training_config_opt_350.json",
+                              cluster_config=s / "configs" / "basic_cluster_config.json",
+                              profiles=s / "profiles" / "OPT-350", network=s / "network",
+                              trace=s / "traces" / "gpu_trace_multizone.csv", step=2), tmp_path)
     pb = load_problem(tmp_path / "scenario.yaml")
     best = search(pb, strategy="auto", limits=Limits(front=False)).ranked[0]
     moved = refine.moves(best.spec)
@@ -385,11 +385,11 @@ def test_allocations_by_level_beat_allocations_by_compute_on_sailors_gpt_neo_poo
     allocation gives the embedding stages replicas at the smallest TP, whose gradient rings
     outlast their microbatches, and the best plan is slower."""
     s = reference_dir / "sailor"
-    import_sailor(training_config=s / "configs" / "training_config_gpt_neo27.json",
-                  cluster_config=s / "configs" / "basic_cluster_config.json",
-                  profiles=s / "profiles" / "GPT-Neo-2.7", network=s / "network",
-                  out_dir=tmp_path, trace=s / "traces" / "gpu_trace_heterogeneous_imbalanced.csv",
-                  step=1)
+    import_sailor(SailorFiles(training_config=s / "configs" / "training_config_gpt_neo27.json",
+                              cluster_config=s / "configs" / "basic_cluster_config.json",
+                              profiles=s / "profiles" / "GPT-Neo-2.7", network=s / "network",
+                              trace=s / "traces" / "gpu_trace_heterogeneous_imbalanced.csv",
+                              step=1), tmp_path)
     pb = load_problem(tmp_path / "scenario.yaml")
     by_level = search(pb, strategy="auto", limits=Limits(front=False)).ranked[0]
     monkeypatch.setattr(auto.Bounds, "option_levels",
@@ -504,7 +504,7 @@ def test_min_tp_is_the_smallest_tp_the_memory_model_fits(zero, recompute):
     """``Space.min_tp`` (tables built from memory parts shared across microbatches in flight
     and, without ZeRO, across replica counts) against the estimator's memory model, one
     worker at a time."""
-    from shoal.estimate.kernel import worker_memory
+    from shoal.estimate.kernel import Worker, worker_memory
 
     pb = problem(model__hidden_size=4096, model__num_layers=6, job__stack="sailor-testbed")
     tb = tables_for(pb, mbs_options(pb))
@@ -520,9 +520,11 @@ def test_min_tp_is_the_smallest_tp_the_memory_model_fits(zero, recompute):
                     for b in range(a + 1, L + 1):
                         want = None
                         for tp in tps:
+                            w = Worker(tb.gi(gpu), a, b, tb.ti(tp), float(mbs),
+                                       np.bool_(recompute))
                             states, buffers, act = worker_memory(
-                                tb, pb.memory, sp.state_b, tb.gi(gpu), a, b, tb.ti(tp), float(mbs),
-                                float(in_flight), np.bool_(recompute), np.int64(zero), float(dp))
+                                tb, pb.memory, sp.state_b, w, float(in_flight), np.int64(zero),
+                                float(dp))
                             if pb.memory.framework_bytes + states + buffers + act \
                                     <= pb.gpus[gpu].memory_bytes:
                                 want = tp

@@ -27,6 +27,7 @@ from shoal.elastic.policy import (
 from shoal.elastic.replan import Replanner
 from shoal.elastic.replay import plan_trace, simulate
 from shoal.elastic.switch import (
+    UnderWay,
     checkpoint_every_s,
     loss_gaps_s,
     running,
@@ -119,7 +120,7 @@ def test_switch_cost_parts(problem, replanner):
     # moving again while a switch is under way: nothing new to save, no wait for VMs that
     # switch is not starting
     again = switch_cost(problem, big, small, forced=False, notice_s=0, since_checkpoint_s=0,
-                        under_way=True)
+                        under_way=UnderWay(before_redo=True))
     assert again.save_s == 0.0 and again.wait_s == 0.0
     assert again.total_s == pytest.approx(shrink.total_s - shrink.save_s)
     # ... nor for VMs it is starting that the new plan does not take
@@ -127,12 +128,13 @@ def test_switch_cost_parts(problem, replanner):
     others = {j: n for j, n in big.nodes.items() if j not in small.nodes}
     if others:
         c = switch_cost(problem, big, small, forced=False, notice_s=0, since_checkpoint_s=0,
-                        under_way=True, booting=others, boot_left_s=100.0)
+                        under_way=UnderWay(before_redo=True, booting=others, boot_left_s=100.0))
         assert c.wait_s == 0.0
     # ... and for those it takes, as long as they take to come up (beyond its own start-up);
     # work owed is redone after that
     c = switch_cost(problem, big, small, forced=False, notice_s=0, since_checkpoint_s=0,
-                    under_way=True, booting={k: big.nodes[k]}, boot_left_s=1000.0,
+                    under_way=UnderWay(before_redo=True, booting={k: big.nodes[k]},
+                                       boot_left_s=1000.0),
                     lost_iterations=3.0)
     assert c.wait_s == pytest.approx(1000.0 - c.startup_s) and c.save_s == 0.0
     assert c.redo_s == pytest.approx(3.0 * small.iteration_time_s)
@@ -548,9 +550,9 @@ def test_the_oracles_program_counts_its_plans_as_the_replay_does(problem, replan
     for _ in range(4):
         picks: list = []
 
-        def pick(policy, problem, objective, cur, options, *, forced, picks=picks, **_):
+        def pick(policy, problem, objective, cur, options, change, picks=picks):
             fit = [r for r in plans if r.fits(tr.states[len(picks)].avail)]
-            choices = [*fit, None] + ([cur] * 3 if cur is not None and not forced else [])
+            choices = [*fit, None] + ([cur] * 3 if cur is not None and not change.forced else [])
             picks.append(choices[int(rng.integers(len(choices)))])
             return picks[-1]
 
@@ -664,9 +666,9 @@ def test_a_chooser_decides_instead_of_the_policy(problem, replanner):
     opts = plan_trace(problem, tr, replanner)
     calls = []
 
-    def keep(policy, problem, objective, cur, options, *, forced, **_):
-        calls.append(forced)
-        return cur if cur is not None and not forced else (options[0] if options else None)
+    def keep(policy, problem, objective, cur, options, change):
+        calls.append(change.forced)
+        return cur if cur is not None and not change.forced else (options[0] if options else None)
 
     mine = simulate(problem, tr, opts, "always", chooser=keep)
     never, always = (simulate(problem, tr, opts, p) for p in ("never", "always"))
@@ -791,7 +793,7 @@ def test_a_move_during_a_save_waits_for_the_checkpoint(problem, replanner):
     def run(seq):
         picked = []
 
-        def pick(policy, problem, objective, cur, options, **_):
+        def pick(policy, problem, objective, cur, options, change):
             picked.append(seq[len(picked)])
             return picked[-1]
 

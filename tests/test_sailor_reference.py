@@ -18,7 +18,7 @@ import pytest
 from shoal import catalog
 from shoal.estimate import estimate
 from shoal.estimate.validate import validate_plan
-from shoal.io.sailor import import_sailor
+from shoal.io.sailor import SailorFiles, import_sailor
 from shoal.problem import load_problem
 from shoal.specs.plan import TrainingPlan
 from shoal.specs.scenario import load_scenario
@@ -43,14 +43,13 @@ def _plans(ref: Path) -> list[Path]:
 
 def _import(ref: Path, plan_file: Path, out: Path) -> dict[str, Path]:
     s = ref / "sailor"
-    return import_sailor(
+    return import_sailor(SailorFiles(
         training_config=s / "configs" / "training_config_opt_350.json",
         cluster_config=s / "configs" / "basic_cluster_config.json",
         profiles=s / "profiles" / "OPT-350",
         network=s / "network",
-        out_dir=out,
         plan=plan_file,
-    )
+    ), out)
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +99,13 @@ def test_gpt_neo_predicted_from_opt_profile(reference_dir, tmp_path):
         pytest.skip("no GPT-Neo validation plans")
     t_err, m_err = [], []
     for f in plans:
-        written = import_sailor(
+        written = import_sailor(SailorFiles(
             training_config=s / "configs" / "training_config_gpt_neo27.json",
             cluster_config=s / "configs" / "basic_cluster_config.json",
             profiles=s / "profiles" / "GPT-Neo-2.7",
             transfer_profiles=s / "profiles" / "OPT-350",
             transfer_training_config=s / "configs" / "training_config_opt_350.json",
-            network=s / "network", out_dir=tmp_path / f.stem, plan=f)
+            network=s / "network", plan=f), tmp_path / f.stem)
         problem = load_problem(written["scenario.yaml"])
         plan = TrainingPlan.model_validate(json.loads(written["plan.json"].read_text()))
         assert problem.profile.source("GH200-96GB", 4).startswith("scaled from OPT-350")

@@ -450,9 +450,9 @@ def test_a_document_of_another_kind_or_version_is_named(scenario_dict, schema, w
 
 def _csv_readers():
     from conftest import BASE_SCENARIO
-    from shoal.elastic.traces import load_trace as availability
     from shoal.io.helix import _ini
     from shoal.io.sailor import read_trace_row
+    from shoal.io.traces import load_trace as availability
     from shoal.serving.capacity import read_profile
     from shoal.serving.workload import load_arrivals, load_lengths, load_trace
     from shoal.training.bubbles import load_requests

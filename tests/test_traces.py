@@ -14,10 +14,10 @@ from shoal.elastic.traces import (
     SYNTHETIC_KINDS,
     State,
     Trace,
-    load_trace,
     synthetic,
 )
 from shoal.errors import SpecError
+from shoal.io.traces import load_trace
 from shoal.problem import Problem, build_problem
 from shoal.specs.scenario import parse_scenario
 

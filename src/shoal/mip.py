@@ -94,6 +94,43 @@ class Model:
         further HiGHS options; ``relaxed``: the LP relaxation (every column continuous), solved
         by the simplex (unless ``options`` choose another solver), so its solution is a
         vertex."""
+        integer = any(self.integer) and not relaxed
+        lp = self._lp(integer)
+        h = new_highs()
+        h.setOptionValue("threads", 1)
+        h.setOptionValue("random_seed", 0)
+        h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
+        if exact:
+            h.setOptionValue("mip_rel_gap", 0.0)
+        if relaxed:
+            h.setOptionValue("solver", "simplex")
+        for name, value in (options or {}).items():
+            h.setOptionValue(name, value)
+        h.passModel(lp)
+        if any(self.quad):
+            self._pass_hessian(h, integer)
+        if start is not None:
+            sol = highspy.HighsSolution()
+            sol.col_value = list(np.asarray(start, dtype=float))
+            sol.value_valid = True
+            h.setSolution(sol)
+        t0 = time.perf_counter()
+        if target is not None or stall_s is not None:
+            self._stop_early(h, t0, target, stall_s)
+        h.run()
+        status = h.getModelStatus()
+        info = h.getInfo()
+        has = info.primal_solution_status == 2  # feasible
+        x = np.array(h.getSolution().col_value) if has else None
+        bound = info.mip_dual_bound if integer else info.objective_function_value
+        return Solution(status=h.modelStatusToString(status), x=x,
+                        objective=info.objective_function_value if has else None,
+                        bound=float(bound), time_s=time.perf_counter() - t0,
+                        infeasible=status == highspy.HighsModelStatus.kInfeasible)
+
+    def _lp(self, integer: bool) -> highspy.HighsLp:
+        """The model as HiGHS takes it: columns, row bounds and the row-wise matrix
+        (``integer``: with the columns' integrality)."""
         lp = highspy.HighsLp()
         lp.num_col_ = self.n_vars
         lp.num_row_ = len(self.rows)
@@ -112,63 +149,43 @@ class Model:
         lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
         lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
         lp.a_matrix_.value_ = np.array(value, dtype=float)
-        integer = any(self.integer) and not relaxed
         if integer:
             lp.integrality_ = [highspy.HighsVarType.kInteger if i else
                                highspy.HighsVarType.kContinuous for i in self.integer]
-        h = new_highs()
-        h.setOptionValue("threads", 1)
-        h.setOptionValue("random_seed", 0)
-        h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
-        if exact:
-            h.setOptionValue("mip_rel_gap", 0.0)
-        if relaxed:
-            h.setOptionValue("solver", "simplex")
-        for name, value in (options or {}).items():
-            h.setOptionValue(name, value)
-        h.passModel(lp)
-        if any(self.quad):
-            if self.maximize or integer or min(self.quad) < 0:
-                raise ValueError("quadratic costs need a minimising model of continuous "
-                                 "columns with quad >= 0")
-            hes = highspy.HighsHessian()  # HiGHS minimises c x + x' Q x / 2: Q = 2 diag(quad)
-            hes.dim_ = self.n_vars
-            hes.format_ = highspy.HessianFormat.kTriangular
-            hes.start_ = np.arange(self.n_vars + 1, dtype=np.int32)
-            hes.index_ = np.arange(self.n_vars, dtype=np.int32)
-            hes.value_ = 2.0 * np.asarray(self.quad, dtype=float)
-            h.passHessian(hes)
-        if start is not None:
-            sol = highspy.HighsSolution()
-            sol.col_value = list(np.asarray(start, dtype=float))
-            sol.value_valid = True
-            h.setSolution(sol)
-        t0 = time.perf_counter()
+        return lp
+
+    def _pass_hessian(self, h: highspy.Highs, integer: bool) -> None:
+        """The quadratic costs: HiGHS minimises c x + x' Q x / 2, so Q = 2 diag(quad)."""
+        if self.maximize or integer or min(self.quad) < 0:
+            raise ValueError("quadratic costs need a minimising model of continuous "
+                             "columns with quad >= 0")
+        hes = highspy.HighsHessian()
+        hes.dim_ = self.n_vars
+        hes.format_ = highspy.HessianFormat.kTriangular
+        hes.start_ = np.arange(self.n_vars + 1, dtype=np.int32)
+        hes.index_ = np.arange(self.n_vars, dtype=np.int32)
+        hes.value_ = 2.0 * np.asarray(self.quad, dtype=float)
+        h.passHessian(hes)
+
+    def _stop_early(self, h: highspy.Highs, t0: float, target: float | None,
+                    stall_s: float | None) -> None:
+        """Interrupt the solve once the best solution reaches ``target``, or once it has not
+        improved for ``stall_s`` seconds (from ``t0``, or its last improvement)."""
         state = {"best": -np.inf if self.maximize else np.inf, "at": t0}
         sign = 1.0 if self.maximize else -1.0
-        if target is not None or stall_s is not None:
-            def interrupt(_type, _msg, data_out, data_in, _user):
-                best = data_out.mip_primal_bound
-                if np.isfinite(best) and sign * (best - state["best"]) > 1e-9:
-                    state["best"], state["at"] = best, time.perf_counter()
-                stop = target is not None and np.isfinite(best) and sign * (best - target) >= 0
-                if stall_s is not None and np.isfinite(state["best"]):
-                    stop |= time.perf_counter() - state["at"] > stall_s
-                if stop:
-                    data_in.user_interrupt = True
 
-            h.setCallback(interrupt, None)
-            h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
-        h.run()
-        status = h.getModelStatus()
-        info = h.getInfo()
-        has = info.primal_solution_status == 2  # feasible
-        x = np.array(h.getSolution().col_value) if has else None
-        bound = info.mip_dual_bound if integer else info.objective_function_value
-        return Solution(status=h.modelStatusToString(status), x=x,
-                        objective=info.objective_function_value if has else None,
-                        bound=float(bound), time_s=time.perf_counter() - t0,
-                        infeasible=status == highspy.HighsModelStatus.kInfeasible)
+        def interrupt(_type, _msg, data_out, data_in, _user):
+            best = data_out.mip_primal_bound
+            if np.isfinite(best) and sign * (best - state["best"]) > 1e-9:
+                state["best"], state["at"] = best, time.perf_counter()
+            stop = target is not None and np.isfinite(best) and sign * (best - target) >= 0
+            if stall_s is not None and np.isfinite(state["best"]):
+                stop |= time.perf_counter() - state["at"] > stall_s
+            if stop:
+                data_in.user_interrupt = True
+
+        h.setCallback(interrupt, None)
+        h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
 
 
 @dataclass(frozen=True)

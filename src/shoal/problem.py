@@ -130,8 +130,44 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
     job = scn.job
     stack = stack or resolve_stack(job.stack, base=base, file=file)
     reg = catalog.gpus()
-    geo_of = catalog.zone_geo()
+    pool = _pool(scn, file)
+    gpus: dict[str, GPU] = {}
+    for g in sorted(pool.used):
+        spec = reg.get(g)
+        gpn = _lookup(scn.pool.gpus_per_node, g, "pool.gpus_per_node", file)
+        gpus[g] = replace(spec, gpus_per_node=gpn) if gpn else spec
+    quotas = {reg.canonical(k, field=f"pool.quotas.{k}", file=file): v
+              for k, v in scn.pool.quotas.items()}
+    prices = _prices(scn, pool, gpus, file)
+    network = _network(scn, pool, file)
+    analytic = AnalyticProfile(model, job.seq_len, {**reg.entries, **gpus}, stack,
+                               optimizer=job.optimizer, precision=job.precision,
+                               attention=job.attention, intra_node=network.intra)
+    profile = _profile(scn, model, gpus, analytic, (base, file))
+    return Problem(
+        model=model, job=job, gpus=gpus, avail=pool.avail, zones=sorted(pool.zone_region),
+        zone_region=pool.zone_region, region_geo=pool.region_geo, quotas=quotas, prices=prices,
+        network=network, profile=profile, sizes=layer_sizes(model, job.seq_len),
+        constraints=scn.constraints, objective=scn.objective.goal, stack=stack,
+        memory=MemoryConstants.of(stack), timing=TimeConstants.of(stack), file=file,
+        switching=scn.switching,
+    )
 
+
+@dataclass(frozen=True)
+class _Pool:
+    """The scenario's pool resolved: each zone's region, each region's geography, the GPUs of
+    each (canonical GPU type, zone) and the GPU types used."""
+
+    zone_region: dict[str, str]
+    region_geo: dict[str, str]
+    avail: dict[tuple[str, str], int]
+    used: set[str]
+
+
+def _pool(scn: Scenario, file: str | None) -> _Pool:
+    reg = catalog.gpus()
+    geo_of = catalog.zone_geo()
     zone_region: dict[str, str] = {}
     region_geo: dict[str, str] = {}
     avail: dict[tuple[str, str], int] = {}
@@ -150,22 +186,22 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
                                   file=file)
                 avail[(g, zname)] = avail.get((g, zname), 0) + count
                 used.add(g)
-    gpus: dict[str, GPU] = {}
-    for g in sorted(used):
-        spec = reg.get(g)
-        gpn = _lookup(scn.pool.gpus_per_node, g, "pool.gpus_per_node", file)
-        gpus[g] = replace(spec, gpus_per_node=gpn) if gpn else spec
-    quotas = {reg.canonical(k, field=f"pool.quotas.{k}", file=file): v
-              for k, v in scn.pool.quotas.items()}
+    return _Pool(zone_region, region_geo, avail, used)
 
+
+def _prices(scn: Scenario, pool: _Pool, gpus: dict[str, GPU],
+            file: str | None) -> dict[tuple[str, str], float]:
+    """USD per GPU-hour of every (GPU type, zone) of the pool: the zone's price, else the
+    type's, else the catalog's."""
+    reg = catalog.gpus()
     prices: dict[tuple[str, str], float] = {}
     typed = {reg.canonical(k, field=f"prices.gpu_usd_per_h.{k}", file=file): v
              for k, v in scn.prices.gpu_usd_per_h.items()}
     for z in scn.prices.zone_gpu_usd_per_h:
-        if z not in zone_region:
+        if z not in pool.zone_region:
             raise SpecError("zone not in the pool", file=file, field=f"prices.zone_gpu_usd_per_h.{z}",
-                            value=z, allowed=", ".join(sorted(zone_region)))
-    for (g, z) in avail:
+                            value=z, allowed=", ".join(sorted(pool.zone_region)))
+    for (g, z) in pool.avail:
         zone_over = {reg.canonical(k, field=f"prices.zone_gpu_usd_per_h.{z}.{k}", file=file): v
                      for k, v in scn.prices.zone_gpu_usd_per_h.get(z, {}).items()}
         p = zone_over.get(g, typed.get(g, gpus[g].price_usd_per_h))
@@ -173,19 +209,30 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
             raise SpecError(f"no price for {g}: the catalog has no public price for it", file=file,
                             field=f"prices.gpu_usd_per_h.{g}", allowed="a number of USD per GPU-hour")
         prices[(g, z)] = float(p)
+    return prices
 
-    network = NetworkModel(scn.network, zone_region, region_geo, file=file)
-    zones = sorted(zone_region)
-    in_zone = {z: sorted({g for (g, zz) in avail if zz == z}) for z in zones}
+
+def _network(scn: Scenario, pool: _Pool, file: str | None) -> NetworkModel:
+    """The network model, checked to link every pair of zones (and GPU types there)."""
+    network = NetworkModel(scn.network, pool.zone_region, pool.region_geo, file=file)
+    zones = sorted(pool.zone_region)
+    in_zone = {z: sorted({g for (g, zz) in pool.avail if zz == z}) for z in zones}
     for i, za in enumerate(zones):  # every pair of zones (and GPU types there) needs a link
         for zb in zones[i:]:
             for ga in in_zone[za] or [None]:
                 for gb in in_zone[zb] or [None]:
                     network.link(za, zb, ga, gb)
+    return network
 
-    analytic = AnalyticProfile(model, job.seq_len, {**reg.entries, **gpus}, stack,
-                               optimizer=job.optimizer, precision=job.precision,
-                               attention=job.attention, intra_node=network.intra)
+
+def _profile(scn: Scenario, model: ModelSpec, gpus: dict[str, GPU], analytic: AnalyticProfile,
+             where: tuple[Path, str | None]) -> object:
+    """The compute profile: the analytic one, or the scenario's measured one (falling back to
+    the analytic one), and a transfer profile from another model behind either. ``where``:
+    the directory relative paths start from, and the scenario's file."""
+    base, file = where
+    job = scn.job
+    reg = catalog.gpus()
     profile: object = analytic
     own = None
     if scn.profiles.compute != "analytic":
@@ -199,13 +246,7 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
             own.fallback = transfer
         else:
             profile = transfer
-    return Problem(
-        model=model, job=job, gpus=gpus, avail=avail, zones=zones, zone_region=zone_region,
-        region_geo=region_geo, quotas=quotas, prices=prices, network=network, profile=profile,
-        sizes=layer_sizes(model, job.seq_len), constraints=scn.constraints,
-        objective=scn.objective.goal, stack=stack, memory=MemoryConstants.of(stack),
-        timing=TimeConstants.of(stack), file=file, switching=scn.switching,
-    )
+    return profile
 
 
 def _load_located(ref: str, base: Path, file: str | None, field: str, loader):

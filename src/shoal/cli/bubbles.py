@@ -159,7 +159,7 @@ def _fill(job, schedule: str, cell: int | None, inference_model: str, gpu: str, 
     tl = simulate(job, schedule, cell=cell)
     model = bt.prefill_model(inference_model, gpu)
     res = bt.place(tl, reqs, model, **limits)
-    sus = bt.sustainable(tl, model, seed=seed, **limits)
+    sus = bt.sustainable(tl, model, probe=bt.Probe(seed=seed), **limits)
     return tl, res, sus
 
 

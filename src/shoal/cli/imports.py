@@ -47,7 +47,7 @@ def import_sailor_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
 ) -> None:
     """Write a shoal scenario (and profile, plan) from Sailor's files."""
-    from shoal.io.sailor import import_sailor
+    from shoal.io.sailor import SailorFiles, import_sailor
 
     check_folder(out_dir, "--out", parents=True)
     if step is not None and trace is None:
@@ -59,11 +59,11 @@ def import_sailor_cmd(
                             "--transfer-training-config)", field="--profiles-training-config")
         profiles, transfer_profiles = None, profiles
         transfer_training_config = profiles_training_config
-    written = import_sailor(
+    written = import_sailor(SailorFiles(
         training_config=training_config, cluster_config=cluster_config, profiles=profiles,
-        network=network, out_dir=out_dir, trace=trace, step=step, plan=plan,
+        network=network, trace=trace, step=step, plan=plan,
         transfer_profiles=transfer_profiles, transfer_training_config=transfer_training_config,
-    )
+    ), out_dir)
     if network is None:
         _err().print(Text("note: no --network given, so the scenario has no links; add a network "
                           "section (e.g. network.defaults.same_zone) before estimating with it"),

@@ -88,8 +88,8 @@ def _print_replay(tr, runs, replanner, budget: float) -> None:
 def _trace(problem, trace: Path | None, gpu: str | None, zone: str | None, synthetic: str | None,
            seed: int, hours: float):
     """The availability trace: read from ``trace``, or a ``synthetic`` one generated."""
-    from shoal.elastic.traces import load_trace
     from shoal.elastic.traces import synthetic as make_synthetic
+    from shoal.io.traces import load_trace
 
     if trace is not None:
         return load_trace(trace, problem, gpu=gpu, zone=zone)

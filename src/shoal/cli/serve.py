@@ -174,7 +174,7 @@ def plan_cmd(
     simulator serves (or, with --objective max-flow, the largest max flow); reports what the
     placement serves next to its max flow, and what binds."""
     from shoal.files import check_outputs
-    from shoal.serving.placers import place, with_served
+    from shoal.serving.placers import MilpOptions, place, with_served
 
     check_outputs([(output, "--output"), (helix_out, "--helix-out"), (figure, "--figure")],
                   [serving, lengths])
@@ -196,8 +196,8 @@ def plan_cmd(
                             "for every node", field="--lengths", value=str(lengths),
                             allowed="machines with a 'profile' or a catalog 'gpu'")
         L = load_lengths(lengths)
-    kw = dict(time_limit_s=time_limit, seed=seed, prune=prune, warm_start=warm_start,
-              objective=obj, lengths=L)
+    kw = dict(time_limit_s=time_limit, seed=seed, objective=obj, lengths=L,
+              milp_options=MilpOptions(prune=prune, warm_start=warm_start))
     if as_json or time_limit < 1:
         placed = place(cluster, placer.value, **kw)
     else:

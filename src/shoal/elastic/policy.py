@@ -17,11 +17,15 @@ Every policy moves when GPUs the running plan holds are gone.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
 import numpy as np
 
 from shoal.elastic.names import POLICIES
 from shoal.elastic.switch import (
     Running,
+    UnderWay,
     checkpoint_every_s,
     loss_gaps_s,
     switch_cost,
@@ -208,23 +212,47 @@ class Rollout:
         return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class Change:
+    """What a policy knows when the pool changes (``choose``): the states so far, this one
+    last (``seen``); whether GPUs the running plan holds are gone (``forced``), and the notice
+    before they go; the training since the running plan's last checkpoint; switching still
+    under way (``pending_s``), whose last ``owed_s`` (seconds at the running plan's speed)
+    redo lost work, which a move carries to the new plan; VMs that switch is still starting
+    (``booting``), up in ``boot_left_s``, and its checkpoint written in ``save_left_s``
+    (``switch_cost``); work lost when the job stopped, redone when it starts again
+    (``lost_iterations``); the plans ranked in the states so far (``known``); and when the
+    job ends (``end_s``: this long from now; None: a replay's trace has no end of the job)."""
+
+    seen: list[State]
+    forced: bool
+    notice_s: float
+    since_checkpoint_s: float
+    pending_s: float = 0.0
+    owed_s: float = 0.0
+    booting: dict[tuple[str, str], int] = field(default_factory=dict)
+    boot_left_s: float = 0.0
+    save_left_s: float = 0.0
+    lost_iterations: float = 0.0
+    known: list[Running] = field(default_factory=list)
+    end_s: float | None = None
+
+    def under_way(self) -> UnderWay:
+        """What the switch under way leaves a move (before its redo while more is pending
+        than owed)."""
+        return UnderWay(self.pending_s - self.owed_s > 0, self.booting, self.boot_left_s,
+                        self.save_left_s)
+
+
 def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
-           options: list[Running], *, forced: bool, notice_s: float, since_checkpoint_s: float,
-           seen: list[State], pending_s: float = 0.0, owed_s: float = 0.0,
-           known: list[Running] | None = None, booting: dict | None = None,
-           boot_left_s: float = 0.0, save_left_s: float = 0.0,
-           lost_iterations: float = 0.0, end_s: float | None = None) -> Running | None:
+           options: list[Running], change: Change) -> Running | None:
     """The plan to run from this change on (``cur`` to keep it); not for ``oracle``.
-    ``pending_s``: switching still under way, whose last ``owed_s`` (seconds at ``cur``'s
-    speed) redo lost work, which a move carries to the new plan; ``booting``: VMs that
-    switch is still starting, up in ``boot_left_s``, and its checkpoint written in
-    ``save_left_s`` (``switch_cost``); ``lost_iterations``:
-    work lost when the job stopped, redone when it starts again; ``end_s``: the job ends this
-    long from now (the futures stop there; a replay's trace has no end of the job).
 
     ``shoal`` weighs staying (unless forced) and moving to each option by a ``Rollout`` over
-    sampled ``Futures`` of the trace, each move's switch included; ``known``: the plans ranked
-    in the states so far, where the rollouts' forced moves go (the options are added)."""
+    sampled ``Futures`` of the trace, each move's switch included; the plans ranked in the
+    states so far (``change.known``) are where the rollouts' forced moves go (the options
+    are added)."""
+    forced = change.forced
     if not options:
         return None if (forced or cur is None) else cur
     if cur is None or forced:
@@ -235,20 +263,14 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
     elif policy == "always":
         best = options[0]
         return best if score(best.cand, objective) < score(cur.cand, objective) else cur
-    notices = [st.notice_s for prev, st in zip(seen, seen[1:], strict=False)
-               if any(st.avail.get(k, 0) < n for k, n in prev.avail.items())]
-    pool = {r.cand.spec: r for r in [*(known or []), *options]}
-    prior = problem.switching.prior_gap
-    roll = Rollout(problem, objective, Futures(seen, prior, end_s=end_s), list(pool.values()),
-                   float(np.median(notices)) if notices else 0.0,
-                   loss_gaps_s([st.time_s for st in seen], [st.avail for st in seen], prior)[-1])
-    choices = [] if (cur is None or forced) else [(cur, pending_s)]
-    owed = owed_s / cur.iteration_time_s if owed_s > 0 else 0.0
-    choices += [(q, switch_cost(problem, cur, q, forced=forced, notice_s=notice_s,
-                                since_checkpoint_s=since_checkpoint_s,
-                                under_way=pending_s - owed_s > 0, booting=booting,
-                                boot_left_s=boot_left_s, save_left_s=save_left_s,
-                                lost_iterations=owed + lost_iterations).total_s)
+    roll = _rollout(problem, objective, change, options)
+    choices = [] if (cur is None or forced) else [(cur, change.pending_s)]
+    owed = change.owed_s / cur.iteration_time_s if change.owed_s > 0 else 0.0
+    under_way = change.under_way()
+    choices += [(q, switch_cost(problem, cur, q, forced=forced, notice_s=change.notice_s,
+                                since_checkpoint_s=change.since_checkpoint_s,
+                                under_way=under_way,
+                                lost_iterations=owed + change.lost_iterations).total_s)
                 for q in options]
     values = [roll.value(q, c) for q, c in choices]
     best = max(range(len(values)), key=values.__getitem__)
@@ -256,6 +278,20 @@ def choose(policy: str, problem: Problem, objective: str, cur: Running | None,
                                                                            choices[0]):
         best = 0  # staying: the move's gain is within the futures' noise
     return choices[best][0]
+
+
+def _rollout(problem: Problem, objective: str, change: Change,
+             options: list[Running]) -> Rollout:
+    """``shoal``'s rollout at ``change``: futures sampled from the states seen, forced moves to
+    the plans known and the options, at the median notice of the losses seen."""
+    seen = change.seen
+    notices = [st.notice_s for prev, st in zip(seen, seen[1:], strict=False)
+               if any(st.avail.get(k, 0) < n for k, n in prev.avail.items())]
+    pool = {r.cand.spec: r for r in [*change.known, *options]}
+    prior = problem.switching.prior_gap
+    return Rollout(problem, objective, Futures(seen, prior, end_s=change.end_s),
+                   list(pool.values()), float(np.median(notices)) if notices else 0.0,
+                   loss_gaps_s([st.time_s for st in seen], [st.avail for st in seen], prior)[-1])
 
 
 def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]],
@@ -271,17 +307,64 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]],
     replay's exact accounting (switching carried into the next state, work since the last
     checkpoint); ways are compared by their tokens less what the switching still to come will
     cost, so it is exact up to that one label per plan."""
-    sw = problem.switching
     plans: dict = {}
     for opts in options:
         for r in opts:
             plans.setdefault(r.cand.spec, r)
     runs = list(plans.values())
-    K = len(runs) + 1  # index 0: idle
-    index = {None: 0, **{r.cand.spec: j for j, r in enumerate(runs, 1)}}
     n = len(trace.states)
     if not runs:
         return [None] * n
+    table = _table(problem, runs)
+    K = len(runs) + 1
+    ways = _Ways(tokens=np.where(np.arange(K) == 0, 0.0, -np.inf), busy=np.zeros(K),
+                 since=np.zeros(K), redo=np.zeros(K),
+                 booting=np.zeros((K, table.nodes.shape[1])), boot_left=np.zeros(K),
+                 save_left=np.zeros(K))
+    durations = trace.durations()
+    gaps = loss_gaps_s([st.time_s for st in trace.states], [st.avail for st in trace.states],
+                       problem.switching.prior_gap)
+    back = np.zeros((n, K), dtype=np.int64)
+    for i, st in enumerate(trace.states):
+        allowed = None if follow is None else table.index[follow[i]]
+        back[i] = _oracle_step(problem, table, ways, (st, durations[i], gaps[i]), allowed)
+    # the replay's tokens: less the work lost and not redone by the end
+    unrecovered = np.minimum(ways.redo, ways.busy) / table.Tp
+    unrecovered[0] = ways.lost0
+    per_iter = problem.job.global_batch * problem.job.seq_len
+    final = np.where(np.isfinite(ways.tokens), ways.tokens - per_iter * unrecovered, -np.inf)
+    q = int(np.argmax(final))
+    if totals is not None:
+        totals.append(float(final[q]))
+    picks = [0] * n
+    for i in range(n - 1, -1, -1):
+        picks[i] = q
+        q = int(back[i, q])
+    return [None if j == 0 else runs[j - 1] for j in picks]
+
+
+class _Table(NamedTuple):
+    """The oracle's plans as arrays over them, index 0 the idle job: iteration seconds (``Tq``
+    0 for the idle job, which has no iterations to warm up or redo; ``Tp`` 1, a divisor),
+    tokens per second, checkpoint save seconds, VMs rented per (GPU type, zone), the start-up
+    of new VMs going from plan p to plan q (the idle job holds none) and every part of that
+    move but its save, redo and wait (``fixed``)."""
+
+    runs: list[Running]
+    index: dict
+    Tq: np.ndarray
+    Tp: np.ndarray
+    thr: np.ndarray
+    save: np.ndarray
+    nodes: np.ndarray
+    startup: np.ndarray
+    fixed: np.ndarray
+
+
+def _table(problem: Problem, runs: list[Running]) -> _Table:
+    sw = problem.switching
+    K = len(runs) + 1  # index 0: idle
+    index = {None: 0, **{r.cand.spec: j for j, r in enumerate(runs, 1)}}
     T = np.array([np.inf] + [r.iteration_time_s for r in runs])
     Tq = np.where(np.isfinite(T), T, 0.0)  # the idle job has no iterations to warm up or redo
     Tp = np.where(np.isfinite(T), T, 1.0)
@@ -296,93 +379,126 @@ def oracle_choices(problem: Problem, trace: Trace, options: list[list[Running]],
     # new VMs needed going from p to q (the idle job holds none)
     startup = np.where((nodes[None, :, :] > nodes[:, None, :]).any(axis=2), sw.node_startup, 0.0)
     fixed = sw.restart + startup + load[None, :] + sw.warmup_iterations * Tq[None, :]
-    durations = trace.durations()
-    gaps = loss_gaps_s([st.time_s for st in trace.states], [st.avail for st in trace.states],
-                       sw.prior_gap)
-    share = np.ones(K)
-    tokens = np.full(K, -np.inf)
-    tokens[0] = 0.0
-    busy, since = np.zeros(K), np.zeros(K)
-    redo = np.zeros(K)  # the redone work of each way's switch under way (its last part)
-    booting = np.zeros((K, len(keys)))  # VMs each way's switch under way is still starting ...
-    boot_left = np.zeros(K)  # ... and the seconds until they are up
-    save_left = np.zeros(K)  # seconds until the checkpoint of each way's switch is written
-    per_iter = problem.job.global_batch * problem.job.seq_len
-    lost0 = 0.0  # iterations the idle way owes (lost when it stopped), redone at its next start
-    back = np.zeros((n, K), dtype=np.int64)
-    same = np.eye(K, dtype=bool)
-    for i, st in enumerate(trace.states):
-        d = durations[i]
-        fit = np.array([True] + [r.fits(st.avail) for r in runs])
-        can_save = fit | (st.notice_s >= save)  # p still runs, or its notice covers the save
-        # as the replay's switch_cost: the redo of a switch under way not done yet is owed by
-        # a move; a plan that trains (or redoes) saves, or loses the work since its checkpoint
-        owed = np.minimum(redo, busy)
-        owed[0] = 0.0
-        trains = busy - owed <= 0
-        since_it = np.where(trains, np.maximum(since - owed, 0.0) / Tp, 0.0)
-        lost = owed / Tp + np.where(can_save, 0.0, since_it)
-        lost[0] = lost0
-        # a stop saves nothing unless the notice covers the save (the replay's stop)
-        stop_lost = owed / Tp + np.where(st.notice_s >= save, 0.0, since_it)
-        stop_lost[0] = lost0
-        saving = np.where(trains & can_save, save, 0.0)
-        saving[0] = 0.0
-        redo_q = lost[:, None] * Tq[None, :]
-        # as switch_cost: a move waits for the checkpoint the switch under way is writing,
-        # and for VMs it is still starting when it takes some of them, no longer than its own
-        # start-up
-        up = nodes - booting  # VMs each way holds that are up
-        takes = ((nodes[None, :, :] > up[:, None, :]) & (booting[:, None, :] > 0)).any(axis=2)
-        wait = np.maximum(np.where(trains, 0.0, save_left)[:, None],
-                          np.where(takes & (boot_left[:, None] > 0), boot_left[:, None] - startup,
-                                   0.0))
-        move = saving[:, None] + redo_q + fixed + wait
-        up_s = np.where((startup > 0) | (wait > 0), wait + saving[:, None] + startup, 0.0)
-        stay = same & fit[:, None]
-        c = np.where(stay, busy[:, None], move)  # switching ahead of each way
-        c[:, 0] = 0.0
-        switching = np.minimum(c, d)
-        # each plan's checkpoints at this state's interval: their stalls do not train
-        every = np.array([0.0] + [checkpoint_every_s(problem, r, gaps[i]) for r in runs])
-        share = np.array([1.0] + [training_share(r, e) for r, e in zip(runs, every[1:],
-                                                                         strict=True)])
-        train = (d - switching) * share[None, :]
-        total = tokens[:, None] + thr[None, :] * train
-        # less the switching still to come
-        value = total - (thr * share)[None, :] * (c - switching)
-        value[:, ~fit] = -np.inf
-        value[~np.isfinite(tokens), :] = -np.inf
-        if follow is not None:
-            value[:, np.arange(K) != index[follow[i]]] = -np.inf
-        best = np.argmax(value, axis=0)
-        back[i] = best
-        cols = np.arange(K)
-        tokens = np.where(np.isfinite(value[best, cols]), total[best, cols], -np.inf)
-        busy = c[best, cols] - switching[best, cols]
-        kept = stay[best, cols]
-        redone = redo_q[best, cols]
-        # redone work is not in the checkpoint the switch saved or loaded
-        since = np.where(kept, since[best], redone) + train[best, cols]
-        since = np.where(every > 0, np.mod(since, np.where(every > 0, every, 1.0)), 0.0)
-        redo = np.where(kept, redo[best], redone)
-        lost0 = float(stop_lost[best[0]])
-        boot_left = np.maximum(np.where(kept, boot_left[best], up_s[best, cols]) - d, 0.0)
-        save_left = np.maximum(np.where(kept | ~trains[best], save_left[best], saving[best])
-                               - d, 0.0)
-        boot_left[0] = save_left[0] = 0.0  # the idle job holds nothing and saves nothing
-        booting = np.where((boot_left > 0)[:, None],
-                           np.where(kept[:, None], booting[best],
-                                    np.maximum(nodes - up[best], 0.0)), 0.0)
-    # the replay's tokens: less the work lost and not redone by the end
-    unrecovered = np.minimum(redo, busy) / Tp
-    unrecovered[0] = lost0
-    final = np.where(np.isfinite(tokens), tokens - per_iter * unrecovered, -np.inf)
-    q = int(np.argmax(final))
-    if totals is not None:
-        totals.append(float(final[q]))
-    picks = [0] * n
-    for i in range(n - 1, -1, -1):
-        picks[i] = q
-        q = int(back[i, q])
-    return [None if j == 0 else runs[j - 1] for j in picks]
+    return _Table(runs, index, Tq, Tp, thr, save, nodes, startup, fixed)
+
+
+@dataclass
+class _Ways:
+    """Per plan (index 0: the idle job), the best way found to be running it after a state:
+    its tokens (-inf: none), switching left, training since its last checkpoint, the redone
+    work of its switch under way (its last part), the VMs that switch is still starting, the
+    seconds until they are up and until its checkpoint is written; and the iterations the idle
+    way owes (lost when it stopped), redone at its next start."""
+
+    tokens: np.ndarray
+    busy: np.ndarray
+    since: np.ndarray
+    redo: np.ndarray
+    booting: np.ndarray
+    boot_left: np.ndarray
+    save_left: np.ndarray
+    lost0: float = 0.0
+
+
+class _Moves(NamedTuple):
+    """A state's moves from each way (rows) to each plan (columns): whether the way trains (no
+    switch under way but its redo), what a move saves, the iterations lost if the job stops
+    there, the redo each move brings, the VMs each way holds that are up, the seconds until a
+    move's VMs are up, whether the column stays on the row's plan, and the switching ahead."""
+
+    trains: np.ndarray
+    saving: np.ndarray
+    stop_lost: np.ndarray
+    redo_q: np.ndarray
+    up: np.ndarray
+    up_s: np.ndarray
+    stay: np.ndarray
+    c: np.ndarray
+
+
+def _moves(table: _Table, ways: _Ways, notice_s: float, fit: np.ndarray) -> _Moves:
+    """Every way's moves at a state of notice ``notice_s`` where the plans ``fit``, as the
+    replay's ``switch_cost``: the redo of a switch under way not done yet is owed by a move; a
+    plan that trains (or redoes) saves, or loses the work since its checkpoint; a move waits
+    for the checkpoint the switch under way is writing, and for VMs it is still starting when
+    it takes some of them, no longer than its own start-up."""
+    Tp, save, nodes, startup = table.Tp, table.save, table.nodes, table.startup
+    busy, booting, boot_left = ways.busy, ways.booting, ways.boot_left
+    can_save = fit | (notice_s >= save)  # p still runs, or its notice covers the save
+    owed = np.minimum(ways.redo, busy)
+    owed[0] = 0.0
+    trains = busy - owed <= 0
+    since_it = np.where(trains, np.maximum(ways.since - owed, 0.0) / Tp, 0.0)
+    lost = owed / Tp + np.where(can_save, 0.0, since_it)
+    lost[0] = ways.lost0
+    # a stop saves nothing unless the notice covers the save (the replay's stop)
+    stop_lost = owed / Tp + np.where(notice_s >= save, 0.0, since_it)
+    stop_lost[0] = ways.lost0
+    saving = np.where(trains & can_save, save, 0.0)
+    saving[0] = 0.0
+    redo_q = lost[:, None] * table.Tq[None, :]
+    up = nodes - booting  # VMs each way holds that are up
+    takes = ((nodes[None, :, :] > up[:, None, :]) & (booting[:, None, :] > 0)).any(axis=2)
+    wait = np.maximum(np.where(trains, 0.0, ways.save_left)[:, None],
+                      np.where(takes & (boot_left[:, None] > 0), boot_left[:, None] - startup,
+                               0.0))
+    move = saving[:, None] + redo_q + table.fixed + wait
+    up_s = np.where((startup > 0) | (wait > 0), wait + saving[:, None] + startup, 0.0)
+    stay = np.eye(len(Tp), dtype=bool) & fit[:, None]
+    c = np.where(stay, busy[:, None], move)  # switching ahead of each way
+    c[:, 0] = 0.0
+    return _Moves(trains, saving, stop_lost, redo_q, up, up_s, stay, c)
+
+
+def _oracle_step(problem: Problem, table: _Table, ways: _Ways, at: tuple,
+                 allowed: int | None) -> np.ndarray:
+    """One state of the oracle's program (``at``: the state, its duration and the mean time
+    between GPU losses seen up to it; ``allowed``: the one plan it may run, when it follows a
+    given sequence): ``ways`` after the state, and where each came from."""
+    st, d, gap = at
+    runs, thr = table.runs, table.thr
+    K = len(runs) + 1
+    fit = np.array([True] + [r.fits(st.avail) for r in runs])
+    mv = _moves(table, ways, st.notice_s, fit)
+    switching = np.minimum(mv.c, d)
+    # each plan's checkpoints at this state's interval: their stalls do not train
+    every = np.array([0.0] + [checkpoint_every_s(problem, r, gap) for r in runs])
+    share = np.array([1.0] + [training_share(r, e) for r, e in zip(runs, every[1:],
+                                                                     strict=True)])
+    train = (d - switching) * share[None, :]
+    total = ways.tokens[:, None] + thr[None, :] * train
+    # less the switching still to come
+    value = total - (thr * share)[None, :] * (mv.c - switching)
+    value[:, ~fit] = -np.inf
+    value[~np.isfinite(ways.tokens), :] = -np.inf
+    if allowed is not None:
+        value[:, np.arange(K) != allowed] = -np.inf
+    best = np.argmax(value, axis=0)
+    cols = np.arange(K)
+    ways.tokens = np.where(np.isfinite(value[best, cols]), total[best, cols], -np.inf)
+    _advance(ways, table, mv, best, (switching[best, cols], train[best, cols], every, d))
+    return best
+
+
+def _advance(ways: _Ways, table: _Table, mv: _Moves, best: np.ndarray, taken: tuple) -> None:
+    """``ways`` (but their tokens) after a state of ``d`` seconds where the way to each plan
+    comes from way ``best`` of it (``taken``: that way's switching and training in the state,
+    the plans' checkpoint intervals, ``d``)."""
+    switching, train, every, d = taken
+    cols = np.arange(len(best))
+    ways.busy = mv.c[best, cols] - switching
+    kept = mv.stay[best, cols]
+    redone = mv.redo_q[best, cols]
+    # redone work is not in the checkpoint the switch saved or loaded
+    since = np.where(kept, ways.since[best], redone) + train
+    ways.since = np.where(every > 0, np.mod(since, np.where(every > 0, every, 1.0)), 0.0)
+    ways.redo = np.where(kept, ways.redo[best], redone)
+    ways.lost0 = float(mv.stop_lost[best[0]])
+    boot_left = np.maximum(np.where(kept, ways.boot_left[best], mv.up_s[best, cols]) - d, 0.0)
+    save_left = np.maximum(np.where(kept | ~mv.trains[best], ways.save_left[best],
+                                    mv.saving[best]) - d, 0.0)
+    boot_left[0] = save_left[0] = 0.0  # the idle job holds nothing and saves nothing
+    ways.booting = np.where((boot_left > 0)[:, None],
+                            np.where(kept[:, None], ways.booting[best],
+                                     np.maximum(table.nodes - mv.up[best], 0.0)), 0.0)
+    ways.boot_left, ways.save_left = boot_left, save_left

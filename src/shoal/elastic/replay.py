@@ -14,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shoal.elastic.policy import check_policy, choose, oracle_choices
+from shoal.elastic.policy import Change, check_policy, choose, oracle_choices
 from shoal.elastic.replan import Replanner
 from shoal.elastic.switch import (
     Running,
     SwitchCost,
+    UnderWay,
     checkpoint_every_s,
     loss_gaps_s,
     not_up,
@@ -26,7 +27,7 @@ from shoal.elastic.switch import (
     switch_cost,
     training_share,
 )
-from shoal.elastic.traces import Trace
+from shoal.elastic.traces import State, Trace
 from shoal.errors import InfeasibleError
 from shoal.problem import Problem
 
@@ -119,95 +120,124 @@ def simulate(problem: Problem, trace: Trace, options: list[list[Running]], polic
     called as ``policy.choose`` is, deciding instead of it (a policy studied outside shoal's own;
     the replay labels it ``policy``)."""
     check_policy(policy)
-    chooser = chooser or choose
-    objective = objective or problem.objective
-    sw = problem.switching
-    fixed = oracle_choices(problem, trace, options) if policy == "oracle" else None
-    cur: Running | None = None
-    busy = 0.0  # switching left over from an earlier state
-    redo_s = 0.0  # the redone work of the switch under way (its last part)
-    since_ckpt = 0.0
-    lost = 0.0  # iterations lost when the job stopped without saving, redone at the next start
-    booting: dict = {}  # VMs the switch under way is still starting ...
-    boot_left = 0.0  # ... and the seconds until they are up
-    save_left = 0.0  # seconds until the checkpoint the switch under way saves is written
-    steps: list[Step] = []
-    used: dict = {}
-    known: dict = {}  # every plan ranked in the states so far (the `shoal` policy's choices)
-    durations = trace.durations()
-    gaps = loss_gaps_s([st.time_s for st in trace.states], [st.avail for st in trace.states],
-                       sw.prior_gap)
-    for i, st in enumerate(trace.states):
-        d = durations[i]
+    return _Replayer(problem, trace, options, policy, objective or problem.objective,
+                     chooser or choose).run()
+
+
+class _Replayer:
+    """One replay: the job as it goes from state to state."""
+
+    def __init__(self, problem: Problem, trace: Trace, options: list[list[Running]], policy: str,
+                 objective: str, chooser: Callable[..., Running | None]):
+        self.problem, self.trace, self.options = problem, trace, options
+        self.policy, self.objective, self.chooser = policy, objective, chooser
+        self.fixed = oracle_choices(problem, trace, options) if policy == "oracle" else None
+        self.cur: Running | None = None
+        self.busy = 0.0  # switching left over from an earlier state
+        self.redo_s = 0.0  # the redone work of the switch under way (its last part)
+        self.since_ckpt = 0.0
+        self.lost = 0.0  # iterations lost when the job stopped without saving, redone at the next start
+        self.booting: dict = {}  # VMs the switch under way is still starting ...
+        self.boot_left = 0.0  # ... and the seconds until they are up
+        self.save_left = 0.0  # seconds until the checkpoint the switch under way saves is written
+        self.steps: list[Step] = []
+        self.used: dict = {}
+        self.known: dict = {}  # every plan ranked in the states so far (the `shoal` policy's choices)
+        self.gaps = loss_gaps_s([st.time_s for st in trace.states],
+                                [st.avail for st in trace.states], problem.switching.prior_gap)
+
+    def run(self) -> Replay:
+        durations = self.trace.durations()
+        for i, st in enumerate(self.trace.states):
+            self._state(i, st, durations[i])
+        # work lost and not redone by the end: the job is stopped, or a move's redo is unfinished
+        cur, busy = self.cur, self.busy
+        unrecovered = self.lost if cur is None else (min(self.redo_s, busy) / cur.iteration_time_s
+                                                     if busy > 0 else 0.0)
+        per_iter = self.problem.job.global_batch * self.problem.job.seq_len
+        return Replay(policy=self.policy, objective=self.objective, steps=self.steps,
+                      plans=list(self.used.values()), lost_tokens=unrecovered * per_iter)
+
+    def _state(self, i: int, st: State, d: float) -> None:
+        cur = self.cur
         forced = cur is not None and not cur.fits(st.avail)
         # a switch under way ends by redoing lost work on the new plan: what of it is not
         # redone yet is still owed when the job stops or moves again
-        owed = min(redo_s, busy) if cur is not None else 0.0
-        owed_iters = owed / cur.iteration_time_s if owed > 0 else 0.0
+        owed = min(self.redo_s, self.busy) if cur is not None else 0.0
+        for r in self.options[i]:
+            self.known.setdefault(r.cand.spec, r)
+        new = self.fixed[i] if self.fixed is not None else self._choose(i, st, forced, owed)
+        decision, cost = self._move(new, st, forced, owed)
+        self.cur = new
+        self.boot_left, self.save_left = max(0.0, self.boot_left - d), max(0.0, self.save_left - d)
+        self.booting = self.booting if self.boot_left > 0 else {}
+        self.steps.append(self._run_state(i, st, d, decision, cost))
 
-        for r in options[i]:
-            known.setdefault(r.cand.spec, r)
-        if fixed is not None:
-            new = fixed[i]
-        else:
-            here = options[i]
-            if policy == "shoal" and (forced or cur is None):
-                # a move it must make may also go to a plan ranked earlier that fits now: one
-                # that leaves GPUs free, say, where every plan of this state's ranking takes all
-                ranked = {r.cand.spec for r in here}
-                here = here + [r for sp, r in known.items()
-                               if sp not in ranked and r.fits(st.avail)]
-            new = chooser(policy, problem, objective, cur, here, forced=forced,
-                         notice_s=st.notice_s, since_checkpoint_s=max(since_ckpt - owed, 0.0),
-                         pending_s=busy, owed_s=owed, seen=list(trace.states[:i + 1]),
-                         known=list(known.values()), booting=booting, boot_left_s=boot_left,
-                         save_left_s=save_left, lost_iterations=lost if cur is None else 0.0)
-        cost = None
+    def _choose(self, i: int, st: State, forced: bool, owed: float) -> Running | None:
+        cur = self.cur
+        here = self.options[i]
+        if self.policy == "shoal" and (forced or cur is None):
+            # a move it must make may also go to a plan ranked earlier that fits now: one
+            # that leaves GPUs free, say, where every plan of this state's ranking takes all
+            ranked = {r.cand.spec for r in here}
+            here = here + [r for sp, r in self.known.items()
+                           if sp not in ranked and r.fits(st.avail)]
+        change = Change(seen=list(self.trace.states[:i + 1]), forced=forced,
+                        notice_s=st.notice_s, since_checkpoint_s=max(self.since_ckpt - owed, 0.0),
+                        pending_s=self.busy, owed_s=owed, booting=self.booting,
+                        boot_left_s=self.boot_left, save_left_s=self.save_left,
+                        lost_iterations=self.lost if cur is None else 0.0,
+                        known=list(self.known.values()))
+        return self.chooser(self.policy, self.problem, self.objective, cur, here, change)
+
+    def _move(self, new: Running | None, st: State, forced: bool,
+              owed: float) -> tuple[str, SwitchCost | None]:
+        """(the decision, the switch's cost) of going from the plan running to ``new``; the
+        job's switching, redo, checkpoint and lost work after it."""
+        cur = self.cur
+        owed_iters = owed / cur.iteration_time_s if owed > 0 else 0.0
         if new is None:
-            decision = "stop" if cur is not None else "idle"
             if cur is not None:
-                lost += owed_iters
-                if busy - owed <= 0 and st.notice_s < cur.save_s:  # a stop saves nothing
-                    lost += max(since_ckpt - owed, 0.0) / cur.iteration_time_s
-            busy, redo_s, since_ckpt, booting, boot_left, save_left = 0.0, 0.0, 0.0, {}, 0.0, 0.0
-        elif cur is not None and new.cand.spec == cur.cand.spec:
-            decision = "keep"
-        else:
-            decision = "start" if cur is None else ("forced" if forced else "switch")
-            cost = switch_cost(problem, cur, new, forced=forced, notice_s=st.notice_s,
-                               since_checkpoint_s=max(since_ckpt - owed, 0.0),
-                               under_way=busy - owed > 0, booting=booting,
-                               boot_left_s=boot_left, save_left_s=save_left,
-                               lost_iterations=(lost if cur is None else 0.0) + owed_iters)
-            booting = not_up(cur, new, booting) if cost.up_s > 0 else {}
-            boot_left = cost.up_s
-            # the checkpoint the new plan loads: the one under way, or this move's own save
-            save_left = save_left if busy - owed > 0 else cost.save_s
-            # redone work is not in the checkpoint the switch saved or loaded
-            busy, redo_s, since_ckpt, lost = cost.total_s, cost.redo_s, cost.redo_s, 0.0
-        cur = new
-        boot_left, save_left = max(0.0, boot_left - d), max(0.0, save_left - d)
-        booting = booting if boot_left > 0 else {}
+                self.lost += owed_iters
+                if self.busy - owed <= 0 and st.notice_s < cur.save_s:  # a stop saves nothing
+                    self.lost += max(self.since_ckpt - owed, 0.0) / cur.iteration_time_s
+            self.busy, self.redo_s, self.since_ckpt = 0.0, 0.0, 0.0
+            self.booting, self.boot_left, self.save_left = {}, 0.0, 0.0
+            return ("stop" if cur is not None else "idle"), None
+        if cur is not None and new.cand.spec == cur.cand.spec:
+            return "keep", None
+        before_redo = self.busy - owed > 0
+        cost = switch_cost(self.problem, cur, new, forced=forced, notice_s=st.notice_s,
+                           since_checkpoint_s=max(self.since_ckpt - owed, 0.0),
+                           under_way=UnderWay(before_redo, self.booting, self.boot_left,
+                                              self.save_left),
+                           lost_iterations=(self.lost if cur is None else 0.0) + owed_iters)
+        self.booting = not_up(cur, new, self.booting) if cost.up_s > 0 else {}
+        self.boot_left = cost.up_s
+        # the checkpoint the new plan loads: the one under way, or this move's own save
+        self.save_left = self.save_left if before_redo else cost.save_s
+        # redone work is not in the checkpoint the switch saved or loaded
+        self.busy, self.redo_s, self.since_ckpt, self.lost = (cost.total_s, cost.redo_s,
+                                                              cost.redo_s, 0.0)
+        return ("start" if cur is None else ("forced" if forced else "switch")), cost
+
+    def _run_state(self, i: int, st: State, d: float, decision: str,
+                   cost: SwitchCost | None) -> Step:
+        """The state's step with the plan now running: switching, checkpoints, training."""
+        cur = self.cur
         if cur is None:
-            steps.append(Step(st.time_s, d, st.avail, decision, None, None, 0.0, 0.0, 0.0, 0.0))
-            continue
-        used.setdefault(cur.cand.spec, cur)
-        switching = min(busy, d)
-        busy -= switching
-        every = checkpoint_every_s(problem, cur, gaps[i])
+            return Step(st.time_s, d, st.avail, decision, None, None, 0.0, 0.0, 0.0, 0.0)
+        self.used.setdefault(cur.cand.spec, cur)
+        switching = min(self.busy, d)
+        self.busy -= switching
+        every = checkpoint_every_s(self.problem, cur, self.gaps[i])
         train = (d - switching) * training_share(cur, every)
-        since_ckpt = (since_ckpt + train) % every if every > 0 else 0.0
+        self.since_ckpt = (self.since_ckpt + train) % every if every > 0 else 0.0
         iters = train / cur.iteration_time_s
-        steps.append(Step(st.time_s, d, st.avail, decision, cur, cost, switching, train,
-                          iters * cur.tokens_per_iter,
-                          cur.usd_per_s * d + cur.egress_usd_per_iter * iters,
-                          d - switching - train, every))
-    # work lost and not redone by the end: the job is stopped, or a move's redo is unfinished
-    unrecovered = lost if cur is None else (min(redo_s, busy) / cur.iteration_time_s
-                                            if busy > 0 else 0.0)
-    per_iter = problem.job.global_batch * problem.job.seq_len
-    return Replay(policy=policy, objective=objective, steps=steps, plans=list(used.values()),
-                  lost_tokens=unrecovered * per_iter)
+        return Step(st.time_s, d, st.avail, decision, cur, cost, switching, train,
+                    iters * cur.tokens_per_iter,
+                    cur.usd_per_s * d + cur.egress_usd_per_iter * iters,
+                    d - switching - train, every)
 
 
 def replay(problem: Problem, trace: Trace, policy: str, *, replanner: Replanner | None = None,

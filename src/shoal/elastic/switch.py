@@ -10,7 +10,7 @@ worker's share of the checkpoint; and the warm-up iterations. Parameters: the sc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shoal.estimate.api import _state_bytes
 from shoal.problem import Problem
@@ -113,25 +113,36 @@ def not_up(old: Running | None, new: Running,
     return out
 
 
+@dataclass(frozen=True)
+class UnderWay:
+    """What an earlier switch still under way leaves the next move: ``before_redo``, it has
+    not reached its redo yet (the next move has nothing new to save: it loads the checkpoint
+    that switch saves, written in ``save_left_s``); ``booting``: VMs (per GPU type and zone)
+    it is still starting, up in ``boot_left_s``."""
+
+    before_redo: bool = False
+    booting: dict[tuple[str, str], int] = field(default_factory=dict)
+    boot_left_s: float = 0.0
+    save_left_s: float = 0.0
+
+
 def switch_cost(problem: Problem, old: Running | None, new: Running, *, forced: bool,
-                notice_s: float, since_checkpoint_s: float, under_way: bool = False,
-                booting: dict[tuple[str, str], int] | None = None, boot_left_s: float = 0.0,
-                save_left_s: float = 0.0, lost_iterations: float = 0.0) -> SwitchCost:
+                notice_s: float, since_checkpoint_s: float, under_way: UnderWay = UnderWay(),
+                lost_iterations: float = 0.0) -> SwitchCost:
     """Seconds without progress when ``new`` replaces ``old`` (None: the job was idle).
 
     A move the policy chooses saves first; a move forced by GPUs leaving saves only when the
     notice covers the save, otherwise the iterations since the last checkpoint are redone at
-    the new plan's speed. A move made while an earlier one is still ``under_way`` (before its
+    the new plan's speed. A move made while an earlier one is still under way (before its
     redo) has nothing new to save: it loads the checkpoint that one saved, so it waits until
-    that is written (``save_left_s``), and for the VMs that one is still starting
-    (``booting``, up in ``boot_left_s``) when ``new`` takes some of them, no longer than its
-    own start-up of new VMs. ``lost_iterations``: work lost and not redone
-    yet, redone on the new plan (the last part of the move): the work lost when the job
-    stopped earlier without a checkpoint, and the part of an earlier move's redo not done
-    when this move interrupts it."""
+    that is written, and for the VMs that one is still starting when ``new`` takes some of
+    them, no longer than its own start-up of new VMs (``under_way``). ``lost_iterations``:
+    work lost and not redone yet, redone on the new plan (the last part of the move): the
+    work lost when the job stopped earlier without a checkpoint, and the part of an earlier
+    move's redo not done when this move interrupts it."""
     sw = problem.switching
     save = redo = 0.0
-    if old is not None and not under_way:
+    if old is not None and not under_way.before_redo:
         if not forced or notice_s >= old.save_s:
             save = old.save_s
         else:
@@ -139,7 +150,8 @@ def switch_cost(problem: Problem, old: Running | None, new: Running, *, forced: 
     redo += lost_iterations * new.iteration_time_s
     held = old.nodes if old is not None else {}
     startup = sw.node_startup if any(n > held.get(k, 0) for k, n in new.nodes.items()) else 0.0
-    wait = save_left_s if under_way else 0.0
+    wait = under_way.save_left_s if under_way.before_redo else 0.0
+    booting, boot_left_s = under_way.booting, under_way.boot_left_s
     if boot_left_s > 0 and booting and any(
             n > held.get(k, 0) - booting.get(k, 0) and booting.get(k, 0) > 0
             for k, n in new.nodes.items()):

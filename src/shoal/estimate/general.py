@@ -24,7 +24,7 @@ import numpy as np
 
 from shoal.estimate import operations
 from shoal.estimate.encode import PlanSpec
-from shoal.estimate.kernel import exposed_sync, p2p_s, worker_memory
+from shoal.estimate.kernel import Worker, exposed_sync, p2p_s, worker_memory
 from shoal.estimate.tables import CostTables, state_bytes
 from shoal.problem import Problem
 from shoal.specs.plan import owners as plan_owners
@@ -199,9 +199,9 @@ def memory(problem: Problem, tb: CostTables, spec: PlanSpec, res: dict) -> None:
         res[k] = res[k].copy()
     for s, ((a, b, reps), held) in enumerate(zip(spec.stages, in_flight(spec), strict=True)):
         for j, (gpu, tp, _, _) in enumerate(reps):
-            states, buffers, act = worker_memory(
-                tb, mem, state_bytes(problem)[1], tb.gi(gpu), a, b, tb.ti(tp), mbs, float(held[j]),
-                np.bool_(rc), np.int64(zero), float(len(reps)))
+            w = Worker(tb.gi(gpu), a, b, tb.ti(tp), mbs, np.bool_(rc))
+            states, buffers, act = worker_memory(tb, mem, state_bytes(problem)[1], w,
+                                                 float(held[j]), np.int64(zero), float(len(reps)))
             peak = mem.framework_bytes + float(states) + float(buffers) + float(act)
             res["inflight"][0, s, j] = held[j]
             res["activations"][0, s, j] = float(act)

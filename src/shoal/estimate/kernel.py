@@ -77,18 +77,31 @@ def _take(a: np.ndarray, idx: np.ndarray, axis: int) -> np.ndarray:
     return np.take_along_axis(a, idx, axis=axis)
 
 
+class Worker(NamedTuple):
+    """Where a worker sits, as broadcastable arrays: GPU index (``CostTables.gi``), the layers
+    [``first_layer``, ``end_layer``) it holds, TP index (``CostTables.ti``), the microbatch
+    size and whether it recomputes activations."""
+
+    gpu_index: object
+    first_layer: object
+    end_layer: object
+    tp_index: object
+    mbs: object
+    recompute: object
+
+
 def worker_memory(tb: CostTables, mem: MemoryConstants, state_bytes: tuple[float, float, float],
-                  g, ls, le, t, mbs, inflight, recompute, zero, dp):
+                  w: Worker, inflight, zero, dp):
     """(weights + gradients + optimizer state, gradient buffers, activations) in bytes of one
-    worker of GPU index g holding layers [ls, le) at TP index t, for broadcastable arrays of
-    those inputs.
+    worker ``w``, for broadcastable arrays of its fields and the other inputs.
 
     ``inflight``: microbatches whose activations the worker holds; ``dp``: the stage's replicas
     (ZeRO 1 shards the optimizer state over them, ZeRO 2 the gradients too, ZeRO 3 the
     weights too, which it gathers a layer at a time: the shard plus the current and the
     prefetched layer, never more than the whole stage)."""
     w_b, g_b, o_b = state_bytes
-    tpv = np.asarray(tb.tps, dtype=float)[t]
+    ls, le = w.first_layer, w.end_layer
+    tpv = np.asarray(tb.tps, dtype=float)[w.tp_index]
     params_w = (tb.cum_params[le] - tb.cum_params[ls]) / tpv
     dd = np.asarray(dp, dtype=float)
     weights = params_w * w_b
@@ -98,17 +111,18 @@ def worker_memory(tb: CostTables, mem: MemoryConstants, state_bytes: tuple[float
     per_param = np.where(zero >= 2, g_b / dd, g_b) + np.where(zero >= 1, o_b / dd, o_b)
     states = (weights + params_w * per_param) * mem.state_factor
     buffers = params_w * mem.comm_buffer_bytes_per_param
-    per_mb, once = activation_parts(tb, g, ls, le, t, mbs, recompute)
+    per_mb, once = activation_parts(tb, w)
     return states, buffers, (per_mb * inflight + once) * mem.activation_factor
 
 
-def activation_parts(tb: CostTables, g, ls, le, t, mbs, recompute):
+def activation_parts(tb: CostTables, w: Worker):
     """A worker's activation bytes before ``MemoryConstants.activation_factor``, as (bytes per
     microbatch in flight, bytes held once: the recomputed layer's work space); broadcasts
     like ``worker_memory``, which adds them as ``per_mb * inflight + once``."""
-    cum_a = np.where(recompute, tb.cum_act_rc[g, t, le] - tb.cum_act_rc[g, t, ls],
+    g, t, ls, le = w.gpu_index, w.tp_index, w.first_layer, w.end_layer
+    cum_a = np.where(w.recompute, tb.cum_act_rc[g, t, le] - tb.cum_act_rc[g, t, ls],
                      tb.cum_act[g, t, le] - tb.cum_act[g, t, ls])
-    return cum_a * mbs, np.where(recompute, tb.rc_work[g, t] * mbs, 0.0)
+    return cum_a * w.mbs, np.where(w.recompute, tb.rc_work[g, t] * w.mbs, 0.0)
 
 
 def p2p_s(tb: CostTables, tc: TimeConstants, mbs_idx, lid):
@@ -209,17 +223,51 @@ def exposed_sync(ring_s, ends, bwd, rm, stage_end, overlap: float):
     return sync
 
 
-def _dp_ring(tb: CostTables, rid, g, per_node, in_node, d, gbytes, tpv, sync_scale: float):
+class DpRing(NamedTuple):
+    """A stage's data-parallel ring, per replica (B, S, R) unless said: ``d`` members of the
+    stage (B, S, 1), replica r sends to the next one (GPU ``gn``, zone ``zn``) over link
+    ``rid``, its slowest hop, whose curve is that of the node's concurrent flows
+    (``per_node`` replicas of ``tpv`` TP ranks each); ``in_node``: the whole ring inside one
+    node of GPU index ``g``."""
+
+    d: np.ndarray
+    g: np.ndarray
+    gn: np.ndarray
+    zn: np.ndarray
+    tpv: np.ndarray
+    per_node: np.ndarray
+    in_node: np.ndarray
+    rid: np.ndarray
+
+
+def _dp_layout(tb: CostTables, bt: Batch, tpv: np.ndarray) -> DpRing:
+    """The data-parallel ring of every stage of the batch: replica r sends to r+1, over its
+    slowest hop. Replicas of one GPU type in one zone pack into nodes: the ring crosses nodes
+    through their networks (the flows of every replica of a node sharing it) and runs inside
+    a node over its GPU-to-GPU links; a stage that fits one node never leaves it."""
+    g, z, rm = bt.g, bt.z, bt.rmask
+    R = g.shape[2]
+    d = np.maximum(rm.sum(axis=2), 1)[:, :, None]
+    nxt = (np.arange(R)[None, None, :] + 1) % d  # ring successor inside the stage
+    gn, zn = _take(g, nxt, 2), _take(z, nxt, 2)
+    same = (((g == g[:, :, :1]) & (z == z[:, :, :1])) | ~rm).all(axis=2, keepdims=True)
+    per_node = np.where(same, np.clip(tb.gpus_per_node[g] // tpv, 1, d), 1.0)
+    in_node = (per_node >= d) & (d > 1) & rm
+    rid = tb.link_id(g, z, gn, zn, tb.tp_pos[(per_node * tpv).astype(np.int64)])
+    return DpRing(d, g, gn, zn, tpv, per_node, in_node, rid)
+
+
+def _dp_ring(tb: CostTables, ring: DpRing, gbytes, sync_scale: float):
     """A stage's data-parallel ring all-reduce of ``gbytes`` (the stage's, over all its TP
-    ranks' rings side by side): inside one node where ``in_node`` (each TP rank's ring on its
-    own GPU-to-GPU links); else over the ring's slowest hop ``rid``, whose curve is that of the
-    node's concurrent flows (``per_node`` replicas of TP ranks each), and where several
-    replicas share a node, no faster than its GPU-to-GPU links (NCCL's rings pipeline both)."""
-    across = ring_allreduce_s(tb, rid, d, gbytes, sync_scale)
-    if not (per_node > 1).any():
+    ranks' rings side by side): inside one node where ``ring.in_node`` (each TP rank's ring on
+    its own GPU-to-GPU links); else over the ring's slowest hop, and where several replicas
+    share a node, no faster than its GPU-to-GPU links (NCCL's rings pipeline both)."""
+    across = ring_allreduce_s(tb, ring.rid, ring.d, gbytes, sync_scale)
+    if not (ring.per_node > 1).any():
         return across
-    inside = intra_ring_allreduce_s(tb, g, d, gbytes / tpv, sync_scale)
-    return np.where(in_node, inside, np.where(per_node > 1, np.maximum(across, inside), across))
+    inside = intra_ring_allreduce_s(tb, ring.g, ring.d, gbytes / ring.tpv, sync_scale)
+    return np.where(ring.in_node, inside,
+                    np.where(ring.per_node > 1, np.maximum(across, inside), across))
 
 
 def _subset(bt: Batch, idx: np.ndarray, r: int) -> Batch:
@@ -255,21 +303,21 @@ def run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
     return out
 
 
-def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
-         bytes_per_grad: float, state_bytes: tuple[float, float, float],
-         detail: bool) -> dict[str, np.ndarray]:
-    B, S, R = bt.g.shape
-    rm = bt.rmask
-    rmf = rm.astype(float)
-    mbs = np.asarray(tb.mbs)[bt.mbs_idx].astype(float)  # (B,)
-    mi = bt.mbs_idx[:, None, None]
-    ls = bt.ls[:, :, None]
-    le = bt.le[:, :, None]
-    g, t, z = bt.g, bt.t, bt.z
-    tpv = np.asarray(tb.tps)[t].astype(float)
+class _Compute(NamedTuple):
+    """Seconds per microbatch of every worker (B, S, R): forward, backward (with the
+    recomputed forward) and the optimizer step (ZeRO: its shard)."""
 
-    # ---- compute per microbatch -------------------------------------------------------------
-    # Gathers go through flat indices: one take per table instead of 4-D fancy indexing.
+    fwd: np.ndarray
+    bwd: np.ndarray
+    update: np.ndarray
+
+
+def _compute(tb: CostTables, bt: Batch, tc: TimeConstants) -> _Compute:
+    """Every worker's compute per microbatch. Gathers go through flat indices: one take per
+    table instead of 4-D fancy indexing."""
+    g, t = bt.g, bt.t
+    mi = bt.mbs_idx[:, None, None]
+    ls, le = bt.ls[:, :, None], bt.le[:, :, None]
     L1 = tb.cum_f.shape[-1]
     T_, M_ = tb.cum_f.shape[1], tb.cum_f.shape[2]
     row = ((g * T_ + t) * M_ + mi) * L1
@@ -280,114 +328,164 @@ def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
     urow = (g * T_ + t) * L1
     cu = tb.cum_u.ravel()
     upd = cu.take(urow + le) - cu.take(urow + ls)
-    stage_d = rm.sum(axis=2)  # (B, S) replicas per stage
+    stage_d = bt.rmask.sum(axis=2)  # (B, S) replicas per stage
     zero_div = np.where(bt.zero[:, None] >= 1, np.maximum(stage_d, 1), 1)[:, :, None]
-    upd = upd / zero_div
-    # data-parallel ring inside each stage: replica r sends to r+1, over its slowest hop
-    d = np.maximum(stage_d, 1)[:, :, None]
-    nxt = (np.arange(R)[None, None, :] + 1) % d  # ring successor inside the stage
-    gn, zn = _take(g, nxt, 2), _take(z, nxt, 2)
-    params_stage = tb.cum_params[bt.le] - tb.cum_params[bt.ls]  # (B, S)
-    # replicas of one GPU type in one zone pack into nodes: the ring crosses nodes through
-    # their networks (the flows of every replica of a node sharing it) and runs inside a node
-    # over its GPU-to-GPU links; a stage that fits one node never leaves it
-    same = (((g == g[:, :, :1]) & (z == z[:, :, :1])) | ~rm).all(axis=2, keepdims=True)
-    per_node = np.where(same, np.clip(tb.gpus_per_node[g] // tpv, 1, d), 1.0)
-    in_node = (per_node >= d) & (d > 1) & rm
-    rid = tb.link_id(g, z, gn, zn, tb.tp_pos[(per_node * tpv).astype(np.int64)])
-    # ZeRO-3 gathers the stage's weights in every microbatch's forward and again in its
-    # backward, and reduce-scatters its gradients there: hidden behind the compute as far as
-    # the stack prefetches
-    z3 = (bt.zero[:, None, None] >= 3) & (d > 1) & rm
-    if z3.any():
-        w_bytes = (params_stage * tb.elem_bytes)[:, :, None]
-        g_bytes = (params_stage * bytes_per_grad)[:, :, None]
-        gather = 0.5 * _dp_ring(tb, rid, g, per_node, in_node, d, w_bytes, tpv, tc.sync_scale)
-        scatter = 0.5 * _dp_ring(tb, rid, g, per_node, in_node, d, g_bytes, tpv, tc.sync_scale)
-        hide = tc.param_gather_overlap
-        f = f + np.where(z3, np.maximum(gather - hide * f, 0.0), 0.0)
-        bw_ = bw_ + np.where(z3, np.maximum(gather + scatter - hide * bw_, 0.0), 0.0)
+    return _Compute(f, bw_, upd / zero_div)
 
-    # ---- pipeline sends: stage s -> s+1 on the same pipeline -------------------------------
-    msg = tb.boundary_bytes * mbs[:, None, None]  # (B,1,1) bytes per microbatch
+
+def _zero3(tb: CostTables, tc: TimeConstants, ring: DpRing, stage_bytes: tuple, z3: np.ndarray,
+           c: _Compute) -> _Compute:
+    """``c`` with ZeRO-3's gathers of the stage's weights (``stage_bytes``: (weights,
+    gradients) of the stage, (B, S, 1)) in every microbatch's forward and again in its
+    backward, and the reduce-scatter of its gradients there, where ``z3``: hidden behind the
+    compute as far as the stack prefetches."""
+    w_bytes, g_bytes = stage_bytes
+    gather = 0.5 * _dp_ring(tb, ring, w_bytes, tc.sync_scale)
+    scatter = 0.5 * _dp_ring(tb, ring, g_bytes, tc.sync_scale)
+    hide = tc.param_gather_overlap
+    f = c.fwd + np.where(z3, np.maximum(gather - hide * c.fwd, 0.0), 0.0)
+    bw_ = c.bwd + np.where(z3, np.maximum(gather + scatter - hide * c.bwd, 0.0), 0.0)
+    return c._replace(fwd=f, bwd=bw_)
+
+
+class _Sends(NamedTuple):
+    """Seconds per microbatch of the pipeline's transfers (B, S, R): activations s -> s+1
+    and gradients s -> s-1 (same link, same size) each stage sends, and those it receives."""
+
+    fwd: np.ndarray
+    bwd: np.ndarray
+    recv_fwd: np.ndarray
+    recv_bwd: np.ndarray
+
+
+def _sends(tb: CostTables, bt: Batch, tc: TimeConstants) -> _Sends:
+    """Pipeline sends: stage s -> s+1 on the same pipeline."""
+    B, S, R = bt.g.shape
+    g, z, t, rm = bt.g, bt.z, bt.t, bt.rmask
     send = np.zeros((B, S, R))
     if S > 1:
         lid = tb.link_id(g[:, :-1], z[:, :-1], g[:, 1:], z[:, 1:], t[:, :-1])
         pair = rm[:, :-1] & rm[:, 1:]
         tt = p2p_s(tb, tc, bt.mbs_idx[:, None, None], lid)
         send[:, :-1] = np.where(pair, tt, 0.0)
-    send_fwd = send  # activations s -> s+1
-    send_bwd = np.zeros_like(send)  # gradients s -> s-1 (same link, same size)
+    send_bwd = np.zeros_like(send)
     send_bwd[:, 1:] = send[:, :-1]
-    # A blocking receive also holds the receiving stage (DeepSpeed's and Megatron's engines wait
-    # in recv before computing): ``recv_fraction`` of each transfer counts on the receiver too.
     recv_fwd = np.zeros_like(send)
     recv_fwd[:, 1:] = send[:, :-1]
-    recv_bwd = send
-    f_all = (f + send_fwd + tc.recv_fraction * recv_fwd) * rmf
-    b_all = (bw_ + send_bwd + tc.recv_fraction * recv_bwd) * rmf
-    t_mb = f_all + b_all  # (B, S, R)
+    return _Sends(send, send_bwd, recv_fwd, send)
 
-    m_pipe = bt.m[:, 0, :].astype(float)  # (B, R) microbatches per pipeline
-    n_stages_b = bt.smask.sum(axis=1)
-    pipe_T, ends = _pipeline.schedule_times(f_all, b_all, m_pipe, bt.gpipe, n_stages_b)
 
-    stage_end = (ends * rmf).max(axis=2)  # (B, S) last backward of each stage
+class _Memory(NamedTuple):
+    """Bytes per worker (B, S, R): model states, gradient buffers, activations, the peak and
+    the GPU's capacity; microbatches in flight; workers and plans out of memory."""
 
-    # ---- data-parallel gradient sync per stage ---------------------------------------------
-    grad_bytes = params_stage * bytes_per_grad
-    gbytes = grad_bytes[:, :, None]
-    vol = 2.0 * (d - 1) / d * gbytes
-    ring = _dp_ring(tb, rid, g, per_node, in_node, d, gbytes, tpv, tc.sync_scale)
-    if tc.sharded_sync_ratio != 1.0:  # ZeRO: reduce-scatter, then all-gather
-        ring = np.where((bt.zero >= 1)[:, None, None], ring * tc.sharded_sync_ratio, ring)
-    # The reduction of a gradient bucket starts once every replica has produced it during its
-    # last backward: as far as the stack overlaps it, the ring runs from the latest start of a
-    # replica's last backward; a share (1 - overlap) of it follows the stage's last backward
-    # whatever. ZeRO-3 reduced its gradients in every backward already.
-    ring_s = np.where(rm & (d > 1) & ~z3, ring, 0.0).max(axis=2)  # (B, S)
-    sync = exposed_sync(ring_s, ends, bw_, rm, stage_end, tc.grad_reduce_overlap)
+    states: np.ndarray
+    buffers: np.ndarray
+    act: np.ndarray
+    inflight: np.ndarray
+    peak: np.ndarray
+    cap: np.ndarray
+    oom_w: np.ndarray
+    oom: np.ndarray
 
-    upd_stage = (upd * rmf).max(axis=2)
-    iter_T = (stage_end + sync + upd_stage).max(axis=1) + tc.step_overhead_s  # (B,)
 
-    # ---- memory per worker -------------------------------------------------------------------
+def _memory(tb: CostTables, bt: Batch, mem: MemoryConstants,
+            state_bytes: tuple[float, float, float], mbs: np.ndarray, d: np.ndarray) -> _Memory:
+    """Memory per worker (``mbs``: (B,) microbatch sizes; ``d``: (B, S, 1) replicas per
+    stage). 1F1B holds P - s microbatches in flight at stage s, GPipe all."""
+    S = bt.g.shape[1]
+    rm = bt.rmask
+    rmf = rm.astype(float)
     n_stages = bt.smask.sum(axis=1)[:, None, None]
     m_rep = bt.m.astype(float)
     s_idx = np.arange(S)[None, :, None]
     inflight = np.where(bt.gpipe[:, None, None], m_rep, np.minimum(n_stages - s_idx, m_rep))
-    states, buffers, act = worker_memory(
-        tb, mem, state_bytes, g, ls, le, t, mbs[:, None, None], inflight,
-        bt.recompute[:, None, None], bt.zero[:, None, None], np.maximum(stage_d, 1)[:, :, None])
+    w = Worker(bt.g, bt.ls[:, :, None], bt.le[:, :, None], bt.t, mbs[:, None, None],
+               bt.recompute[:, None, None])
+    states, buffers, act = worker_memory(tb, mem, state_bytes, w, inflight,
+                                         bt.zero[:, None, None], d)
     peak = (mem.framework_bytes + states + buffers + act) * rmf
-    cap = tb.mem_capacity[g]
+    cap = tb.mem_capacity[bt.g]
     oom_w = (peak > cap) & rm
-    oom = oom_w.any(axis=(1, 2))
+    return _Memory(states, buffers, act, inflight, peak, cap, oom_w, oom_w.any(axis=(1, 2)))
 
-    # ---- money -------------------------------------------------------------------------------
-    # (padding slots point at a (GPU, zone) pair the pool may not price: NaN, kept out)
-    gpu_s = np.where(rm, tpv * tb.price_per_s[g, z], 0.0).sum(axis=(1, 2))  # USD/s of the plan
-    cost_compute = gpu_s * iter_T
+
+def _egress(tb: CostTables, bt: Batch, msg: np.ndarray, m_pipe: np.ndarray,
+            ring: DpRing, ring_bytes: np.ndarray, z3: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(USD of egress per plan, the part of its gradient rings): ``msg`` bytes per microbatch
+    between stages, ``m_pipe`` (B, R) microbatches per pipeline, ``ring_bytes`` (B, S, 1)
+    each ring member sends (ZeRO-3 moves a ring's bytes in every microbatch, where ``z3``)."""
+    B, S, _ = bt.g.shape
+    z, rm = bt.z, bt.rmask
     eg = np.zeros(B)
     if S > 1:
         per_b = tb.egress_per_byte[z[:, :-1], z[:, 1:]]
         pair = (rm[:, :-1] & rm[:, 1:]).astype(float)
         eg += (2.0 * msg * m_pipe[:, None, :] * per_b * pair).sum(axis=(1, 2))
-    ring_b = tb.egress_per_byte[z, zn]
-    # (ZeRO-3 moves a ring's bytes in every microbatch)
+    ring_b = tb.egress_per_byte[z, ring.zn]
     n_rings = np.where(z3, 1.5 * m_pipe[:, None, :], 1.0)
-    eg_ring = (np.where(rm & (d > 1), vol * ring_b * n_rings, 0.0)).sum(axis=(1, 2))
+    eg_ring = (np.where(rm & (ring.d > 1), ring_bytes * ring_b * n_rings, 0.0)).sum(axis=(1, 2))
     eg += eg_ring
+    return eg, eg_ring
 
-    out = {"iteration_time_s": iter_T, "cost_compute_usd": cost_compute, "cost_egress_usd": eg,
-           "oom": oom, "peak_bytes": peak, "capacity_bytes": cap * rmf}
+
+def _gradient_sync(tb: CostTables, bt: Batch, tc: TimeConstants, ring: DpRing,
+                   gbytes: np.ndarray, z3: np.ndarray) -> np.ndarray:
+    """(B, S) seconds of each stage's data-parallel gradient reduction (ZeRO: reduce-scatter,
+    then all-gather; ZeRO-3 reduced its gradients in every backward already)."""
+    rm, d = bt.rmask, ring.d
+    ring_s = _dp_ring(tb, ring, gbytes, tc.sync_scale)
+    if tc.sharded_sync_ratio != 1.0:  # ZeRO: reduce-scatter, then all-gather
+        ring_s = np.where((bt.zero >= 1)[:, None, None], ring_s * tc.sharded_sync_ratio, ring_s)
+    return np.where(rm & (d > 1) & ~z3, ring_s, 0.0).max(axis=2)  # (B, S)
+
+
+def _run(tb: CostTables, bt: Batch, mem: MemoryConstants, tc: TimeConstants,
+         bytes_per_grad: float, state_bytes: tuple[float, float, float],
+         detail: bool) -> dict[str, np.ndarray]:
+    rm = bt.rmask
+    rmf = rm.astype(float)
+    mbs = np.asarray(tb.mbs)[bt.mbs_idx].astype(float)  # (B,)
+    tpv = np.asarray(tb.tps)[bt.t].astype(float)
+    c = _compute(tb, bt, tc)
+    ring = _dp_layout(tb, bt, tpv)
+    params_stage = tb.cum_params[bt.le] - tb.cum_params[bt.ls]  # (B, S)
+    gbytes = (params_stage * bytes_per_grad)[:, :, None]
+    z3 = (bt.zero[:, None, None] >= 3) & (ring.d > 1) & rm
+    if z3.any():
+        c = _zero3(tb, tc, ring, ((params_stage * tb.elem_bytes)[:, :, None], gbytes), z3, c)
+    sends = _sends(tb, bt, tc)
+    # A blocking receive also holds the receiving stage (DeepSpeed's and Megatron's engines wait
+    # in recv before computing): ``recv_fraction`` of each transfer counts on the receiver too.
+    rf = tc.recv_fraction
+    f_all = (c.fwd + sends.fwd + rf * sends.recv_fwd) * rmf
+    b_all = (c.bwd + sends.bwd + rf * sends.recv_bwd) * rmf
+    m_pipe = bt.m[:, 0, :].astype(float)  # (B, R) microbatches per pipeline
+    pipe_T, ends = _pipeline.schedule_times(f_all, b_all, m_pipe, bt.gpipe, bt.smask.sum(axis=1))
+    stage_end = (ends * rmf).max(axis=2)  # (B, S) last backward of each stage
+    # The reduction of a gradient bucket starts once every replica has produced it during its
+    # last backward: as far as the stack overlaps it, the ring runs from the latest start of a
+    # replica's last backward; a share (1 - overlap) of it follows the stage's last backward
+    # whatever.
+    ring_s = _gradient_sync(tb, bt, tc, ring, gbytes, z3)
+    sync = exposed_sync(ring_s, ends, c.bwd, rm, stage_end, tc.grad_reduce_overlap)
+    upd_stage = (c.update * rmf).max(axis=2)
+    iter_T = (stage_end + sync + upd_stage).max(axis=1) + tc.step_overhead_s  # (B,)
+    mm = _memory(tb, bt, mem, state_bytes, mbs, ring.d)
+    # (padding slots point at a (GPU, zone) pair the pool may not price: NaN, kept out)
+    gpu_s = np.where(rm, tpv * tb.price_per_s[bt.g, bt.z], 0.0).sum(axis=(1, 2))  # USD/s
+    msg = tb.boundary_bytes * mbs[:, None, None]  # (B,1,1) bytes per microbatch
+    eg, eg_ring = _egress(tb, bt, msg, m_pipe, ring, 2.0 * (ring.d - 1) / ring.d * gbytes, z3)
+    out = {"iteration_time_s": iter_T, "cost_compute_usd": gpu_s * iter_T,
+           "cost_egress_usd": eg, "oom": mm.oom, "peak_bytes": mm.peak,
+           "capacity_bytes": mm.cap * rmf}
     if detail:
-        out.update(fwd=f * rmf, bwd=bw_ * rmf,
-                   send_fwd=(send_fwd + tc.recv_fraction * recv_fwd) * rmf,
-                   send_bwd=(send_bwd + tc.recv_fraction * recv_bwd) * rmf,
-                   t_mb=t_mb, pipe_T=pipe_T, stage_end=stage_end, sync=sync, ring=ring_s,
-                   update=upd * rmf,
-                   states=states * rmf, buffers=buffers * rmf, activations=act * rmf,
-                   oom_workers=oom_w, inflight=inflight * rmf, egress=eg, egress_ring=eg_ring,
+        out.update(fwd=c.fwd * rmf, bwd=c.bwd * rmf,
+                   send_fwd=(sends.fwd + rf * sends.recv_fwd) * rmf,
+                   send_bwd=(sends.bwd + rf * sends.recv_bwd) * rmf,
+                   t_mb=f_all + b_all, pipe_T=pipe_T, stage_end=stage_end, sync=sync,
+                   ring=ring_s, update=c.update * rmf, states=mm.states * rmf,
+                   buffers=mm.buffers * rmf, activations=mm.act * rmf, oom_workers=mm.oom_w,
+                   inflight=mm.inflight * rmf, egress=eg, egress_ring=eg_ring,
                    gpu_usd_per_s=gpu_s)
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from shoal import catalog
@@ -267,55 +268,39 @@ def _convert_plan(plan_cfg: dict, file: Path, n_layers: int) -> tuple[dict, dict
     return plan, pool, {"global_batch": gbs}
 
 
-def import_sailor(*, training_config: Path, cluster_config: Path | None = None, profiles: Path | None = None,
-                  network: Path | None = None, out_dir: Path, trace: Path | None = None,
-                  step: int | None = None, plan: Path | None = None,
-                  transfer_profiles: Path | None = None,
-                  transfer_training_config: Path | None = None) -> dict[str, Path]:
+@dataclass(frozen=True)
+class SailorFiles:
+    """Sailor's files to import: its training config (the model and job) and, each optional,
+    its cluster config (GPUs per node), measured profiles (a directory of
+    ``<GPU>/profile.json``), fitted network curves (a directory), an availability trace and
+    the row of it that is the pool (``step``, default 0), a plan file (the pool: its GPUs),
+    and profiles measured on another model with that model's training config
+    (``transfer_profiles``, ``transfer_training_config``)."""
+
+    training_config: Path
+    cluster_config: Path | None = None
+    profiles: Path | None = None
+    network: Path | None = None
+    trace: Path | None = None
+    step: int | None = None
+    plan: Path | None = None
+    transfer_profiles: Path | None = None
+    transfer_training_config: Path | None = None
+
+
+def import_sailor(files: SailorFiles, out_dir: Path) -> dict[str, Path]:
     """Write ``scenario.yaml`` (+ ``profile.json``, ``plan.json``) into ``out_dir``; returns paths.
 
     Everything is built in memory and checked before anything is written, so a failure leaves
     no half-written output.
     """
-    import yaml
-
-
-    tcfg = read_json(training_config)
-    model = model_from_training_config(tcfg, training_config)
+    tcfg = read_json(files.training_config)
+    model = model_from_training_config(tcfg, files.training_config)
     n_layers = model["num_layers"] + 2
-    optimizer = str(tcfg.get("optimizer", "adam")).lower()
-    if optimizer not in ("adam", "adamw", "sgd"):
-        raise SpecError("unsupported optimizer", file=str(training_config), field="optimizer",
-                        value=tcfg.get("optimizer"), allowed="Adam, AdamW, SGD")
-    try:
-        job = {"global_batch": int(tcfg.get("global_batch_size", 1)),
-               "seq_len": int(tcfg.get("sequence_length", 2048)),
-               "optimizer": optimizer, "precision": "mixed-fp16",
-               # the constants fitted to the runs of Sailor's own training software
-               "stack": "sailor-testbed"}
-    except (TypeError, ValueError):
-        raise SpecError("expected integers", file=str(training_config),
-                        field="global_batch_size / sequence_length") from None
-    pool_counts: dict[tuple[str, str], int] = {}
-    plan_doc = None
-    if plan is not None:
-        plan_doc, pool_counts, over = convert_plan(read_json(plan), plan, n_layers)
-        job.update(over)
-    if trace is not None:
-        pool_counts = read_trace_row(trace, step or 0)
-    if not pool_counts:
-        raise SpecError("the pool is unknown: give --plan (pool = its GPUs) or --trace with --step")
-    gpus_per_node = {}
-    if cluster_config is not None:
-        cc = read_json(cluster_config)
-        for k, v in cc.items() if isinstance(cc, dict) else ():
-            if isinstance(v, dict) and "gpus_per_node" in v:
-                gpus_per_node[_gpu(k, cluster_config, k)] = int(v["gpus_per_node"])
-        if not gpus_per_node:
-            raise SpecError("not a Sailor cluster config: no GPU entry with gpus_per_node",
-                            file=str(cluster_config),
-                            allowed='{"<GPU>": {"gpus_per_node": N, ...}, ...} '
-                                    "(configs/basic_cluster_config.json)")
+    job = _job(tcfg, files.training_config)
+    plan_doc, pool_counts = _pool_counts(files, n_layers, job)
+    gpus_per_node = ({} if files.cluster_config is None
+                     else _gpus_per_node(files.cluster_config))
     used_gpus = sorted({g for (g, _) in pool_counts})
     regions: dict[str, dict] = {}
     for (g, z), n in sorted(pool_counts.items()):
@@ -328,35 +313,98 @@ def import_sailor(*, training_config: Path, cluster_config: Path | None = None, 
         "pool": {"regions": regions,
                  "gpus_per_node": {g: n for g, n in gpus_per_node.items() if g in used_gpus}},
     }
-    files: dict[str, object] = {}
-    if network is not None:
-        scenario["network"] = convert_network(network, sorted(pool_counts))
-    if profiles is not None:
-        prof, _ = convert_profiles(profiles, n_layers, model["name"], model)
-        files["profile.json"] = prof
-        scenario["profiles"] = {"compute": "profile.json"}
-    if transfer_profiles is not None:
-        if transfer_training_config is None:
-            raise SpecError("--transfer-profiles needs --transfer-training-config: the training "
-                            "config of the model those profiles were measured on")
-        pmodel = model_from_training_config(read_json(transfer_training_config),
-                                            transfer_training_config)
-        prof, _ = convert_profiles(transfer_profiles, pmodel["num_layers"] + 2, pmodel["name"],
-                                   pmodel)
-        files["transfer_profile.json"] = prof
-        scenario.setdefault("profiles", {})["transfer_from"] = "transfer_profile.json"
+    if files.network is not None:
+        scenario["network"] = convert_network(files.network, sorted(pool_counts))
+    docs = _profiles(files, scenario, model, n_layers)
     parse_scenario(scenario, file=str(out_dir / "scenario.yaml"))  # check before writing
     if plan_doc is not None:
         TrainingPlan.model_validate(plan_doc)
-        files["plan.json"] = plan_doc
+        docs["plan.json"] = plan_doc
+    return _write(out_dir, scenario, docs)
+
+
+def _job(tcfg: dict, training_config: Path) -> dict:
+    """The scenario's job from a Sailor training config."""
+    optimizer = str(tcfg.get("optimizer", "adam")).lower()
+    if optimizer not in ("adam", "adamw", "sgd"):
+        raise SpecError("unsupported optimizer", file=str(training_config), field="optimizer",
+                        value=tcfg.get("optimizer"), allowed="Adam, AdamW, SGD")
+    try:
+        return {"global_batch": int(tcfg.get("global_batch_size", 1)),
+                "seq_len": int(tcfg.get("sequence_length", 2048)),
+                "optimizer": optimizer, "precision": "mixed-fp16",
+                # the constants fitted to the runs of Sailor's own training software
+                "stack": "sailor-testbed"}
+    except (TypeError, ValueError):
+        raise SpecError("expected integers", file=str(training_config),
+                        field="global_batch_size / sequence_length") from None
+
+
+def _pool_counts(files: SailorFiles, n_layers: int,
+                 job: dict) -> tuple[dict | None, dict[tuple[str, str], int]]:
+    """(the plan file's plan, or None; GPUs per (GPU type, zone) of the pool): the trace's
+    row, else the plan's GPUs (whose job settings go into ``job``)."""
+    pool_counts: dict[tuple[str, str], int] = {}
+    plan_doc = None
+    if files.plan is not None:
+        plan_doc, pool_counts, over = convert_plan(read_json(files.plan), files.plan, n_layers)
+        job.update(over)
+    if files.trace is not None:
+        pool_counts = read_trace_row(files.trace, files.step or 0)
+    if not pool_counts:
+        raise SpecError("the pool is unknown: give --plan (pool = its GPUs) or --trace with --step")
+    return plan_doc, pool_counts
+
+
+def _gpus_per_node(cluster_config: Path) -> dict[str, int]:
+    """GPUs per node of each GPU type of a Sailor cluster config."""
+    out = {}
+    cc = read_json(cluster_config)
+    for k, v in cc.items() if isinstance(cc, dict) else ():
+        if isinstance(v, dict) and "gpus_per_node" in v:
+            out[_gpu(k, cluster_config, k)] = int(v["gpus_per_node"])
+    if not out:
+        raise SpecError("not a Sailor cluster config: no GPU entry with gpus_per_node",
+                        file=str(cluster_config),
+                        allowed='{"<GPU>": {"gpus_per_node": N, ...}, ...} '
+                                "(configs/basic_cluster_config.json)")
+    return out
+
+
+def _profiles(files: SailorFiles, scenario: dict, model: dict, n_layers: int) -> dict[str, object]:
+    """The profile documents to write beside the scenario (measured profiles, and profiles
+    measured on another model to transfer from), named in its ``profiles`` section."""
+    docs: dict[str, object] = {}
+    if files.profiles is not None:
+        prof, _ = convert_profiles(files.profiles, n_layers, model["name"], model)
+        docs["profile.json"] = prof
+        scenario["profiles"] = {"compute": "profile.json"}
+    if files.transfer_profiles is not None:
+        if files.transfer_training_config is None:
+            raise SpecError("--transfer-profiles needs --transfer-training-config: the training "
+                            "config of the model those profiles were measured on")
+        pmodel = model_from_training_config(read_json(files.transfer_training_config),
+                                            files.transfer_training_config)
+        prof, _ = convert_profiles(files.transfer_profiles, pmodel["num_layers"] + 2,
+                                   pmodel["name"], pmodel)
+        docs["transfer_profile.json"] = prof
+        scenario.setdefault("profiles", {})["transfer_from"] = "transfer_profile.json"
+    return docs
+
+
+def _write(out_dir: Path, scenario: dict, docs: dict[str, object]) -> dict[str, Path]:
+    """``scenario.yaml`` and the JSON ``docs`` in ``out_dir``, each written whole (to a
+    temporary file first); their paths."""
+    import yaml
+
     out_dir.mkdir(parents=True, exist_ok=True)
     written = {}
     tmp = out_dir / "scenario.yaml.tmp"
     tmp.write_text(yaml.safe_dump(scenario, sort_keys=False))
-    for name, doc in files.items():
+    for name, doc in docs.items():
         t = out_dir / (name + ".tmp")
         t.write_text(json.dumps(doc, indent=1))
-    for name in ["scenario.yaml", *files]:
+    for name in ["scenario.yaml", *docs]:
         (out_dir / (name + ".tmp")).replace(out_dir / name)
         written[name] = out_dir / name
     return written

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from shoal.elastic.policy import choose
+from shoal.elastic.policy import Change, choose
 from shoal.elastic.replan import Replanner
 from shoal.elastic.switch import Running, running
 from shoal.elastic.traces import State
@@ -178,9 +178,10 @@ class PolicyChoice:
             self.known.setdefault(r.cand.spec, r)
         since_s = self._at[2] * (cur.iteration_time_s if cur else 0.0)
         end_s = self._at[3] * (cur.iteration_time_s if cur else 1.0)
-        got = choose("shoal", problem, problem.objective, cur, options, forced=forced,
-                     notice_s=0.0, since_checkpoint_s=since_s, seen=list(self.seen),
-                     known=list(self.known.values()), end_s=end_s)
+        got = choose("shoal", problem, problem.objective, cur, options,
+                     Change(seen=list(self.seen), forced=forced, notice_s=0.0,
+                            since_checkpoint_s=since_s, known=list(self.known.values()),
+                            end_s=end_s))
         if got is None or (cur is not None and not forced and got.cand.spec == cur.cand.spec):
             chosen = self.current if not forced else self._fallback(n)
         else:

@@ -27,7 +27,7 @@ from shoal.errors import SpecError
 from shoal.files import read_text
 from shoal.serving import perf
 from shoal.specs.model import ModelSpec
-from shoal.specs.serving import Batch
+from shoal.specs.serving import Batch, CapacitySpec
 
 
 def layer_params(m: ModelSpec) -> float:
@@ -119,18 +119,18 @@ def layer_times(model: ModelSpec | None, gpu: GPU | None, gpus: int, *,
 
 
 def table(times: LayerTimes, *, memory: float, layer_bytes: float, kvb: float,
-          weights_fraction: float, prompt_tokens: float, output_tokens: float,
-          max_batch: int, batch=None) -> tuple[int, list[float]]:
-    """(max layers, [T(1), ..., T(max layers)]) for a node with ``memory`` bytes: at each layer
-    count, the tokens/s of the performance model the simulator runs (``perf.tokens_per_s``:
-    its KV cache, and its decode batches capped by the machine's ``batch`` limits and by
-    ``max_batch``)."""
+          capacity: CapacitySpec, batch: Batch | None = None) -> tuple[int, list[float]]:
+    """(max layers, [T(1), ..., T(max layers)]) for a node with ``memory`` bytes, weights
+    taking at most ``capacity.weights_fraction`` of it: at each layer count, the tokens/s of the
+    performance model the simulator runs (``perf.tokens_per_s``: its KV cache, and its decode
+    batches capped by the machine's ``batch`` limits and by ``capacity.max_batch``) for
+    requests of the capacity's mean prompt and output tokens."""
 
     b = batch if batch is not None else Batch()
-    kmax = int(weights_fraction * memory // layer_bytes)
+    kmax = int(capacity.weights_fraction * memory // layer_bytes)
     out = [perf.tokens_per_s(times, k, kv_token_layers_total=perf.kv_token_layers(
                memory, k, layer_bytes, kvb),
-               decode_batch_cap=min(max_batch, perf.decode_cap(b, k)),
-               prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+               decode_batch_cap=min(capacity.max_batch, perf.decode_cap(b, k)),
+               prompt_tokens=capacity.prompt_tokens, output_tokens=capacity.output_tokens)
            for k in range(1, kmax + 1)]
     return kmax, out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -12,7 +13,7 @@ from shoal import catalog
 from shoal.errors import SpecError, close_match
 from shoal.serving import capacity
 from shoal.specs.model import ModelSpec
-from shoal.specs.serving import COORDINATOR, ServingModel, ServingSpec
+from shoal.specs.serving import COORDINATOR, LinksSpec, ServingModel, ServingSpec
 
 
 @dataclass(frozen=True)
@@ -158,9 +159,7 @@ def _machines(spec: ServingSpec, file: str | None) -> dict[str, MachineModel]:
             raise SpecError("a machine without a tokens_per_s table needs " + " and ".join(missing)
                             + " to compute it from", file=file, field=f"machines.{name}")
         kmax, T = capacity.table(times, memory=memory, layer_bytes=layer_b, kvb=kv_b,
-                                 weights_fraction=c.weights_fraction,
-                                 prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens,
-                                 max_batch=c.max_batch, batch=mc.batch)
+                                 capacity=c, batch=mc.batch)
         if kmax == 0:
             raise SpecError("not even one layer's weights fit in this machine's memory share",
                             file=file, field=f"machines.{name}",
@@ -186,6 +185,54 @@ def _coordinator_region(spec: ServingSpec, regions: list[str], file: str | None)
 
 
 def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
+    nodes = _nodes(spec, file)
+    home = _coordinator_region(spec, list(nodes.regions), file)
+    seen: set[str] = set()
+    for nm in nodes.names:
+        if nm in seen or nm == COORDINATOR:
+            raise SpecError("node names must be unique and not 'coordinator'", file=file,
+                            field="nodes", value=nm)
+        seen.add(nm)
+    try:
+        layers, act = resolved(spec.model)
+    except SpecError as exc:
+        raise exc.located(file) from None
+    tok = spec.model.token_bytes
+    mm = _machines(spec, file)
+    layer_b, kv_b = _model_bytes(spec)
+    machines = nodes.machines
+    kmax = np.array([mm[m].kmax for m in machines], dtype=np.int64)
+    T = _capacities(spec, mm, machines, kmax, act)
+    links = _mesh(spec.links, nodes.regions, home)
+    _pair_links(spec.links, nodes.names, links, file)
+    bw, lat, cbw, clat = links
+    co = spec.coordinator
+    return Cluster(
+        layers=layers, names=nodes.names, machines=machines,
+        regions=nodes.regions, T=T, kmax=kmax, S=bw / (act + tok), src=cbw / tok,
+        snk=cbw / tok, lat=lat, src_lat=clat, snk_lat=clat.copy(),
+        src_total=co.nic_out / tok if co.nic_out else np.inf,
+        snk_total=co.nic_in / tok if co.nic_in else np.inf,
+        token_bytes=tok, activation_bytes=act, partial=spec.partial_inference,
+        times=tuple(mm[m].times for m in machines),
+        memory=np.array([mm[m].memory_bytes or np.nan for m in machines]),
+        layer_bytes=layer_b, kv_bytes=kv_b,
+        batch=tuple(spec.machines[m].batch for m in machines), host_cores=spec.host_cores,
+        host_share=tuple(spec.host_share) if spec.host_share else None, wake=spec.wake,
+        hosts=nodes.hosts, coordinator_address=co.address)
+
+
+@dataclass(frozen=True)
+class _Nodes:
+    """Node i of the spec's groups: its name, machine type, region and host."""
+
+    names: tuple[str, ...]
+    machines: tuple[str, ...]
+    regions: tuple[str, ...]
+    hosts: tuple[str | None, ...]
+
+
+def _nodes(spec: ServingSpec, file: str | None) -> _Nodes:
     names: list[str] = []
     machines: list[str] = []
     regions: list[str] = []
@@ -200,23 +247,14 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
             machines.append(g.machine)
             regions.append(g.region)
             hosts.append(g.host)
-    home = _coordinator_region(spec, regions, file)
-    seen: set[str] = set()
-    for nm in names:
-        if nm in seen or nm == COORDINATOR:
-            raise SpecError("node names must be unique and not 'coordinator'", file=file,
-                            field="nodes", value=nm)
-        seen.add(nm)
-    n = len(names)
-    try:
-        layers, act = resolved(spec.model)
-    except SpecError as exc:
-        raise exc.located(file) from None
-    tok = spec.model.token_bytes
-    mm = _machines(spec, file)
-    layer_b, kv_b = _model_bytes(spec)
-    kmax = np.array([mm[m].kmax for m in machines], dtype=np.int64)
-    T = np.zeros((n, int(kmax.max()) + 1))
+    return _Nodes(tuple(names), tuple(machines), tuple(regions), tuple(hosts))
+
+
+def _capacities(spec: ServingSpec, mm: dict[str, MachineModel], machines: tuple[str, ...],
+                kmax: np.ndarray, act: float) -> np.ndarray:
+    """T[i, k]: tokens/s of node i holding k layers (0 beyond its most, ``kmax[i]``), no more
+    than its NICs carry (``act`` bytes of activations per token)."""
+    T = np.zeros((len(machines), int(kmax.max()) + 1))
     for i, m in enumerate(machines):
         mc = spec.machines[m]
         row = np.asarray(mm[m].T, dtype=float)
@@ -224,11 +262,27 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
             if nic is not None:
                 row = np.minimum(row, nic / act)
         T[i, 1:len(row) + 1] = row
+    return T
+
+
+class _Links(NamedTuple):
+    """Per pair of nodes, bytes/s and latency of their link (0: none); per node, those of its
+    link to the coordinator."""
+
+    bw: np.ndarray
+    lat: np.ndarray
+    cbw: np.ndarray
+    clat: np.ndarray
+
+
+def _mesh(lk: LinksSpec, regions: tuple[str, ...], home: str) -> _Links:
+    """The links of the link classes: ``within`` a region and ``between`` regions, and to the
+    coordinator (in region ``home``) ``coordinator`` or by the same classes."""
+    n = len(regions)
     bw = np.zeros((n, n))
     lat = np.zeros((n, n))
     cbw = np.zeros(n)
     clat = np.zeros(n)
-    lk = spec.links
     if lk.mesh:
         for i in range(n):
             same = np.array([regions[j] == regions[i] for j in range(n)])
@@ -240,6 +294,11 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
             cc = lk.coordinator or (lk.within if regions[i] == home else lk.between)
             if cc is not None:
                 cbw[i], clat[i] = cc.bandwidth, cc.latency
+    return _Links(bw, lat, cbw, clat)
+
+
+def _pair_links(lk: LinksSpec, names: tuple[str, ...], links: _Links, file: str | None) -> None:
+    """The links the spec gives pair by pair, over those of the classes in ``links``."""
     pos = {nm: i for i, nm in enumerate(names)}
     for pi, p in enumerate(lk.pairs):
         ends = []
@@ -254,22 +313,8 @@ def build_cluster(spec: ServingSpec, file: str | None = None) -> Cluster:
                             field=f"links.pairs.{pi}", value=a)
         if COORDINATOR in (a, b):
             i = pos[b if a == COORDINATOR else a]
-            cbw[i], clat[i] = p.bandwidth, p.latency
+            links.cbw[i], links.clat[i] = p.bandwidth, p.latency
         else:
             i, j = pos[a], pos[b]
-            bw[i, j] = bw[j, i] = p.bandwidth
-            lat[i, j] = lat[j, i] = p.latency
-    co = spec.coordinator
-    return Cluster(
-        layers=layers, names=tuple(names), machines=tuple(machines),
-        regions=tuple(regions), T=T, kmax=kmax, S=bw / (act + tok), src=cbw / tok,
-        snk=cbw / tok, lat=lat, src_lat=clat, snk_lat=clat.copy(),
-        src_total=co.nic_out / tok if co.nic_out else np.inf,
-        snk_total=co.nic_in / tok if co.nic_in else np.inf,
-        token_bytes=tok, activation_bytes=act, partial=spec.partial_inference,
-        times=tuple(mm[m].times for m in machines),
-        memory=np.array([mm[m].memory_bytes or np.nan for m in machines]),
-        layer_bytes=layer_b, kv_bytes=kv_b,
-        batch=tuple(spec.machines[m].batch for m in machines), host_cores=spec.host_cores,
-        host_share=tuple(spec.host_share) if spec.host_share else None, wake=spec.wake,
-        hosts=tuple(hosts), coordinator_address=co.address)
+            links.bw[i, j] = links.bw[j, i] = p.bandwidth
+            links.lat[i, j] = links.lat[j, i] = p.latency

@@ -336,24 +336,36 @@ class Sustainable:
                 "longer_wait": self.relaxed}
 
 
+@dataclass(frozen=True)
+class Probe:
+    """How ``sustainable`` tries rates: ``requests`` Poisson prefills per trial rate (drawn with
+    ``seed``), a rate sustainable while at most ``max_rejected`` of them are rejected, the
+    largest bisected to ``tolerance``."""
+
+    seed: int = 0
+    max_rejected: float = MAX_REJECTED
+    requests: int = PROBE_REQUESTS
+    tolerance: float = 0.05
+
+
 def sustainable(tl: GeoTimeline, model: PrefillModel, *, cells: int = 1, depth: int = 8,
-                guard_s: float = 0.005, max_wait_s: float = 0.05, seed: int = 0,
-                max_rejected: float = MAX_REJECTED, requests: int = PROBE_REQUESTS,
-                relax: bool = True, tolerance: float = 0.05) -> Sustainable:
-    """The largest request rate BubbleTea serves with at most ``max_rejected`` rejected
+                guard_s: float = 0.005, max_wait_s: float = 0.05, probe: Probe = Probe(),
+                relax: bool = True) -> Sustainable:
+    """The largest request rate BubbleTea serves with at most ``probe.max_rejected`` rejected
     (Atlas §5 places every prefill or turns it away at once, so a rate is only served if
-    almost none is turned away). Each trial rate places ``requests`` Poisson prefills like
-    the Azure conversation trace (``synthetic_requests``, seeded); the rate starts low
+    almost none is turned away). Each trial rate places ``probe.requests`` Poisson prefills
+    like the Azure conversation trace (``synthetic_requests``, seeded); the rate starts low
     enough for the bubbles to be nearly empty, doubles while it is sustainable, then is
-    bisected (geometrically, to ``tolerance``). At the rate found, the full result with the
-    iteration re-simulated. When even the lowest rate rejects more (requests whose prefill
+    bisected (geometrically, to ``probe.tolerance``). At the rate found, the full result with
+    the iteration re-simulated. When even the lowest rate rejects more (requests whose prefill
     fits no bubble within ``max_wait_s``, however idle the GPUs), ``relaxed`` gives, for each
     longer wait of ``WAIT_STEPS``, the rate it sustains (None: none)."""
     T = tl.iteration_s
     trials: list[tuple[float, float]] = []
+    max_rejected = probe.max_rejected
 
     def rejected(rate: float) -> float:
-        reqs = _poisson(rate, requests, seed)
+        reqs = _poisson(rate, probe.requests, probe.seed)
         res = place(tl, reqs, model, cells=cells, depth=depth, guard_s=guard_s,
                     max_wait_s=max_wait_s, max_checks=0)
         share = res.summary()["rejected_fraction"]
@@ -365,15 +377,8 @@ def sustainable(tl: GeoTimeline, model: PrefillModel, *, cells: int = 1, depth: 
     if floor > max_rejected:
         relaxed = None
         if relax:
-            relaxed = []
-            for k in WAIT_STEPS:
-                s = sustainable(tl, model, cells=cells, depth=depth, guard_s=guard_s,
-                                max_wait_s=k * max_wait_s, seed=seed,
-                                max_rejected=max_rejected, requests=requests, relax=False,
-                                tolerance=tolerance)
-                relaxed.append({"max_wait_s": s.max_wait_s, "rate_per_s": s.rate_per_s,
-                                "utilization_after": s.result and s.result["utilization_after"],
-                                "rejected_at_lowest_rate": s.floor})
+            relaxed = [_at_longer_wait(tl, model, (cells, depth, guard_s), k * max_wait_s, probe)
+                       for k in WAIT_STEPS]
         return Sustainable(max_rejected, max_wait_s, None, None, floor, low, trials, relaxed)
     ok, bad = low, None
     while bad is None:
@@ -384,16 +389,28 @@ def sustainable(tl: GeoTimeline, model: PrefillModel, *, cells: int = 1, depth: 
             bad = r
         if ok > 1e6:
             break
-    while bad is not None and bad / ok > 1.0 + tolerance:
+    while bad is not None and bad / ok > 1.0 + probe.tolerance:
         mid = (ok * bad) ** 0.5
         if rejected(mid) <= max_rejected:
             ok = mid
         else:
             bad = mid
-    reqs = _poisson(ok, requests, seed)
+    reqs = _poisson(ok, probe.requests, probe.seed)
     res = place(tl, reqs, model, cells=cells, depth=depth, guard_s=guard_s,
                 max_wait_s=max_wait_s)
     return Sustainable(max_rejected, max_wait_s, ok, res.summary(), floor, low, trials)
+
+
+def _at_longer_wait(tl: GeoTimeline, model: PrefillModel, placing: tuple[int, int, float],
+                    max_wait_s: float, probe: Probe) -> dict:
+    """The rate ``sustainable`` finds at a longer wait (``placing``: its cells, depth and
+    guard)."""
+    cells, depth, guard_s = placing
+    s = sustainable(tl, model, cells=cells, depth=depth, guard_s=guard_s, max_wait_s=max_wait_s,
+                    probe=probe, relax=False)
+    return {"max_wait_s": s.max_wait_s, "rate_per_s": s.rate_per_s,
+            "utilization_after": s.result and s.result["utilization_after"],
+            "rejected_at_lowest_rate": s.floor}
 
 
 def _poisson(rate_per_s: float, n: int, seed: int) -> list[tuple[float, int]]:

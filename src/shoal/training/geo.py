@@ -461,14 +461,27 @@ class _GeoRun:
             stage_end=tuple(stage_end), max_inflight=self.max_inflight)
 
 
+@dataclass(frozen=True)
+class JobShape:
+    """How a job built from a layer profile runs: ``pipelines`` pipelines of ``microbatches``
+    microbatches of ``mbs`` samples each, every stage at TP ``tp``, recomputing activations in
+    the backward or not."""
+
+    mbs: int
+    microbatches: int
+    pipelines: int
+    recompute: bool = True
+    tp: int = 1
+
+
 def job_from_profile(profile, gpu: str, stage_layers: list[tuple[int, int]],
-                     stage_dc: list[str], link, *, mbs: int, microbatches: int, pipelines: int,
-                     recompute: bool = True, tp: int = 1,
+                     stage_dc: list[str], link, shape: JobShape, *,
                      intra_bw: float = INTRA_DC_BPS) -> GeoJob:
-    """A ``GeoJob`` from a layer profile (``layer_times(gpu, tp, mbs)`` rows of forward,
-    backward, update seconds per layer of the layer list) for stages holding the half-open layer
-    ranges ``stage_layers``. ``link(dc_a, dc_b)`` gives (bytes/s of a node pair, one-way latency)
-    between two datacenters."""
+    """A ``GeoJob`` of ``shape`` from a layer profile (``layer_times(gpu, tp, mbs)`` rows of
+    forward, backward, update seconds per layer of the layer list) for stages holding the
+    half-open layer ranges ``stage_layers``. ``link(dc_a, dc_b)`` gives (bytes/s of a node
+    pair, one-way latency) between two datacenters."""
+    tp, mbs = shape.tp, shape.mbs
     lt = profile.layer_times(gpu, tp, mbs)
     fwd = tuple(float(lt[a:b, 0].sum()) for a, b in stage_layers)
     bwd = tuple(float(lt[a:b, 1].sum()) for a, b in stage_layers)
@@ -478,10 +491,10 @@ def job_from_profile(profile, gpu: str, stage_layers: list[tuple[int, int]],
             else (intra_bw, 0.0) for s in range(len(stage_dc) - 1)]
     return GeoJob(
         stage_dc=tuple(stage_dc), fwd_s=fwd, bwd_s=bwd,
-        recompute_s=fwd if recompute else (0.0,) * len(fwd),
+        recompute_s=fwd if shape.recompute else (0.0,) * len(fwd),
         act_bytes=float(profile.sizes.boundary_bytes) * mbs / tp, grad_bytes=grad,
         hop_bw=tuple(h[0] for h in hops), hop_latency_s=tuple(h[1] for h in hops),
-        pipelines=pipelines, microbatches=microbatches, intra_bw=intra_bw)
+        pipelines=shape.pipelines, microbatches=shape.microbatches, intra_bw=intra_bw)
 
 
 def job_from_plan(problem, plan, est=None, *, file: str | None = None) -> GeoJob:

@@ -82,15 +82,26 @@ def _best(cluster: Cluster, cands: dict[str, Placement]) -> tuple[str, Placement
     return name, pl, v
 
 
+@dataclass(frozen=True)
+class MilpOptions:
+    """The ``milp`` placer's settings: how many candidate links of each node it keeps
+    (``milp.pruned``), whether it starts from the best baseline, and the seconds without a
+    better solution after which it stops (None: at the time limit)."""
+
+    prune: int = 12
+    warm_start: bool = True
+    stall_s: float | None = None
+
+
 def place(cluster: Cluster, placer: str = "auto", *, time_limit_s: float = 60.0, seed: int = 0,
-          prune: int = 12, warm_start: bool = True, stall_s: float | None = None,
-          objective: str | None = None, lengths=None) -> Placed:
+          objective: str | None = None, lengths=None,
+          milp_options: MilpOptions = MilpOptions()) -> Placed:
     """The placement ``placer`` finds within ``time_limit_s``, with its max flow.
 
     ``objective`` (auto only; default ``decode``): ``decode`` chooses by the simulated offline
     decode throughput (``lengths``: request lengths to simulate, default seeded synthetic ones;
     the max flow when the cluster lacks what the simulator needs), ``max-flow`` by Helix's
-    objective."""
+    objective. ``milp_options``: the ``milp`` placer's settings."""
     if placer not in PLACERS:
         raise SpecError("unknown placer", field="--placer", value=placer,
                         allowed=", ".join(PLACERS))
@@ -122,13 +133,15 @@ def place(cluster: Cluster, placer: str = "auto", *, time_limit_s: float = 60.0,
     elif placer == "petals":
         pl = baselines.petals(cluster, seed)
     elif placer == "milp":
-        start = _best(cluster, _baselines(cluster, seed)) if warm_start else None
+        mo = milp_options
+        start = _best(cluster, _baselines(cluster, seed)) if mo.warm_start else None
         if start is not None:
             details["warm_start"] = {"placer": start[0], "tokens_per_s": start[2]}
         pl, sol = milp.solve(cluster, time_limit_s=max(0.0, deadline - time.perf_counter()),
-                             start=start[1] if start else None, prune=prune, stall_s=stall_s)
+                             start=start[1] if start else None, prune=mo.prune,
+                             stall_s=mo.stall_s)
         details.update({"status": sol.status, "objective": sol.objective,
-                        "bound": min(sol.bound, ub), "prune": prune})
+                        "bound": min(sol.bound, ub), "prune": mo.prune})
     else:
         # a third of the time for the stage program, the rest for the local search
         st = stages.staged(cluster, t0 + time_limit_s / 3)
@@ -229,69 +242,18 @@ def _for_decode(cluster: Cluster, *, time_limit_s: float, seed: int, lengths) ->
     t0 = time.perf_counter()
     deadline = t0 + (1.0 - MARGIN) * time_limit_s
     top = place(cluster, "auto", time_limit_s=time_limit_s / 4, seed=seed, objective="max-flow")
-    F, K = top.flow.value, kv_bound(cluster)
-    draw = seed + SEARCH_SEED_OFFSET
-    rows: list[dict] = []
-    tried: dict[Placement, dict] = {}
-    scored: dict[Placement, object] = {}
-    slowest = [0.0]  # the longest simulation so far: another must fit before the deadline
-
-    def build(level: float, kv: float) -> Placement | None:
-        return stages.shallowest(cluster, level * F, deadline, K=kv * K)
-
-    def judge(name: str, pl: Placement, level: float | None, kv: float | None) -> None:
-        if pl in tried or time.perf_counter() + slowest[0] > deadline and scored:
-            return
-        t = time.perf_counter()
-        try:
-            s = sv.served(cluster, pl, lengths, seed=draw, warmup_s=SEARCH_WARMUP_S,
-                          window_s=SEARCH_WINDOW_S)
-        except InfeasibleError as exc:  # e.g. no node on some chain has KV for one prompt
-            tried[pl] = {"candidate": name, "serves_nothing": str(exc)}
-            return
-        slowest[0] = max(slowest[0], time.perf_counter() - t)
-        row = {"candidate": name, "flow_level": level, "kv_level": kv,
-               "max_flow_tokens_per_s": max_flow(cluster, pl).value,
-               "stages": len({x for x in pl.ranges if x is not None}),
-               "nodes": sum(x is not None for x in pl.ranges),
-               "decode_tokens_per_s": s.decode_tokens_per_s,
-               "decode_latency_s": s.decode_latency_s["mean"]}
-        rows.append(row)
-        tried[pl] = row
-        scored[pl] = s
-
-    def best() -> Placement:
-        top_v = max(tried[p]["decode_tokens_per_s"] for p in scored)
-        near = [p for p in scored if tried[p]["decode_tokens_per_s"] >= (1 - TIE) * top_v]
-        return min(near, key=lambda p: (tried[p]["decode_latency_s"] or float("inf"),
-                                        -tried[p]["decode_tokens_per_s"]))
-
-    def trial(level: float, kv: float) -> None:
-        if 0 < level <= 1 and kv >= 0 and time.perf_counter() < deadline:
-            pl = build(level, kv)
-            if pl is not None:
-                judge(f"fewest stages at {level:.1%} of the max flow, KV floor {kv:.0%}", pl,
-                      level, kv)
-
+    search = _DecodeSearch(cluster, deadline, seed + SEARCH_SEED_OFFSET, lengths,
+                           (top.flow.value, kv_bound(cluster)))
     for level, kv in GRID:
-        trial(level, kv)
-    for dl, dk in REFINE_STEPS:  # around the best (flow target, KV floor) pair, finer
-        if not scored:
-            break
-        b = tried[best()]
-        if b["flow_level"] is None:
-            break
-        for level, kv in ((b["flow_level"] + dl, b["kv_level"]),
-                          (b["flow_level"] - dl, b["kv_level"]),
-                          (b["flow_level"], b["kv_level"] + dk),
-                          (b["flow_level"], b["kv_level"] - dk)):
-            trial(level, kv)
+        search.trial(level, kv)
+    search.refine()
     for level, kv in OUTER:
-        trial(level, kv)
+        search.trial(level, kv)
     # the deepest, the max-flow placement, last: its run is the longest and it rarely serves most
-    judge("max flow", top.placement, None, None)
+    search.judge("max flow", top.placement, None, None)
     for name, q in _baselines(cluster, seed).items():
-        judge(name, q, None, None)
+        search.judge(name, q, None, None)
+    tried, scored = search.tried, search.scored
     if not scored:
         raise InfeasibleError(
             "no placement tried serves a request: " + next(
@@ -299,10 +261,79 @@ def _for_decode(cluster: Cluster, *, time_limit_s: float, seed: int, lengths) ->
                 "none could be simulated in the time limit"),
             binding="KV cache", relaxation="nodes with more memory, or --objective max-flow "
                                            "for Helix's objective alone")
-    pl = best()
-    for r in rows:
+    pl = search.best()
+    for r in search.rows:
         r["chosen"] = tried[pl] is r
     return Placed("auto", pl, max_flow(cluster, pl), cluster.upper_bound(),
                   time.perf_counter() - t0,
                   {"objective": "decode", "max_flow_placement": top.flow.value,
-                   "kv_bound_tokens_per_layer": K, "candidates": rows}, served=scored[pl])
+                   "kv_bound_tokens_per_layer": search.K, "candidates": search.rows},
+                  served=scored[pl])
+
+
+class _DecodeSearch:
+    """``_for_decode``'s candidates, each simulated offline once on request lengths drawn with
+    ``draw``, until ``deadline``: stage placements at a share of the max flow ``F`` and a KV
+    floor at a share of ``K`` (``kv_bound``) tokens per layer (``targets``: (F, K)), and any
+    placement given. ``tried``: every placement judged and its row (or why it serves
+    nothing); ``scored``: what those that serve serve."""
+
+    def __init__(self, cluster: Cluster, deadline: float, draw: int, lengths,
+                 targets: tuple[float, float]):
+        self.cluster, self.deadline, self.draw, self.lengths = cluster, deadline, draw, lengths
+        self.F, self.K = targets
+        self.rows: list[dict] = []
+        self.tried: dict[Placement, dict] = {}
+        self.scored: dict[Placement, object] = {}
+        self.slowest = 0.0  # the longest simulation so far: another must fit before the deadline
+
+    def judge(self, name: str, pl: Placement, level: float | None, kv: float | None) -> None:
+        cluster, tried, scored = self.cluster, self.tried, self.scored
+        if pl in tried or time.perf_counter() + self.slowest > self.deadline and scored:
+            return
+        t = time.perf_counter()
+        try:
+            s = sv.served(cluster, pl, self.lengths, seed=self.draw, warmup_s=SEARCH_WARMUP_S,
+                          window_s=SEARCH_WINDOW_S)
+        except InfeasibleError as exc:  # e.g. no node on some chain has KV for one prompt
+            tried[pl] = {"candidate": name, "serves_nothing": str(exc)}
+            return
+        self.slowest = max(self.slowest, time.perf_counter() - t)
+        row = {"candidate": name, "flow_level": level, "kv_level": kv,
+               "max_flow_tokens_per_s": max_flow(cluster, pl).value,
+               "stages": len({x for x in pl.ranges if x is not None}),
+               "nodes": sum(x is not None for x in pl.ranges),
+               "decode_tokens_per_s": s.decode_tokens_per_s,
+               "decode_latency_s": s.decode_latency_s["mean"]}
+        self.rows.append(row)
+        tried[pl] = row
+        scored[pl] = s
+
+    def best(self) -> Placement:
+        tried, scored = self.tried, self.scored
+        top_v = max(tried[p]["decode_tokens_per_s"] for p in scored)
+        near = [p for p in scored if tried[p]["decode_tokens_per_s"] >= (1 - TIE) * top_v]
+        return min(near, key=lambda p: (tried[p]["decode_latency_s"] or float("inf"),
+                                        -tried[p]["decode_tokens_per_s"]))
+
+    def trial(self, level: float, kv: float) -> None:
+        """The placement of fewest stages at ``level`` of the max flow, KV floor ``kv``."""
+        if 0 < level <= 1 and kv >= 0 and time.perf_counter() < self.deadline:
+            pl = stages.shallowest(self.cluster, level * self.F, self.deadline, K=kv * self.K)
+            if pl is not None:
+                self.judge(f"fewest stages at {level:.1%} of the max flow, KV floor {kv:.0%}",
+                           pl, level, kv)
+
+    def refine(self) -> None:
+        """Around the best (flow target, KV floor) pair, finer and finer."""
+        for dl, dk in REFINE_STEPS:
+            if not self.scored:
+                break
+            b = self.tried[self.best()]
+            if b["flow_level"] is None:
+                break
+            for level, kv in ((b["flow_level"] + dl, b["kv_level"]),
+                              (b["flow_level"] - dl, b["kv_level"]),
+                              (b["flow_level"], b["kv_level"] + dk),
+                              (b["flow_level"], b["kv_level"] - dk)):
+                self.trial(level, kv)

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shoal.estimate.encode import PlanSpec, ReplicaSpec, StageSpec
-from shoal.estimate.kernel import p2p_s, ring_allreduce_s, worker_memory
+from shoal.estimate.kernel import Worker, p2p_s, ring_allreduce_s, worker_memory
 from shoal.training.planners.build import shares
 from shoal.training.planners.common import cannot_beat, score
 from shoal.training.planners.space import Space, balanced_split
@@ -105,8 +105,9 @@ class _Tree:
                                    price, tp * p.gpus[kind.gpu].memory_bytes))
         # the least over GPU types (attention, flash or not, differs by GPU)
         states, buffers, act = worker_memory(
-            tb, p.memory, space.state_b, np.arange(len(tb.gpus)), 0, self.L, 0, float(mbs), 1.0,
-            np.bool_(recompute), np.int64(zero), float(d))
+            tb, p.memory, space.state_b,
+            Worker(np.arange(len(tb.gpus)), 0, self.L, 0, float(mbs), np.bool_(recompute)), 1.0,
+            np.int64(zero), float(d))
         self.mem_lower = float(np.min(states + buffers + act)) + k * p.memory.framework_bytes
         self._lm: dict = {}
         self._ring: dict = {}
@@ -140,10 +141,11 @@ class _Tree:
         if key not in self._lm:
             sp, p = self.space, self.space.problem
             b = np.arange(a + 1, self.L + 1)
+            w = Worker(sp.tb.gi(u.gpu), a, b, sp.tb.ti(u.tp), float(self.mbs),
+                       np.bool_(self.recompute))
             states, buffers, act = worker_memory(
-                sp.tb, p.memory, sp.state_b, sp.tb.gi(u.gpu), a, b, sp.tb.ti(u.tp), float(self.mbs),
-                float(min(self.k - s, self.m)), np.bool_(self.recompute), np.int64(self.zero),
-                float(self.d))
+                sp.tb, p.memory, sp.state_b, w, float(min(self.k - s, self.m)),
+                np.int64(self.zero), float(self.d))
             fit = p.memory.framework_bytes + states + buffers + act <= p.gpus[u.gpu].memory_bytes
             self._lm[key] = int(np.argmin(fit)) if not fit.all() else len(b)
         return self._lm[key]

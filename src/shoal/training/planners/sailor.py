@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from shoal.training.planners.allocate import Option, OutOfTime, Pool, fastest, tradeoffs
-from shoal.training.planners.build import build_spec
+from shoal.training.planners.build import Form, build_spec
 from shoal.training.planners.common import score
 from shoal.training.planners.space import Kind, Space, balanced_split
 from shoal.training.planners.strategy import Context, Proposals
@@ -135,7 +135,7 @@ def propose(ctx: Context) -> Proposals:
                         ev.stats.truncated = ev.stats.timed_out = True
                         yield specs
                         return
-                    spec = (build_spec(space, alloc, opts, split, mbs, D, recompute=recompute)
+                    spec = (build_spec(space, alloc, opts, Form(split, mbs, recompute), D)
                             if alloc else None)
                     if spec is None:
                         ev.stats.pruned += 1

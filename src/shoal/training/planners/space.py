@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from shoal.estimate.api import _state_bytes
-from shoal.estimate.kernel import activation_parts, worker_memory
+from shoal.estimate.kernel import Worker, activation_parts, worker_memory
 from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
 from shoal.training.planners.allocate import PoolMemo
@@ -172,10 +172,10 @@ class Space:
         ls, le = ls[..., None], le[..., None]
         t = np.array([tb.ti(tp) for tp in self.tps[gpu]])
         gi = tb.gi(gpu)
-        states, buffers, _ = worker_memory(
-            tb, mem, self.state_b, gi, ls, le, t, float(mbs), 0.0, np.bool_(recompute),
-            np.int64(zero), float(max(dp, 1)))
-        per_mb, once = activation_parts(tb, gi, ls, le, t, float(mbs), np.bool_(recompute))
+        w = Worker(gi, ls, le, t, float(mbs), np.bool_(recompute))
+        states, buffers, _ = worker_memory(tb, mem, self.state_b, w, 0.0, np.int64(zero),
+                                           float(max(dp, 1)))
+        per_mb, once = activation_parts(tb, w)
         return mem.framework_bytes + states + buffers, per_mb, once
 
     def free(self, kind: Kind, zone: str, used: dict[tuple[str, str], int]) -> int:

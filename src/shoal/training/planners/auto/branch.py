@@ -113,6 +113,18 @@ def _pairs(ctx: Context, bounds: Bounds
     return shapes, Pairs(sid, Ds, tau, after), T, C
 
 
+class _Bar(NamedTuple):
+    """What the pairs of one batch are judged against: the objective, the incumbent's score
+    and iteration time (``score``), the most seconds and USD an iteration may take (the
+    constraints) and the allocation program's levels."""
+
+    objective: str
+    score: float
+    time_s: float
+    limits: tuple[float, float]
+    levels: int
+
+
 class BranchAndBound:
     """Takes (shape, degree) pairs by increasing bound, allocates and costs them in batches,
     and stops when the next bound cannot beat the best plan so far."""
@@ -162,45 +174,56 @@ class BranchAndBound:
                     i += 1
                 if i == len(idx):
                     return
-            specs = []
-            j = i
-            cut = False  # the budget ran out inside an allocation: cost what is built, stop
-            try:
-                while (j < len(idx) and j < i + BATCH and not hopeless(idx[j])
-                       and (j == i or not ev.out_of_time())):
-                    e = idx[j]
-                    sh = self.shapes[self.sid[e]]
-                    D = int(self.Ds[e])
-                    worth = Worth(objective, bar, bar_t, float(self.after[e]),
-                                  self.space.problem.timing.step_overhead_s, self.pool.price,
-                                  self.bounds.option_times(sh), ev.beaten,
-                                  functools.partial(self.bounds.tails, D=D),
-                                  functools.partial(self.bounds.crossed_times, sh), limits,
-                                  sh.split, self.bounds.option_times, self.bounds.one_f1b)
-                    total = self.space.problem.job.global_batch // sh.mbs
-
-                    def reach(s: Shape, D=D, total=total, worth=worth) -> bool:
-                        return not worth.out_of_reach(*self.bounds.refined(s, D, total))
-
-                    # the pair's own split may beat the incumbent
-                    refined_t, refined_usd, least_level = self.bounds.refined_level(sh, D, total)
-                    own = not worth.out_of_reach(refined_t, refined_usd)
-                    if not sh.rebalance and not own:
-                        ev.stats.pruned += 1  # its refined bound cannot beat the incumbent
-                    else:
-                        guide = Guide(functools.partial(self.bounds.option_levels, D=D,
-                                                        total=total),
-                                      levels, worth, reach,
-                                      functools.partial(self.bounds.slowest, D=D), own,
-                                      least_level,
-                                      refined_t - self.space.problem.timing.step_overhead_s)
-                        specs += pair_specs(self.space, Pair(sh, D, float(self.tau[e]), total),
-                                            self.pool, guide, ev.allocation_deadline())
-                    j += 1
-            except OutOfTime:
-                cut = ev.stats.truncated = ev.stats.timed_out = True
-                ev.stats.pruned += len(idx) - j
+            specs, j, cut = self._batch(idx, i, hopeless,
+                                        _Bar(objective, bar, bar_t, limits, levels))
             i = j
             yield [s for s in dict.fromkeys(specs) if s not in ev.feasible]
             if cut:
                 return
+
+    def _batch(self, idx: np.ndarray, i: int, hopeless, bar: _Bar) -> tuple[list, int, bool]:
+        """(plans, next position, whether the budget ran out inside an allocation) of the pairs
+        ``idx[i:]`` taken in one batch: up to ``BATCH`` of them, while they are not
+        ``hopeless`` and time remains."""
+        ev = self.ev
+        specs: list = []
+        j = i
+        cut = False  # the budget ran out inside an allocation: cost what is built, stop
+        try:
+            while (j < len(idx) and j < i + BATCH and not hopeless(idx[j])
+                   and (j == i or not ev.out_of_time())):
+                specs += self._pair_specs(idx[j], bar)
+                j += 1
+        except OutOfTime:
+            cut = ev.stats.truncated = ev.stats.timed_out = True
+            ev.stats.pruned += len(idx) - j
+        return specs, j, cut
+
+    def _pair_specs(self, e: int, bar: _Bar) -> list:
+        """The plans of pair ``e`` that may beat the incumbent, none when its refined bound
+        cannot."""
+        ev = self.ev
+        sh = self.shapes[self.sid[e]]
+        D = int(self.Ds[e])
+        worth = Worth(bar.objective, bar.score, bar.time_s, float(self.after[e]),
+                      self.space.problem.timing.step_overhead_s, self.pool.price,
+                      self.bounds.option_times(sh), ev.beaten,
+                      functools.partial(self.bounds.tails, D=D),
+                      functools.partial(self.bounds.crossed_times, sh), bar.limits,
+                      sh.split, self.bounds.option_times, self.bounds.one_f1b)
+        total = self.space.problem.job.global_batch // sh.mbs
+
+        def reach(s: Shape, D=D, total=total, worth=worth) -> bool:
+            return not worth.out_of_reach(*self.bounds.refined(s, D, total))
+
+        # the pair's own split may beat the incumbent
+        refined_t, refined_usd, least_level = self.bounds.refined_level(sh, D, total)
+        own = not worth.out_of_reach(refined_t, refined_usd)
+        if not sh.rebalance and not own:
+            ev.stats.pruned += 1  # its refined bound cannot beat the incumbent
+            return []
+        guide = Guide(functools.partial(self.bounds.option_levels, D=D, total=total),
+                      bar.levels, worth, reach, functools.partial(self.bounds.slowest, D=D), own,
+                      least_level, refined_t - self.space.problem.timing.step_overhead_s)
+        return pair_specs(self.space, Pair(sh, D, float(self.tau[e]), total), self.pool, guide,
+                          ev.allocation_deadline())
