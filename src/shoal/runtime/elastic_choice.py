@@ -41,8 +41,8 @@ MAX_WORKERS = 1024  # the pool's size: the search is given the alive count each 
 
 @dataclass(frozen=True)
 class SwitchCosts:
-    """What a live switch costs before any is measured (``restart_s``: about 0.6 s measured on
-    the tiny model, BENCHMARKS.md), and the local disk's checkpoint bandwidth."""
+    """What a live switch costs before any is measured (``restart_s``, a bound above the
+    switches BENCHMARKS.md records), and the local disk's checkpoint bandwidth."""
 
     restart_s: float = 1.0
     storage_Bps: float = 1e9
