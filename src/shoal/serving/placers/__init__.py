@@ -20,13 +20,12 @@ from shoal.errors import InfeasibleError, SpecError
 from shoal.serving import served as sv
 from shoal.serving.cluster import Cluster
 from shoal.serving.flow import Flow, max_flow
+from shoal.serving.names import OBJECTIVES, PLACERS
 from shoal.serving.perf import GPU_MEMORY_UTILIZATION
 from shoal.serving.placement import Placement
 from shoal.serving.placers import baselines, milp, stages
 from shoal.serving.served import simulatable
 
-PLACERS = ("auto", "milp", "swarm", "petals", "separate")
-OBJECTIVES = ("decode", "max-flow")
 # decode objective: the stage placements tried, fewest stages at each flow target (x the max
 # flow) and KV floor (x ``kv_bound``): a grid, then finer steps around the best pair, then the
 # grid's far corners if time is left
