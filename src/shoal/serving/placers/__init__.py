@@ -209,6 +209,16 @@ def no_flow_reason(cluster: Cluster, pl: Placement) -> tuple[str, str]:
             "`between` or `pairs`), or place with `shoal serve plan --placer auto`")
 
 
+def check_serves(cluster: Cluster, placed: Placed) -> None:
+    """An InfeasibleError saying why, and what would help, when no request can get through
+    ``placed`` (its max flow is 0)."""
+    if placed.flow.value > 0:
+        return
+    why, fix = no_flow_reason(cluster, placed.placement)
+    raise InfeasibleError(f"the placement serves nothing ({why})", binding="placement",
+                          relaxation=fix)
+
+
 def kv_bound(cluster: Cluster) -> float:
     """Tokens of KV cache per layer if every node's memory beside one copy of the weights held
     KV, spread evenly over the layers: no placement's fullest layer holds more."""
