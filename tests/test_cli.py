@@ -397,6 +397,21 @@ def test_the_choices_of_options_are_the_registries_names():
     assert [k.value for k in choices.SchemaKind] == list(roots()) == list(TITLES)
 
 
+def test_the_serving_choices_are_the_placers_and_routers_names():
+    """serve plan's placers and objectives and serve simulate's routers are the ones the placers
+    and the simulator check names against, in the order the help has always shown them."""
+    from shoal.cli import choices
+    from shoal.serving.placers import OBJECTIVES, PLACERS
+    from shoal.serving.simulator.simulation import ROUTERS
+
+    assert [p.value for p in choices.Placer] == list(PLACERS) == [
+        "auto", "milp", "swarm", "petals", "separate"]
+    assert [o.value for o in choices.Objective] == list(OBJECTIVES) == ["max-flow", "decode"]
+    assert [r.value for r in choices.RouterName] == list(ROUTERS) == [
+        "iwrr", "helix-iwrr", "swarm", "random", "shortest-queue"]
+    assert [m.value for m in choices.Mode] == ["offline", "online"]
+
+
 def test_the_command_line_loads_no_planner_to_start():
     """``shoal --help`` stays quick: importing the command line loads neither the planners nor
     numpy (their imports wait inside the commands)."""
@@ -404,7 +419,8 @@ def test_the_command_line_loads_no_planner_to_start():
     import sys
 
     code = ("import sys, shoal.cli; print(sorted(m for m in sys.modules if m == 'numpy' or "
-            "m.startswith(('shoal.training.planners', 'shoal.estimate', 'shoal.runtime'))))")
+            "m.startswith(('shoal.training.planners', 'shoal.estimate', 'shoal.runtime', "
+            "'shoal.serving.placers', 'shoal.serving.routing', 'shoal.serving.simulator'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          check=True)
     assert out.stdout.strip() == "[]"

@@ -38,7 +38,6 @@ from shoal.serving.cluster import Cluster
 from shoal.serving.flow import SINK, SOURCE, Flow, balanced, valid
 from shoal.serving.placement import Placement
 
-ROUTERS = ("iwrr", "helix-iwrr", "swarm", "random", "shortest-queue")
 IWRR = ("iwrr", "helix-iwrr")
 MIN_SHARE = 0.05  # iwrr: edges under this share of a vertex's outgoing flow are not used
 

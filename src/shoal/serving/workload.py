@@ -152,3 +152,34 @@ def poisson(lengths: np.ndarray, rate_per_s: float, n: int, seed: int = 0,
     order = np.resize(rng.permutation(len(lengths)), n)
     return Workload(lengths[order, 0], lengths[order, 1], times,
                     f"{source} (online, Poisson {rate_per_s:.3g} requests/s)")
+
+
+DEFAULT_LOAD = 0.75  # online: the mean arrival rate, as a fraction of the max flow
+SYNTHETIC_REQUESTS = 20000  # lengths drawn when no lengths file is given
+POISSON_REQUESTS = 2000  # Poisson arrivals: requests generated when no limit is given
+
+
+def generated(lengths: Path | None, seed: int = 0, *, max_flow: float | None = None,
+              load: float | None = None, arrivals: Path | None = None,
+              limit: int | None = None) -> Workload:
+    """The requests ``serve simulate`` runs without a trace, their lengths from ``lengths`` (a
+    CSV; default seeded synthetic ones): offline when ``max_flow`` is None; else online at a mean
+    of ``load`` (default ``DEFAULT_LOAD``) x ``max_flow`` tokens/s, arriving as the ``arrivals``
+    CSV is shaped (``limit``: the first requests only) or as a Poisson process (``limit``
+    requests, default ``POISSON_REQUESTS``)."""
+    L = load_lengths(lengths) if lengths is not None else synthetic_lengths(SYNTHETIC_REQUESTS, seed)
+    src = lengths.name if lengths is not None else "synthetic lengths"
+    if max_flow is None:
+        return offline(L, seed, src)
+    rate = (DEFAULT_LOAD if load is None else load) * max_flow / float(L.sum(axis=1).mean())
+    if arrivals is not None:
+        return online(L, load_arrivals(arrivals), rate, seed, arrivals.name, limit=limit)
+    return poisson(L, rate, limit or POISSON_REQUESTS, seed)
+
+
+def first(work: Workload, n: int | None) -> Workload:
+    """The first ``n`` requests of ``work`` (all of them when ``n`` is None)."""
+    if n is None:
+        return work
+    arrivals = work.arrival_s[:n] if work.arrival_s is not None else None
+    return Workload(work.prompt[:n], work.output[:n], arrivals, work.source)

@@ -105,3 +105,28 @@ def summary(requests: list[Request], wall_s: float) -> dict:
             "requests": {"completed": len(done), "rejected": len(requests) - len(done),
                          "rejected_why": reasons},
             "latency_histogram": {"prompt": _histogram(first), "decode": _histogram(dec)}}
+
+
+def result(requests: list[Request], wall_s: float, *, model: str, max_flow: float,
+           health: dict) -> dict:
+    """``serve run --json``: the run's ``summary``, the model, the placement's max flow, each
+    worker's state, restarts and dropped messages (``health``, the server's), and what every
+    request generated along which chain."""
+    return summary(requests, wall_s) | {
+        "model": model, "max_flow_tokens_per_s": max_flow,
+        "workers": {n: {k: w[k] for k in ("state", "restarts", "dropped_messages")}
+                    for n, w in health["workers"].items()},
+        "dropped_messages": health["dropped_messages"],
+        "generated": [{"request": r.rid, "tokens": r.tokens, "chain": r.chain[:-1],
+                       "runs": r.attempt + 1, "rejected": r.rejected} for r in requests]}
+
+
+def chains_used(requests: list[Request]) -> dict[str, int]:
+    """How many requests went along each chain of nodes (``"a -> b"``, the coordinator left
+    out)."""
+    chains: dict[str, int] = {}
+    for r in requests:
+        if r.chain:
+            key = " -> ".join(r.chain[:-1])
+            chains[key] = chains.get(key, 0) + 1
+    return chains

@@ -20,13 +20,12 @@ from shoal.errors import InfeasibleError, SpecError
 from shoal.serving import served as sv
 from shoal.serving.cluster import Cluster
 from shoal.serving.flow import Flow, max_flow
+from shoal.serving.names import OBJECTIVES, PLACERS
 from shoal.serving.perf import GPU_MEMORY_UTILIZATION
 from shoal.serving.placement import Placement
 from shoal.serving.placers import baselines, milp, stages
 from shoal.serving.served import simulatable
 
-PLACERS = ("auto", "milp", "swarm", "petals", "separate")
-OBJECTIVES = ("decode", "max-flow")
 # decode objective: the stage placements tried, fewest stages at each flow target (x the max
 # flow) and KV floor (x ``kv_bound``): a grid, then finer steps around the best pair, then the
 # grid's far corners if time is left
@@ -221,6 +220,16 @@ def no_flow_reason(cluster: Cluster, pl: Placement) -> tuple[str, str]:
     return ("no chain of linked nodes covers every layer",
             "link the nodes holding consecutive layers (the serving file's links: `within`, "
             "`between` or `pairs`), or place with `shoal serve plan --placer auto`")
+
+
+def check_serves(cluster: Cluster, placed: Placed) -> None:
+    """An InfeasibleError saying why, and what would help, when no request can get through
+    ``placed`` (its max flow is 0)."""
+    if placed.flow.value > 0:
+        return
+    why, fix = no_flow_reason(cluster, placed.placement)
+    raise InfeasibleError(f"the placement serves nothing ({why})", binding="placement",
+                          relaxation=fix)
 
 
 def kv_bound(cluster: Cluster) -> float:

@@ -10,8 +10,8 @@ from shoal.errors import InfeasibleError, SpecError
 from shoal.estimate.events import EventLoop
 from shoal.serving.cluster import Cluster
 from shoal.serving.flow import Flow
+from shoal.serving.names import ROUTERS
 from shoal.serving.placement import Placement
-from shoal.serving.routing import ROUTERS
 from shoal.serving.simulator.batch import BATCHING
 from shoal.serving.simulator.events import ORDER, BatchEnds, MessageArrives, RequestArrives, TokensArrive
 from shoal.serving.simulator.result import SimResult, summarise
@@ -23,7 +23,7 @@ PROGRESS_EVERY_S = 5.0  # simulated seconds between calls of ``progress``
 
 @dataclass(frozen=True)
 class SimOptions:
-    """How ``simulate`` runs: the ``router`` (``routing.ROUTERS``) and its ``seed``; offline
+    """How ``simulate`` runs: the ``router`` (``names.ROUTERS``) and its ``seed``; offline
     runs last ``warmup_s + duration_s`` of simulated time, online runs until every request is
     done (``duration_s``: stop earlier); ``batching``: ``vllm`` schedules as vLLM 0.4 (Helix's
     engine: prefill-only steps while prompts wait, batches capped by each machine's ``batch``

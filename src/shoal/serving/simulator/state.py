@@ -30,7 +30,7 @@ FEED_HIGH_WATER = 0.8
 
 @dataclass(frozen=True)
 class Settings:
-    """How a run goes: its ``router`` (``routing.ROUTERS``) and the router's ``seed``; metrics
+    """How a run goes: its ``router`` (``names.ROUTERS``) and the router's ``seed``; metrics
     over [``warmup_s``, ``end_s``] (no event after ``end_s`` is handled); ``capped``: vLLM
     batching (else live); offline, ``concurrency`` requests in flight (None: the KV feeder)."""
 
