@@ -230,6 +230,7 @@ def test_a_completions_request_of_a_bad_value_is_refused_naming_it(body, what):
         [1, 2], 3, True)
 
 
+@pytest.mark.slow
 def test_profile_then_the_same_trace_simulated_and_run(setup, tmp_path):
     """`serve profile` writes a profile a serving file reads (machine with profile and memory,
     no GPU); one trace file drives both `serve simulate --batching live` and `serve run`."""

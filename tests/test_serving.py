@@ -745,6 +745,7 @@ def test_zero_flow_names_its_reason():
     assert "link to another" in why and "`within`" in fix
 
 
+@pytest.mark.slow
 def test_max_flow_on_a_hundred_node_cluster():
     """The bundled serving example at 5x its node counts: networkx's preflow-push failed inside
     (IndexError) on its floating-point capacities; capacities are whole micro-tokens/s now."""
