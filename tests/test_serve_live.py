@@ -193,7 +193,7 @@ def test_http_endpoint_streams_concurrent_requests(setup):
                 assert toks == ref[i][:6]
                 if i % 2 == 0:
                     assert events == 6  # one event per generated token
-            conn = http.client.HTTPConnection("127.0.0.1", ep.port, timeout=10)
+            conn = http.client.HTTPConnection("127.0.0.1", ep.port, timeout=patience(10))
             conn.request("POST", "/v1/completions",
                          json.dumps({"prompt": "x" * 40, "max_tokens": 4}))
             bad = conn.getresponse()
@@ -429,7 +429,7 @@ def test_an_interrupted_worker_with_no_coordinator_exits_at_once(tmp_path):
             line = p.stdout.readline()
         time.sleep(4.0)  # torch and zmq imported: in the worker's loop, its hello queued
         p.send_signal(signal.SIGINT)
-        assert p.wait(timeout=15) == 130
+        assert p.wait(timeout=patience(15)) == 130
     finally:
         p.kill()
         p.wait()
