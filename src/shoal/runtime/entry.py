@@ -89,6 +89,7 @@ def _train(a) -> dict | None:
                       save_hf=run["save_hf"])
     try:
         res = run_rank(plan, arch, run["steps"], run["seq"], opts, progress)
+        dist.barrier()  # no rank closes its connections while a peer still uses them
         if rank != 0:
             return None
         times = res["step_time_s"]

@@ -195,7 +195,14 @@ def worker_errors(log: list[str]) -> str:
             last[m.group(1)] = m.group(2).strip()
     if last:
         return "; ".join(f"{rank}: {msg}" for rank, msg in sorted(last.items()))
-    return "\n" + "".join(x for x in log if not x.startswith("{"))[-2000:]
+    # a process that died in native code (an abort, a fatal Python error) says why in lines
+    # the launcher's own traceback would push out of the tail
+    first = next((i for i, x in enumerate(log) if re.search(_NATIVE, x)), None)
+    head = "" if first is None else "".join(log[max(0, first - 3):first + 40]) + "...\n"
+    return "\n" + head + "".join(x for x in log if not x.startswith("{"))[-2000:]
+
+
+_NATIVE = r"terminate called|what\(\):|Fatal Python error|Segmentation fault|\[enforce fail"
 
 
 @dataclass(frozen=True)
@@ -342,7 +349,9 @@ def train(run: Run, launch: Launch, on_step=None, *, predicted: Prediction | Non
         made = ckpt.make_folder(launch.checkpoint_dir)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = _command(run, launch, Path(tmp), token)
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        # PYTHONFAULTHANDLER: a rank that dies in native code shows where, on stderr
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+               "PYTHONFAULTHANDLER": "1"}
         log: list[str] = []
 
         def on_line(line: str) -> None:
