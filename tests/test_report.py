@@ -133,6 +133,25 @@ CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                 "--disable-dev-shm-usage"]
 
 
+def _check_meta_blocks(page: str) -> None:
+    """Every section says what its result is: a heading with the scenario's label and a meta
+    block with the command line, the shoal version, the input's hash, the model and the pool."""
+    sections = re.findall(r'<section id="s\d+" data-kind="([^"]+)">(.*?)</section>', page, re.S)
+    assert [k for k, _ in sections] == list(FIGURES)
+    for kind, body in sections:
+        head = re.search(r"<h2>(.*?)</h2>", body).group(1)
+        meta = dict(re.findall(r"<dt>(.*?)</dt><dd>(.*?)</dd>", re.search(
+            r'<dl class="meta" data-meta(?:="")?>(.*?)</dl>', body, re.S).group(1)))
+        assert meta["command"].startswith(f"shoal {kind.split()[0]}"), (kind, meta)
+        assert "by shoal " in meta["made"] and re.search(r"sha256 [0-9a-f]{12}", meta["input"])
+        assert meta["model"] and meta["pool"], (kind, meta)
+        assert head.startswith(f"{kind}: ") and ".json" not in head, head
+
+
+def test_report_sections_say_what_they_are(report):
+    _check_meta_blocks(report.read_text())
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(_chromium() is None, reason="needs Chromium (Debian package 'chromium')")
 def test_report_in_headless_chromium(report, tmp_path):
@@ -153,6 +172,7 @@ def test_report_in_headless_chromium(report, tmp_path):
     assert "errors" not in attrs, attrs
     console = [ln for ln in dom.stderr.splitlines() if "CONSOLE" in ln]
     assert not console, console
+    _check_meta_blocks(dom.stdout)  # as the browser built the page
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "report-first-screen.png"
     shot.unlink(missing_ok=True)

@@ -10,6 +10,8 @@ from tests._clock import patience
 
 torch = pytest.importorskip("torch")
 
+from tests._meta import check_meta  # noqa: E402
+
 from shoal.catalog import TINY  # noqa: E402
 from shoal.errors import SpecError  # noqa: E402
 from shoal.runtime.model import Stage, shard, unshard  # noqa: E402
@@ -239,6 +241,7 @@ def test_cli_train_through_torchrun_and_resume(tmp_path):
                                  "float64", "--seq", "16", "--checkpoint-dir", str(ck), "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
+    check_meta(doc, command="shoal train", model=True, job=True)
     assert doc["steps"] == 2 and doc["world_size"] == 3 and doc["reconfigurations"] == []
     assert doc["step_time_s"] > 0 and len(doc["losses"]) == 2
     r = CliRunner().invoke(app, ["train", str(f), "--model", "tiny", "--steps", "1", "--dtype",
@@ -268,6 +271,7 @@ def test_profile_command_writes_a_profile_the_estimator_reads(tmp_path):
                                  "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
+    check_meta(doc, command="shoal profile", model=True)
     assert doc["layers"] == 6 and doc["link"]["bandwidth_Bps"] > 0
     prof = load_profile(out, 6)
     for tp in (1, 2):

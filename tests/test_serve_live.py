@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 pytest.importorskip("torch")
 pytest.importorskip("zmq")
 
+from tests._meta import check_meta  # noqa: E402
+
 from shoal.catalog import TINY  # noqa: E402
 from shoal.runtime.serve.live import LiveOptions, LiveServer  # noqa: E402
 from shoal.runtime.serve.shard import reference_generate  # noqa: E402
@@ -122,6 +124,7 @@ def test_cli_serve_run_json(setup):
                                  "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
+    check_meta(doc, command="shoal serve run", scenario=True)
     assert doc["requests"] == {"completed": 8, "rejected": 0, "rejected_why": {}}
     for k in ("prompt_latency_s", "decode_latency_s"):
         assert set(doc[k]) >= {"mean", "p50", "p95"}
@@ -242,6 +245,7 @@ def test_profile_then_the_same_trace_simulated_and_run(setup, tmp_path):
                   "--reps", "2", "--json"])
     assert r.exit_code == 0, r.output
     prof = json.loads(r.output)
+    check_meta(prof, command="shoal serve profile", model=True)
     assert all(t > 0 for t in prof["prompt_s_per_layer"] + prof["decode_s_per_layer"])
     assert prof["link_latency_s"] >= 0 and prof["link_bandwidth_Bps"] > 0
     assert (tmp_path / "prof" / "decode_bs2time.csv").read_text().startswith("batch,ms\n")

@@ -90,6 +90,7 @@ class Problem:
     timing: TimeConstants = field(default_factory=TimeConstants)
     file: str | None = None
     switching: SwitchingSpec = field(default_factory=SwitchingSpec)
+    name: str | None = None  # the scenario's label
 
     @property
     def n_layers(self) -> int:
@@ -150,7 +151,7 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
         network=network, profile=profile, sizes=layer_sizes(model, job.seq_len),
         constraints=scn.constraints, objective=scn.objective.goal, stack=stack,
         memory=MemoryConstants.of(stack), timing=TimeConstants.of(stack), file=file,
-        switching=scn.switching,
+        switching=scn.switching, name=scn.name,
     )
 
 

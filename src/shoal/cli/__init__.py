@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+from typing import Annotated
 
 import typer
 
@@ -19,6 +20,7 @@ from shoal.cli import (
     catalog,
     estimate,
     imports,
+    meta,
     plan,
     profile,
     replay,
@@ -28,11 +30,27 @@ from shoal.cli import (
     train,
 )
 from shoal.cli.common import handles_errors
+from shoal.cli.meta import version
 
 __all__ = ["app", "main"]
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Plan LLM training and serving on mixed, scattered GPU pools.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"shoal {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(show_version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="print shoal's version and exit")] = False) -> None:
+    pass
+
+
 app.add_typer(imports.import_app, name="import")
 app.add_typer(catalog.catalog_app, name="catalog")
 for command in (estimate.estimate, plan.plan, replay.replay, schema.schema, train.train,
@@ -65,6 +83,7 @@ def main() -> None:
     """The ``shoal`` command. A command-line usage error (an unknown option, a value out of
     range) exits 2 as the others do; under ``--json`` it is also printed as the one JSON object
     on stdout (``{"error": {"message", "exit_code"}}``), as every other error is."""
+    meta.ARGV = sys.argv[1:]
     try:
         rv = app(standalone_mode=False)
     except typer.Abort:

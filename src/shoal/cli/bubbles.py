@@ -4,7 +4,6 @@ inference prefill placed in its pipeline bubbles (BubbleTea)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from pathlib import Path
 from typing import Annotated
@@ -12,7 +11,7 @@ from typing import Annotated
 import typer
 
 from shoal.cli.choices import GeoSchedule
-from shoal.cli.common import _out, _progress, handles_errors, only_with, output_option, show
+from shoal.cli.common import _out, _progress, emit_json, handles_errors, only_with, output_option, show
 from shoal.errors import SpecError
 from shoal.files import check_outputs
 from shoal.report import bubbles_tables as tables
@@ -72,7 +71,7 @@ def bubbles_cmd(
     seed = 0 if seed is None else seed
     reqs, source = _requests(requests, rate, "60s" if duration is None else duration, seed)
     catalog.models().get(inference_model, field="--inference-model")  # a clear error
-    tplan, est, job = _job(scenario, plan, cell)
+    problem, tplan, est, job = _job(scenario, plan, cell)
     gpu = catalog.gpus().canonical(tplan.stages[0].replicas[0].gpu)
     with (contextlib.nullcontext() if as_json else
           _progress().status(f"simulating {len(tplan.stages)} stages and placing "
@@ -89,7 +88,7 @@ def bubbles_cmd(
 
         draw_bubbles(doc, figure)
     if as_json:
-        typer.echo(json.dumps(doc))
+        emit_json(doc, problem)
         return
     gpus = sum(r.tp for st in tplan.stages for r in st.replicas)
     show(f"{plan.name}: {gpus} GPUs in {len(tl.busy)} replicas (TP groups), "
@@ -126,7 +125,7 @@ def _job(scenario: Path, plan: Path, cell: int | None):
     if cell is not None and cell > pipelines:
         raise SpecError(f"the plan has {pipelines} pipelines", field="--cell", value=cell,
                         allowed=f"1 to {pipelines}")
-    return tplan, est, job
+    return problem, tplan, est, job
 
 
 def _requests(requests: Path | None, rate: float | None, duration: str, seed: int):

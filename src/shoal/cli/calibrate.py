@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import datetime
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from shoal.cli.common import _progress, handles_errors, output_option, show
+from shoal.cli.common import _progress, emit_json, handles_errors, output_option, show
 from shoal.files import check_output, write_text
 from shoal.report.catalog_tables import fit_line, kernels_table, runs_table
 
@@ -58,7 +57,7 @@ def calibrate_cmd(
         "runs": [dict(e, held_out_error_pct=h["time_error_pct"] if h else None)
                  for e, h in zip(in_sample, held_out or [None] * len(in_sample), strict=True)]}
     if as_json:
-        typer.echo(json.dumps(result))
+        emit_json(result)
         return
     show(kernels_table(result), runs_table(result), fit_line(result),
          f"stack written to {result['output']} (use it as job.stack: {result['output']})")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from typing import Annotated
 
 import typer
 
-from shoal.cli.common import handles_errors, show
+from shoal.cli.common import emit_json, handles_errors, show
 from shoal.report.catalog_tables import gpus_table, models_table, stacks_table
 
 catalog_app = typer.Typer(no_args_is_help=True, help="The built-in GPU and model catalog.")
@@ -25,8 +24,7 @@ def catalog_gpus(
     entries = list(catalog.gpus().entries.values())
     if as_json:
         sources = catalog.gpu_sources()
-        typer.echo(json.dumps({"gpus": [{**asdict(g), "source": sources.get(g.name, {})}
-                                        for g in entries]}))
+        emit_json({"gpus": [{**asdict(g), "source": sources.get(g.name, {})} for g in entries]})
         return
     show(gpus_table(entries))
 
@@ -47,7 +45,7 @@ def catalog_models(
                      "num_heads": m.num_heads, "num_kv_heads": m.kv_heads, "ffn_hidden_size": m.ffn,
                      "vocab_size": m.vocab_size, "params_billions": params / 1e9})
     if as_json:
-        typer.echo(json.dumps({"models": rows}))
+        emit_json({"models": rows})
         return
     show(models_table(rows))
 
@@ -66,6 +64,6 @@ def catalog_stacks(
     if as_json:
         docs = [s.model_dump(mode="json", by_alias=True, exclude_none=True)
                 for s in stacks().values()]
-        typer.echo(json.dumps({"default": DEFAULT_STACK, "stacks": docs}))
+        emit_json({"default": DEFAULT_STACK, "stacks": docs})
         return
     show(stacks_table(stacks(), DEFAULT_STACK))

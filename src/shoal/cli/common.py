@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from shoal.cli.meta import run_meta
 from shoal.errors import SHOWN_CHARS, InfeasibleError, RunFailed, ShoalError, SpecError, shown
 from shoal.files import FIGURE_FORMATS, FIGURE_OPTIONS
 from shoal.report import tables
@@ -48,6 +49,17 @@ def output_option(*names: str, help: str) -> typing.Any:
     if any(n in FIGURE_OPTIONS for n in names):
         help += " (" + ", ".join(f".{f}" for f in FIGURE_FORMATS) + "; no suffix: PNG)"
     return typer.Option(*names, parser=output_path, metavar="PATH", help=help)
+
+
+def with_meta(doc: dict, problem=None, **known) -> dict:
+    """``doc`` with the ``meta`` block (``shoal.cli.meta``: what was run, when, on what) first;
+    one it has is kept."""
+    return {"meta": doc.get("meta") or run_meta(problem, **known), **doc}
+
+
+def emit_json(doc: dict, problem=None, **known) -> None:
+    """A command's ``--json`` result, the one JSON object on stdout, with its ``meta``."""
+    typer.echo(json.dumps(with_meta(doc, problem, **known)))
 
 
 QUIET = {"on": False}  # --quiet of the running command: no tables, no progress

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from shoal.cli.common import handles_errors, output_option, show
+from shoal.cli.common import emit_json, handles_errors, output_option, show
 from shoal.report.tables import stage_table, summary_table, worker_table
 
 
@@ -40,8 +39,8 @@ def estimate(
 
         draw_timeline_doc(tl_doc, timeline)
     if as_json:
-        typer.echo(json.dumps(est.to_json() | {"stack": problem.stack.name}
-                              | ({"timeline": tl_doc} if tl_doc else {})))
+        emit_json(est.to_json() | {"stack": problem.stack.name}
+                  | ({"timeline": tl_doc} if tl_doc else {}), problem)
         return
     show(stage_table(est), worker_table(est), summary_table(est),
          f"software stack: {problem.stack.name} (job.stack; `shoal catalog stacks`)")

@@ -3,14 +3,13 @@ serving commands)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.text import Text
 
-from shoal.cli.common import _err, handles_errors, show
+from shoal.cli.common import _err, emit_json, handles_errors, show
 from shoal.errors import SpecError
 from shoal.files import check_folder
 from shoal.report.tables import written_table
@@ -69,6 +68,6 @@ def import_sailor_cmd(
                           "section (e.g. network.defaults.same_zone) before estimating with it"),
                      soft_wrap=True)
     if as_json:
-        typer.echo(json.dumps({"written": {k: str(v) for k, v in written.items()}}))
+        emit_json({"written": {k: str(v) for k, v in written.items()}})
         return
     show(written_table(written))

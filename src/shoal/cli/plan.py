@@ -3,7 +3,6 @@ front."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Annotated
@@ -11,7 +10,7 @@ from typing import Annotated
 import typer
 
 from shoal.cli.choices import Goal, Strategy
-from shoal.cli.common import _progress, handles_errors, output_option, show
+from shoal.cli.common import _progress, emit_json, handles_errors, output_option, show
 from shoal.errors import SpecError
 from shoal.files import check_outputs, write_json
 from shoal.report.tables import pareto_table, plans_table, rent_table, search_line
@@ -61,7 +60,7 @@ def plan(
 
         draw_pareto(front_doc(result), figure)
     if as_json:
-        typer.echo(json.dumps(_plan_json(problem, result, cons.deadline)))
+        emit_json(_plan_json(problem, result, cons.deadline), problem)
         return
     _print_plans(problem, result, cons.deadline)
     if output is not None:

@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from shoal.cli.common import handles_errors, needs_torch, output_option, show
+from shoal.cli.common import emit_json, handles_errors, needs_torch, output_option, show
+from shoal.cli.meta import model_doc
 from shoal.errors import SpecError
 from shoal.files import check_output
 from shoal.report.runtime_tables import link_line, profile_table
@@ -54,8 +55,8 @@ def profile(
     doc = json.loads(output.read_text())
     link = doc["network"].get("link")
     if as_json:
-        typer.echo(json.dumps({"path": str(output), "layers": doc["n_layers"], "tp": tps,
-                               "mbs": sizes, "processes": procs, "link": link}))
+        emit_json({"path": str(output), "layers": doc["n_layers"], "tp": tps, "mbs": sizes,
+                   "processes": procs, "link": link}, model=model_doc(spec))
         return
     show(profile_table(doc, model, device, procs))
     if link:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Annotated
@@ -10,7 +9,7 @@ from typing import Annotated
 import typer
 
 from shoal.cli.choices import Policy, Strategy
-from shoal.cli.common import _progress, handles_errors, only_with, output_option, show
+from shoal.cli.common import _progress, emit_json, handles_errors, only_with, output_option, show, with_meta
 from shoal.errors import SpecError
 from shoal.files import check_outputs, write_json
 from shoal.report.replay_tables import notes, steps_table, totals_table
@@ -61,7 +60,7 @@ def replay(
     options = _plan_states(problem, tr, replanner, as_json)
     names = [p.value for p in Policy if p is not Policy.all] if policy is Policy.all else [policy.value]
     runs = [simulate(problem, tr, options, name) for name in names]
-    doc = replay_json(tr, runs, replanner)
+    doc = with_meta(replay_json(tr, runs, replanner), problem)
     if output is not None:
         write_json(output, doc)
     if figure is not None:
@@ -69,7 +68,7 @@ def replay(
 
         draw_replay(doc, figure)
     if as_json:
-        typer.echo(json.dumps(doc))
+        emit_json(doc, problem)
         return
     _print_replay(tr, runs, replanner, budget)
     for path, what in ((output, "result"), (figure, "figure")):

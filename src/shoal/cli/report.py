@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from shoal.cli.common import _progress, handles_errors, output_option, show
+from shoal.cli.common import _progress, emit_json, handles_errors, output_option, show
 from shoal.files import check_outputs, read_json
 
 
@@ -31,8 +30,8 @@ def report(
     with _progress().status("drawing the report...") if not as_json else contextlib.nullcontext():
         path = build(list(inputs), output, title)
     if as_json:
-        typer.echo(json.dumps({"written": str(path), "sections": [
-            {"input": str(p), "kind": kind_of(read_json(p))} for p in inputs]}))
+        emit_json({"written": str(path), "sections": [
+            {"input": str(p), "kind": kind_of(read_json(p))} for p in inputs]})
     else:
         show(f"report written to {path} ({path.stat().st_size / 1e6:.1f} MB, "
              f"{len(inputs)} section{'s' * (len(inputs) > 1)})")

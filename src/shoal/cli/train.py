@@ -3,14 +3,14 @@ workers switch plans without restarting when workers leave or join."""
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from shoal.cli.common import _progress, handles_errors, needs_torch, output_option, show
+from shoal.cli.common import _progress, emit_json, handles_errors, needs_torch, output_option, show
+from shoal.cli.meta import model_doc
 from shoal.errors import SpecError
 from shoal.report.runtime_tables import elastic_event_line, elastic_table, step_line, trained_table
 
@@ -91,9 +91,16 @@ def train(
             return
         doc = rl.train(what[0], opts.launch, None if as_json else _print_step)
     if as_json:
-        typer.echo(json.dumps(doc))
+        emit_json(doc, **_run_meta(what[0], model))
         return
     _print_trained(doc, save_hf)
+
+
+def _run_meta(run, model: str) -> dict:
+    """The meta block's model and job of a run (``shoal.runtime.launch.Run``)."""
+    return {"model": model_doc(run.arch.spec, model),
+            "job": {"global_batch": run.plan.global_batch, "seq_len": run.seq,
+                    "precision": run.precision}}
 
 
 def _on_off(value: str, option: str) -> bool:
@@ -136,6 +143,7 @@ def _train_elastic(p, arch, run, as_json: bool) -> None:
         with con.status(f"training {run.steps} steps on {run.world} elastic workers"):
             doc = train_elastic(p, arch, run, on_event)
     if as_json:
-        typer.echo(json.dumps(doc))
+        emit_json(doc, model=model_doc(arch.spec),
+                  job={"global_batch": p.global_batch, "seq_len": run.seq, "precision": "fp32"})
         return
     show(elastic_table(doc), f"final loss {doc['final_loss']:.5f}")

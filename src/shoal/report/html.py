@@ -199,6 +199,9 @@ table.grid th,table.grid td{border:1px solid #ddd;padding:.25rem .5rem;text-alig
 table.grid td:last-child{text-align:left}figure{margin:1rem 0}img{max-width:100%;
 border:1px solid #eee}figcaption{color:#555;font-size:.9rem;margin-top:.3rem}
 nav a{margin-right:1rem}.src{color:#888;font-size:.8rem}
+dl.meta{display:grid;grid-template-columns:max-content auto;gap:.1rem 1rem;font-size:.8rem;
+color:#555;margin:.5rem 0 1rem}dl.meta dt{font-weight:500}dl.meta dd{margin:0;
+font-family:ui-monospace,monospace;overflow-wrap:anywhere}
 """
 
 CHECK = """
@@ -208,6 +211,34 @@ window.addEventListener('load',()=>{const imgs=[...document.querySelectorAll('fi
 const ok=imgs.filter(i=>i.complete&&i.naturalWidth>0&&i.naturalHeight>0).length;
 document.body.dataset.figures=imgs.length;document.body.dataset.figuresOk=ok;});
 """
+
+
+def _meta_block(meta: dict, path: Path) -> str:
+    """What a section's result is: the ``meta`` block of the command that made it (an output
+    without one, made by an older shoal, says so)."""
+    rows = [("file", str(path))]
+    if not meta:
+        rows.append(("made by", "an output without a meta block (an older shoal)"))
+    else:
+        rows += [("command", meta.get("command", "")),
+                 ("made", f"{meta.get('utc_time', '')} by shoal {meta.get('shoal_version', '')}")]
+        if meta.get("scenario"):
+            s = meta["scenario"]
+            rows.append(("input", f"{s['file']} (sha256 {str(s.get('sha256'))[:12]})"))
+        if meta.get("model"):
+            m = meta["model"]
+            size = f", {m['parameters'] / 1e9:.2f} B parameters" if m.get("parameters") else ""
+            rows.append(("model", f"{m['name']}{size}"))
+        if meta.get("job"):
+            j = meta["job"]
+            rows.append(("job", f"global batch {j['global_batch']}, sequence {j['seq_len']}, "
+                                f"{j['precision']}"))
+        if meta.get("pool"):
+            rows.append(("pool", "; ".join(
+                f"{gpu}: " + ", ".join(f"{n} in {zone}" for zone, n in zones.items())
+                for gpu, zones in meta["pool"]["gpus"].items())))
+    cells = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in rows)
+    return f'<dl class="meta" data-meta>{cells}</dl>'
 
 
 def build(inputs: list[Path], out: Path, title: str | None = None) -> Path:
@@ -241,10 +272,12 @@ def build(inputs: list[Path], out: Path, title: str | None = None) -> Path:
                             f"({type(exc).__name__}: {exc})",
                             file=str(path)) from None
         anchor = f"s{i}"
-        nav.append(f'<a href="#{anchor}">{html.escape(kind)}</a>')
+        meta = doc.get("meta") or {}
+        label = (meta.get("scenario") or {}).get("name") or path.name
+        nav.append(f'<a href="#{anchor}">{html.escape(kind)}: {html.escape(label)}</a>')
         sections.append(f'<section id="{anchor}" data-kind="{html.escape(kind)}"><h2>'
-                        f'{html.escape(kind)} <span class="src">{html.escape(path.name)}</span>'
-                        f"</h2>{body}</section>")
+                        f'{html.escape(kind)}: {html.escape(label)}</h2>'
+                        f"{_meta_block(meta, path)}{body}</section>")
     title = title or "shoal report"
     page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>'
             f"{html.escape(title)}</title><style>{CSS}</style><script>{CHECK}</script></head>"

@@ -38,7 +38,7 @@ def batch(step: int, global_batch: int, seq: int, vocab: int, seed: int = 0) -> 
 
 
 def global_batch(plan: TrainingPlan) -> int:
-    return sum(r.microbatches for r in plan.stages[0].replicas) * plan.microbatch_size
+    return plan.global_batch
 
 
 def reference(model: ModelSpec | Arch, plan: TrainingPlan, steps: int, seq: int, *,

@@ -128,6 +128,11 @@ class TrainingPlan(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
     @property
+    def global_batch(self) -> int:
+        """Sequences per iteration: the first stage's microbatches times their size."""
+        return sum(r.microbatches for r in self.stages[0].replicas) * self.microbatch_size
+
+    @property
     def num_gpus(self) -> int:
         return sum(r.tp for s in self.stages for r in s.replicas)
 

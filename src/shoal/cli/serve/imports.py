@@ -3,13 +3,12 @@ shoal serving file (and placement). Registered with the other import commands.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from shoal.cli.common import _err, show
+from shoal.cli.common import _err, emit_json, show
 from shoal.report.tables import written_table
 
 
@@ -55,7 +54,6 @@ def import_helix_cmd(
     for w in warnings:
         _err().print(f"warning: {w}", soft_wrap=True)
     if as_json:
-        typer.echo(json.dumps({"written": {k: str(v) for k, v in written.items()},
-                               "warnings": warnings}))
+        emit_json({"written": {k: str(v) for k, v in written.items()}, "warnings": warnings})
         return
     show(written_table(written))

@@ -3,14 +3,13 @@ found or given, its max flow and what it serves (simulated)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from shoal.cli.choices import Objective, Placer
-from shoal.cli.common import _out, handles_errors, only_with, output_option, show
+from shoal.cli.common import _out, emit_json, handles_errors, only_with, output_option, show
 from shoal.cli.serve.inputs import given_placement, load_cluster, status
 from shoal.errors import SpecError
 from shoal.report import serve_tables as tables
@@ -124,7 +123,7 @@ def _report(cluster, placed, as_json: bool, outputs: tuple, links: bool = False)
     doc = _placed_json(cluster, placed)
     _write(cluster, placed, doc, *outputs)
     if as_json:
-        typer.echo(json.dumps(doc))
+        emit_json(doc)
         return
     _print_placed(cluster, placed, doc, links)
     for path, what in zip(outputs, ("placement", "placement (Helix format)", "figure"),

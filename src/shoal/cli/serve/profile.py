@@ -3,13 +3,13 @@ measured with serve run's own workers, written as a machine's profile and links.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from shoal.cli.common import handles_errors, show
+from shoal.cli.common import emit_json, handles_errors, show
+from shoal.cli.meta import model_doc
 from shoal.cli.serve.inputs import check_dtype, status
 from shoal.errors import SpecError
 from shoal.report.serve_tables import serve_profile_lines, serve_profile_table
@@ -48,8 +48,8 @@ def profile_cmd(
         prof = measure(spec, reps=reps, seed=seed, dtype=dtype, context=context)
     paths = prof.write(out_dir)
     if as_json:
-        typer.echo(json.dumps({"model": spec.name, "files": [str(p) for p in paths]}
-                              | asdict(prof)))
+        emit_json({"model": spec.name, "files": [str(p) for p in paths]} | asdict(prof),
+                  model=model_doc(spec))
         return
     show(serve_profile_table(prof, spec.name, dtype), *serve_profile_lines(prof),
          f"written to {out_dir}/: " + ", ".join(p.name for p in paths))

@@ -4,14 +4,13 @@ or, with ``--http``, an OpenAI-style endpoint."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from shoal.cli.common import _err, _fail, _out, handles_errors, output_option, show
+from shoal.cli.common import _err, _fail, _out, emit_json, handles_errors, output_option, show, with_meta
 from shoal.cli.serve.inputs import check_dtype, given_placement, load_cluster, status, trace_workload
 from shoal.errors import SpecError
 from shoal.report import serve_tables as tables
@@ -87,9 +86,9 @@ def run_cmd(
     if output is not None:
         from shoal.files import write_json
 
-        write_json(output, doc)
+        write_json(output, with_meta(doc))
     if as_json:
-        typer.echo(json.dumps(doc))
+        emit_json(doc)
         return
     show(tables.live_table(doc, len(reqs), len(server.workers), traffic.chains_used(reqs)),
          *tables.live_lines(doc))
@@ -211,8 +210,7 @@ def _serve_http(server, host: str, port: int, spec, timeout: float, as_json: boo
         _err().print(f"serving {spec.name} on {url} ({len(server.workers)} workers); "
                      "Ctrl-C stops")
         if as_json:  # one line a caller can read the address from, as soon as it serves
-            typer.echo(json.dumps({"serving": url, "model": spec.name,
-                                   "workers": len(server.workers)}))
+            emit_json({"serving": url, "model": spec.name, "workers": len(server.workers)})
             sys.stdout.flush()
         try:
             told = False

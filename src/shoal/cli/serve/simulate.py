@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from shoal.cli.choices import Mode, RouterName
-from shoal.cli.common import _out, _progress, handles_errors, only_with, output_option, show
+from shoal.cli.common import (
+    _out,
+    _progress,
+    emit_json,
+    handles_errors,
+    only_with,
+    output_option,
+    show,
+    with_meta,
+)
 from shoal.cli.serve.inputs import given_placement, load_cluster, trace_workload
 from shoal.errors import SpecError
 from shoal.report.serve_tables import simulated_table
@@ -81,9 +89,9 @@ def simulate_cmd(
     doc["max_flow_tokens_per_s"] = placed.flow.value
     doc["workload"] = work.source
     if output is not None:
-        write_json(output, doc)
+        write_json(output, with_meta(doc))
     if as_json:
-        typer.echo(json.dumps(doc))
+        emit_json(doc)
         return
     show(simulated_table(res, work.source, placed.flow.value))
     for w in res.warnings:
