@@ -121,7 +121,9 @@ def parse_flops(text: object) -> float:
 
 
 def fmt_bytes(n: float) -> str:
-    for unit, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    """Bytes in binary units, as memory is sold and shown by the GPU tools (an 80 GB GPU is
+    80 GiB): TiB, GiB, MiB, KiB."""
+    for unit, f in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= f:
             return f"{n / f:.2f} {unit}"
     return f"{n:.0f} B"

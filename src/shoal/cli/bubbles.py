@@ -167,9 +167,9 @@ def _print_result(s: dict, sus, estimate_s: float, recompute: bool) -> None:
          tables.requests_table(s))
     warning = tables.rejected_warning(s, sus)
     if warning:
-        _out().print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
+        _out().print(f"[yellow]warning:[/yellow] {warning}")
     best = tables.sustainable(sus)
     if isinstance(best, str):
-        _out().print(best, soft_wrap=True)
+        _out().print(best)
     else:
         show(best)

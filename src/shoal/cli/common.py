@@ -17,6 +17,7 @@ import typer
 from pydantic import ValidationError
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -205,38 +206,118 @@ def needs_torch(command: str) -> None:
                         allowed="pip install torch==2.13.0 (or: pip install -e '.[runtime]')")
 
 
-def _table(title: str, columns: list[str], left: tuple[str, ...] = (),
-           whole: tuple[str, ...] = ()) -> Table:
-    """Narrow terminals wrap cells (fold) rather than cut them, so no value is shown truncated;
-    names in ``whole`` (GPU types, zones) are never split."""
-    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold",
-              pad_edge=False, collapse_padding=True)
-    for col in columns:
-        t.add_column(col, justify="left" if col in left else "right", overflow="fold",
-                     no_wrap=col in whole)
-    return t
+class _Whole:
+    """A cell never split across lines: a number with its unit, a GPU type, a zone. Its least
+    width is all of it (rich's text measures its longest word)."""
+
+    def __init__(self, text: Text):
+        self.text = text
+
+    def __rich_measure__(self, console, options) -> Measurement:
+        return Measurement(self.text.cell_len, self.text.cell_len)
+
+    def __rich_console__(self, console, options):
+        yield self.text
 
 
-def render(t: tables.Table) -> Table:
-    """One of report's tables drawn for the terminal."""
+def _whole(t: tables.Table, col: str) -> bool:
+    """Cells of ``col`` are never split: right-aligned (numbers) or named in ``whole``."""
+    return col in t.whole or col not in t.left
+
+
+def _fit(t: tables.Table, width: int) -> list[list[int]]:
+    """Which of ``t``'s columns each part shows so that every part fits ``width``: all in one
+    when its columns, each as narrow as its longest whole cell or word, fit; else the columns
+    after the first (which names the rows) in parts, each with the first column again."""
+    widths = _least_widths(t)
+    if t.listing or sum(widths) + 2 * len(widths) <= width:
+        return [list(range(len(t.columns)))]
+    parts: list[list[int]] = [[0]]
+    for i in range(1, len(t.columns)):
+        keep = [*parts[-1], i]
+        if len(parts[-1]) > 1 and sum(widths[k] for k in keep) + 2 * len(keep) > width:
+            parts.append([0])
+        parts[-1].append(i)
+    return parts
+
+
+def _least_widths(t: tables.Table, natural: bool = False) -> list[int]:
+    """Each column's least width (its longest whole cell or word, its header's longest word),
+    or with ``natural`` its width on one line."""
+    out = []
+    for i, col in enumerate(t.columns):
+        cells = [c.text if isinstance(c, tables.Styled) else str(c) for c in
+                 (row[i] for row, _ in t.rows)]
+        if natural:
+            out.append(max([len(x) for x in [*cells, *col.splitlines()]] + [1]))
+            continue
+        pieces = cells if _whole(t, col) else [w for c in cells for w in c.split()]
+        out.append(max([len(w) for w in col.split()] + [len(c) for c in pieces] + [1]))
+    return out
+
+
+def _widths(t: tables.Table, keep: list[int], width: int) -> list[int] | None:
+    """Widths for the columns ``keep`` in ``width``: None when they fit on one line each;
+    else each column's least width and the room left to the columns that need more, in order
+    (rich's own narrowing ignores a column's least width)."""
+    least, natural = _least_widths(t), _least_widths(t, natural=True)
+    if sum(natural[i] for i in keep) + 2 * len(keep) <= width:
+        return None
+    out = [least[i] for i in keep]
+    room = width - sum(out) - 2 * len(keep)
+    for k, i in enumerate(keep):
+        extra = max(0, min(room, natural[i] - out[k]))
+        out[k] += extra
+        room -= extra
+    return out
+
+
+def render(t: tables.Table, keep: list[int] | None = None, *, titled: bool = True,
+           width: int | None = None) -> Table:
+    """One of report's tables drawn for the terminal: only the columns ``keep`` (if given);
+    ``titled=False``: without its title and caption (printed as lines around its parts);
+    ``width``: the terminal's, the columns then as wide as ``_widths`` says."""
+    keep = list(range(len(t.columns))) if keep is None else keep
+    widths = None if width is None or t.listing else _widths(t, keep, width)
     if t.listing:
         out = Table(title=t.title, show_header=False, box=box.SIMPLE, title_justify="left",
                     title_style="bold")
         out.add_column(t.columns[0])
         out.add_column(t.columns[1], justify="right")
     else:
-        out = _table(t.title, t.columns, t.left, t.whole)
-    if t.caption is not None:
+        out = Table(title=t.title if titled else None, box=box.SIMPLE_HEAD, title_justify="left",
+                    title_style="bold", pad_edge=False, collapse_padding=True)
+        for k, i in enumerate(keep):  # a header wraps between its words
+            col = t.columns[i]
+            out.add_column(col, justify="left" if col in t.left else "right", overflow="fold",
+                           width=None if widths is None else widths[k])
+    if t.caption is not None and titled:
         out.caption = t.caption
         out.caption_justify = "left"
     for cells, style in t.rows:
-        out.add_row(*(Text(c.text, style=c.style) if isinstance(c, tables.Styled) else c
-                      for c in cells), style=style)
+        out.add_row(*(_cell(t, i, cells[i]) for i in keep), style=style)
     return out
 
 
+def _cell(t: tables.Table, i: int, c: tables.Cell):
+    text = Text(c.text, style=c.style) if isinstance(c, tables.Styled) else Text(c)
+    return _Whole(text) if not t.listing and _whole(t, t.columns[i]) else text
+
+
 def show(*items: tables.Table | str) -> None:
-    """Print report's tables (drawn for the terminal) and lines on stdout."""
+    """Print report's tables (drawn for the terminal, in parts that fit its width) and lines
+    on stdout."""
     out = _out()
     for x in items:
-        out.print(render(x) if isinstance(x, tables.Table) else x)
+        if not isinstance(x, tables.Table):
+            out.print(x)
+            continue
+        parts = _fit(x, out.width)
+        if len(parts) == 1:
+            out.print(render(x, width=out.width))
+            continue
+        out.print(Text(x.title, style="bold"))  # title and caption as lines of full width
+        for part in parts:
+            out.print(render(x, part, titled=False, width=out.width))
+        if x.caption is not None:
+            out.print(x.caption)

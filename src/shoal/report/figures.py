@@ -88,10 +88,10 @@ def draw_memory(doc: dict, path: str | Path, most: int = 48) -> Path:
     y = np.arange(len(workers))
     left = np.zeros(len(workers))
     for key, label, colour in parts:
-        v = np.array([w.get(key, 0.0) for w in workers]) / 1e9
+        v = np.array([w.get(key, 0.0) for w in workers]) / 2**30
         ax.barh(y, v, left=left, height=0.7, color=colour, label=label)
         left += v
-    cap = np.array([w["capacity_bytes"] for w in workers]) / 1e9
+    cap = np.array([w["capacity_bytes"] for w in workers]) / 2**30
     ax.plot(cap, y, "|", color="black", markersize=14, label="capacity")
     for i, w in enumerate(workers):
         if w.get("oom"):
@@ -99,7 +99,7 @@ def draw_memory(doc: dict, path: str | Path, most: int = 48) -> Path:
     ax.set_yticks(y, [f"s{w['stage']} r{w['replica']} {w['gpu']} TP{w['tp']}" for w in workers],
                   fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("GB per GPU (10^9 bytes)")
+    ax.set_xlabel("GiB per GPU")
     shown = (f" (the {most} fullest of {len(doc['workers'])})" if len(doc["workers"]) > most
              else "")
     ax.set_title(f"peak memory per worker{shown}")

@@ -157,10 +157,9 @@ def _print_placed(cluster, placed, doc: dict, links: bool) -> None:
         show(tables.candidates_table(placed.details["candidates"]))
     if placed.served is not None:
         show(tables.served_table(placed))
-        _out().print(f"binding: {placed.served.binding['text']}", soft_wrap=True)
+        _out().print(f"binding: {placed.served.binding['text']}")
     elif "serves_nothing" in placed.details:
-        _out().print(f"simulated, the placement serves nothing: {placed.details['serves_nothing']}",
-                     soft_wrap=True)
+        _out().print(f"simulated, the placement serves nothing: {placed.details['serves_nothing']}")
     if links:
         show(tables.links_table(doc["placement"]["flows"]))
     idle = [cluster.names[i] for i, r in enumerate(placed.placement.ranges) if r is None]
