@@ -58,13 +58,15 @@ NUMBER_SOURCES = {
 # architectures with TF32 / FP8 tensor (matrix) cores, as their datasheets give them
 TF32_ARCHS = {"Ampere", "Ada Lovelace", "Hopper", "Blackwell", "CDNA 3"}
 FP8_ARCHS = {"Ada Lovelace", "Hopper", "Blackwell", "CDNA 3"}
-# catalog GPUs that a cloud of clouds.yaml (GCP, AWS, Azure) rents on demand and whose list price
-# the catalog records; the MI300X is rented by Azure (ND MI300X v5) without a recorded price
+# catalog GPUs that a cloud of clouds.yaml (GCP, AWS, Azure) rents on demand, with the cloud
+# whose list price the catalog records
 RENTED_WITH_PRICE = {
     "H100-80GB": "gcp", "H200": "aws", "A100-80GB": "gcp", "A100-40GB": "gcp", "V100-32GB": "aws",
     "V100-16GB": "gcp", "L40S": "aws", "L4": "gcp", "T4": "gcp", "A10G": "aws", "H100-NVL": "azure",
-    "B200": "aws",
+    "B200": "aws", "MI300X": "azure",
 }
+# catalog GPUs priced by another public cloud's list price page (none of clouds.yaml rents them)
+PRICED_ELSEWHERE = {"A6000": "Lambda", "H100-PCIe": "Lambda", "GH200-96GB": "Sailor"}
 
 
 @pytest.mark.parametrize("name", REQUIRED_GPUS)
@@ -181,7 +183,28 @@ def test_cloud_prices_are_catalog_gpus_with_a_price():
 def test_a_gpu_without_a_price_says_why(name):
     entry = _gpu_yaml()[name]
     if "price_usd_per_h" not in entry:
-        assert "price" in entry.get("notes", "").lower(), name
+        notes = entry.get("notes", "")
+        assert "No on-demand price" in notes, name
+        assert f"prices.gpu_usd_per_h.{name}" in notes, name  # how to give one
+
+
+@pytest.mark.parametrize("name", list(_gpu_yaml()))
+def test_every_gpu_a_cloud_rents_has_a_price(name):
+    """The catalog's prices: each GPU that a cloud of clouds.yaml rents, or another public
+    cloud's list price page gives, has one; no other GPU has one."""
+    entry = _gpu_yaml()[name]
+    assert ("price_usd_per_h" in entry) == (name in RENTED_WITH_PRICE or name in PRICED_ELSEWHERE)
+    if name in PRICED_ELSEWHERE:
+        assert PRICED_ELSEWHERE[name] in entry["source"]["price"]
+
+
+def test_mi300x_is_priced_from_azures_page():
+    g = catalog.gpus().get("MI300X")
+    price = catalog.gpu_sources()["MI300X"]["price"]
+    assert g.price_usd_per_h == pytest.approx(48.00 / 8)  # one ND MI300X v5 VM holds 8
+    assert "Standard_ND96isr_MI300X_v5" in price and "$48.00/h / 8" in price
+    assert "azure.microsoft.com/pricing" in price
+    assert _clouds_yaml()["azure"]["gpu_prices_usd_per_h"]["MI300X"] == g.price_usd_per_h
 
 
 def test_catalog_gpus_json_lists_new_fields_and_gpus():
@@ -194,6 +217,13 @@ def test_catalog_gpus_json_lists_new_fields_and_gpus():
     assert mi["flops_tf32"] == pytest.approx(653.7e12) and mi["flops_fp8"] == pytest.approx(2614.9e12)
     assert mi["node_nic_bw_Bps"] == 400e9 and mi["nics_per_node"] == 8
     assert {"sm_count", "flops_tf32", "flops_fp8", "node_network"} <= set(mi["source"])
+    # each with its sources, its price among them
+    for name, price in (("MI300X", 6.0), ("B200", 14.2416), ("H100-PCIe", 2.49)):
+        g = gpus[name]
+        assert g["price_usd_per_h"] == pytest.approx(price), name
+        assert {"flops", "memory", "mem_bandwidth", "price"} <= set(g["source"]), name
+        assert all(isinstance(v, str) and "http" in v for k, v in g["source"].items()
+                   if k in ("flops", "price")), name
 
 
 @pytest.mark.parametrize(("alias", "name"), [
