@@ -16,7 +16,7 @@ from shoal.cli import app
 from shoal.errors import SpecError
 from shoal.io.hf import model_from_hf_config
 from shoal.problem import build_problem
-from shoal.profiles.layers import layer_sizes
+from shoal.profiles.layers import checkpoint_params, layer_sizes
 from shoal.specs.scenario import parse_scenario
 
 REQUIRED_GPUS = [
@@ -35,6 +35,18 @@ REQUIRED_MODELS = {
     "LLaMA-2-7B": 6.7, "LLaMA-2-13B": 13.0, "LLaMA-2-70B": 70.0,
     "LLaMA-3-8B": 8.0, "LLaMA-3-70B": 70.6, "LLaMA-3-405B": 405.0,
 }
+# presets of widely used open models with the parameter count their model card (or paper)
+# publishes, in billions: the catalog's checkpoint count is within 2% of it
+PUBLISHED_SIZES = {
+    "Llama-3.1-8B": 8.03, "Llama-3.1-70B": 70.6, "Llama-3.1-405B": 405.9,
+    "Qwen2.5-0.5B": 0.49, "Qwen2.5-1.5B": 1.54, "Qwen2.5-3B": 3.09, "Qwen2.5-7B": 7.61,
+    "Qwen2.5-14B": 14.7, "Qwen2.5-32B": 32.5, "Qwen2.5-72B": 72.7,
+    "Gemma-2-2B": 2.61, "Gemma-2-9B": 9.24, "Gemma-2-27B": 27.2,
+    "Mixtral-8x7B": 46.7, "Mixtral-8x22B": 141.0,
+    "Mistral-7B": 7.24, "Mistral-7B-v0.3": 7.25, "Mistral-Nemo-12B": 12.2,
+}
+# the mixtures of experts among them: (experts, routed per token, published active billions)
+MOE_PRESETS = {"Mixtral-8x7B": (8, 2, 12.9), "Mixtral-8x22B": (8, 2, 39.0)}
 TOLERANCE = {"OPT-350M": 0.15}  # its nominal 350M is rounded (HF counts 331M with a 512-d projection)
 
 
@@ -277,13 +289,62 @@ def test_a_gpu_the_catalog_lacks_gets_no_far_fetched_suggestion():
     assert _suggestion(full, "H10O-80GB") == "H100-80GB"
 
 
+def _without(reg: catalog.Registry, keep) -> catalog.Registry:
+    """A copy of ``reg`` with only the entries ``keep(name)`` accepts (a catalog before them)."""
+    out = catalog.Registry(reg.kind)
+    for alias, name in reg.alias.items():
+        if keep(name):
+            out.add(name, reg.entries[name], [alias])
+    return out
+
+
+def test_a_model_the_catalog_lacks_gets_no_suggestion_of_another_size():
+    """Before the catalog had Mixtral, 'Mixtral-8x7B' was answered with "did you mean
+    'Mistral-7B'?" (difflib ratio 0.82): a model of another size (or version) is never offered,
+    a typo of a catalog name still is."""
+    full = catalog.models()
+    before = _without(full, lambda n: not n.startswith(("Mixtral", "Qwen", "Gemma")))
+    for name in ("Mixtral-8x7B", "mixtral-8x7b-v0.1", "Mixtral-8x22B", "Gemma-2-27B"):
+        assert _suggestion(before, name) is None, name
+    for name in ("Gemma-7B", "Llama-3.2-1B", "Llama-3.2-3B", "OPT-1.3B", "GPT-NeoX-20B"):
+        assert _suggestion(full, name) is None, name
+    assert _suggestion(full, "Mixtral-8x7C") == "Mixtral-8x7B"
+    assert _suggestion(full, "Mixtral-8x7B-v0.4") == "Mixtral-8x7B"
+    assert _suggestion(full, "LLaMA-2-70C") == "LLaMA-2-70B"
+    assert _suggestion(full, "OPT-350N") == "OPT-350M"
+    assert _suggestion(full, "Qwen2.5-7B-chat") == "Qwen2.5-7B"
+    assert _suggestion(full, "llama-2-7b-chat") == "LLaMA-2-7B"
+    # and a GPU the catalog lacks is never answered with a consumer card
+    assert _suggestion(_without(catalog.gpus(), lambda n: n != "MI300X"), "MI300X") is None
+
+
+def test_an_unknown_model_names_the_huggingface_config_route(tmp_path, scenario_dict):
+    scenario_dict["model"] = "Phi-3-mini"
+    with pytest.raises(SpecError) as ei:
+        build_problem(parse_scenario(scenario_dict, file="s.yaml"), file="s.yaml")
+    text = str(ei.value)
+    assert ei.value.field == "model" and ei.value.suggestion is None
+    assert "shoal catalog models" in text and "model: {hf_config: path/to/config.json}" in text
+    # the route works: the same scenario with the model's config.json
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_LIKE))
+    scenario_dict["model"] = {"hf_config": "config.json"}
+    problem = build_problem(parse_scenario(scenario_dict), file=str(tmp_path / "s.yaml"))
+    assert problem.model.num_layers == LLAMA_LIKE["num_hidden_layers"]
+
+
+def test_an_unknown_model_option_names_the_config_json_it_takes():
+    from shoal.runtime.models import resolve_model
+
+    with pytest.raises(SpecError) as ei:
+        resolve_model("Mixtral-8x7X")
+    assert ei.value.field == "--model" and ei.value.suggestion == "Mixtral-8x7B"
+    assert "--model path/to/config.json" in str(ei.value)
+
+
 def _unique_params(model) -> float:
     """Parameters of the model; the layer list gives the head its own copy of a tied embedding
     (as pipeline stages hold it), which the published sizes count once."""
-    total = float(layer_sizes(model, 2048).params.sum())
-    if model.tied_embeddings:
-        total -= model.vocab_size * model.hidden_size
-    return total
+    return checkpoint_params(model)
 
 
 @pytest.mark.parametrize(("name", "nominal_b"), list(REQUIRED_MODELS.items()))
@@ -297,6 +358,49 @@ def test_required_model_parameter_count(name, nominal_b):
     sizes = layer_sizes(model, 2048)
     assert sizes.n == model.num_layers + 2
     assert (sizes.params > 0).all() and (sizes.fwd_flops[1:] > 0).all()
+
+
+@pytest.mark.parametrize(("name", "published_b"), list(PUBLISHED_SIZES.items()))
+def test_preset_parameter_count_matches_the_published_size(name, published_b):
+    model = catalog.models().get(name)
+    got = checkpoint_params(model) / 1e9
+    assert got == pytest.approx(published_b, rel=0.02), f"{name}: {got:.3f}B vs {published_b}B"
+    assert "config.json" in model.source and "huggingface.co/" in model.source, name
+    sizes = layer_sizes(model, 4096)
+    assert sizes.n == model.num_layers + 2 and (sizes.fwd_flops[1:] > 0).all()
+
+
+@pytest.mark.parametrize(("name", "moe"), list(MOE_PRESETS.items()))
+def test_moe_presets_route_each_token_through_some_experts(name, moe):
+    experts, top_k, active_b = moe
+    model = catalog.models().get(name)
+    assert model.moe and (model.num_experts, model.experts_per_token) == (experts, top_k)
+    assert all(model.is_moe_block(i) for i in range(model.num_layers))
+    # parameters a token goes through: every block's attention, its top-k experts and router,
+    # the embedding and the output projection
+    sizes = layer_sizes(model, 1)
+    active = float(sizes.matmul_params.sum()) + model.vocab_size * model.hidden_size
+    assert active / 1e9 == pytest.approx(active_b, rel=0.02)
+
+
+@pytest.mark.parametrize(("name", "tied", "head_dim"), [
+    ("Qwen2.5-0.5B", True, 64), ("Qwen2.5-7B", False, 128), ("Gemma-2-2B", True, 256),
+    ("Gemma-2-27B", True, 128), ("Mistral-Nemo-12B", False, 128), ("Llama-3.1-8B", False, 128),
+])
+def test_presets_keep_their_configs_head_width_and_tied_embeddings(name, tied, head_dim):
+    model = catalog.models().get(name)
+    assert (model.tied_embeddings, model.dhead) == (tied, head_dim)
+
+
+def test_new_presets_resolve_by_their_huggingface_names():
+    reg = catalog.models()
+    for alias, name in (("meta-llama/Llama-3.1-8B", "Llama-3.1-8B"),
+                        ("Qwen/Qwen2.5-72B-Instruct", "Qwen2.5-72B"),
+                        ("google/gemma-2-9b", "Gemma-2-9B"),
+                        ("mistralai/Mixtral-8x22B-v0.1", "Mixtral-8x22B"),
+                        ("mistralai/Mistral-Nemo-Base-2407", "Mistral-Nemo-12B"),
+                        ("Llama-3.1-405B", "LLaMA-3-405B")):
+        assert reg.canonical(alias) == name, alias
 
 
 def test_gqa_and_swiglu_models():

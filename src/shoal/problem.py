@@ -138,7 +138,8 @@ def no_price_reason(gpus: list[str]) -> str:
 
 def resolve_model(ref, file: str | None, base: Path) -> ModelSpec:
     if isinstance(ref, str):
-        return catalog.models().get(ref, field="model", file=file)
+        return catalog.models().get(ref, field="model", file=file,
+                                    route=catalog.HF_ROUTE_SCENARIO)
     if isinstance(ref, HFModelRef):
 
         p = Path(ref.hf_config)

@@ -38,14 +38,17 @@ def catalog_models(
 ) -> None:
     """Model architectures: layers, widths, vocabulary and parameter count."""
     from shoal import catalog
-    from shoal.profiles.layers import layer_sizes
+    from shoal.profiles.layers import checkpoint_params, layer_sizes
 
     rows = []
     for m in catalog.models().entries.values():
         params = float(layer_sizes(m, 2048).params.sum())
         rows.append({"name": m.name, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
                      "num_heads": m.num_heads, "num_kv_heads": m.kv_heads, "ffn_hidden_size": m.ffn,
-                     "vocab_size": m.vocab_size, "params_billions": params / 1e9})
+                     "vocab_size": m.vocab_size, "num_experts": m.num_experts,
+                     "experts_per_token": m.experts_per_token if m.moe else None,
+                     "tied_embeddings": m.tied_embeddings, "params_billions": params / 1e9,
+                     "checkpoint_params_billions": checkpoint_params(m) / 1e9})
     if as_json:
         typer.echo(json.dumps({"models": rows}))
         return
