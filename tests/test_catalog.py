@@ -229,6 +229,9 @@ def test_catalog_gpus_json_lists_new_fields_and_gpus():
     assert mi["flops_tf32"] == pytest.approx(653.7e12) and mi["flops_fp8"] == pytest.approx(2614.9e12)
     assert mi["node_nic_bw_Bps"] == 400e9 and mi["nics_per_node"] == 8
     assert {"sm_count", "flops_tf32", "flops_fp8", "node_network"} <= set(mi["source"])
+    # a GPU without a price says why, and how to give one
+    assert gpus["RTX-3090"]["price_usd_per_h"] is None
+    assert "prices.gpu_usd_per_h.RTX-3090" in gpus["RTX-3090"]["notes"]
     # each with its sources, its price among them
     for name, price in (("MI300X", 6.0), ("B200", 14.2416), ("H100-PCIe", 2.49)):
         g = gpus[name]

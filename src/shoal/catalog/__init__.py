@@ -172,6 +172,12 @@ def gpu_sources() -> dict[str, dict[str, str]]:
     return {name: dict(e.get("source", {})) for name, e in _read("gpus.yaml")["gpus"].items()}
 
 
+@cache
+def gpu_notes() -> dict[str, str]:
+    """GPU name -> gpus.yaml's ``notes`` (why a number is missing, such as a price), where any."""
+    return {name: str(e["notes"]) for name, e in _read("gpus.yaml")["gpus"].items() if "notes" in e}
+
+
 # another way to give a model than a catalog name, by where the name was given
 HF_ROUTE_SCENARIO = ("any HuggingFace model through its config.json: "
                      "`model: {hf_config: path/to/config.json}` (relative to the scenario file)")

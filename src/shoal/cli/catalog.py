@@ -24,9 +24,9 @@ def catalog_gpus(
 
     entries = list(catalog.gpus().entries.values())
     if as_json:
-        sources = catalog.gpu_sources()
-        typer.echo(json.dumps({"gpus": [{**asdict(g), "source": sources.get(g.name, {})}
-                                        for g in entries]}))
+        sources, notes = catalog.gpu_sources(), catalog.gpu_notes()
+        typer.echo(json.dumps({"gpus": [{**asdict(g), "source": sources.get(g.name, {}),
+                                         "notes": notes.get(g.name)} for g in entries]}))
         return
     show(gpus_table(entries))
 
