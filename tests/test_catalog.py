@@ -16,7 +16,7 @@ from shoal.cli import app
 from shoal.errors import SpecError
 from shoal.io.hf import model_from_hf_config
 from shoal.problem import build_problem
-from shoal.profiles.layers import layer_sizes
+from shoal.profiles.layers import checkpoint_params, layer_sizes
 from shoal.specs.scenario import parse_scenario
 
 REQUIRED_GPUS = [
@@ -35,6 +35,18 @@ REQUIRED_MODELS = {
     "LLaMA-2-7B": 6.7, "LLaMA-2-13B": 13.0, "LLaMA-2-70B": 70.0,
     "LLaMA-3-8B": 8.0, "LLaMA-3-70B": 70.6, "LLaMA-3-405B": 405.0,
 }
+# presets of widely used open models with the parameter count their model card (or paper)
+# publishes, in billions: the catalog's checkpoint count is within 2% of it
+PUBLISHED_SIZES = {
+    "Llama-3.1-8B": 8.03, "Llama-3.1-70B": 70.6, "Llama-3.1-405B": 405.9,
+    "Qwen2.5-0.5B": 0.49, "Qwen2.5-1.5B": 1.54, "Qwen2.5-3B": 3.09, "Qwen2.5-7B": 7.61,
+    "Qwen2.5-14B": 14.7, "Qwen2.5-32B": 32.5, "Qwen2.5-72B": 72.7,
+    "Gemma-2-2B": 2.61, "Gemma-2-9B": 9.24, "Gemma-2-27B": 27.2,
+    "Mixtral-8x7B": 46.7, "Mixtral-8x22B": 141.0,
+    "Mistral-7B": 7.24, "Mistral-7B-v0.3": 7.25, "Mistral-Nemo-12B": 12.2,
+}
+# the mixtures of experts among them: (experts, routed per token, published active billions)
+MOE_PRESETS = {"Mixtral-8x7B": (8, 2, 12.9), "Mixtral-8x22B": (8, 2, 39.0)}
 TOLERANCE = {"OPT-350M": 0.15}  # its nominal 350M is rounded (HF counts 331M with a 512-d projection)
 
 
@@ -58,13 +70,15 @@ NUMBER_SOURCES = {
 # architectures with TF32 / FP8 tensor (matrix) cores, as their datasheets give them
 TF32_ARCHS = {"Ampere", "Ada Lovelace", "Hopper", "Blackwell", "CDNA 3"}
 FP8_ARCHS = {"Ada Lovelace", "Hopper", "Blackwell", "CDNA 3"}
-# catalog GPUs that a cloud of clouds.yaml (GCP, AWS, Azure) rents on demand and whose list price
-# the catalog records; the MI300X is rented by Azure (ND MI300X v5) without a recorded price
+# catalog GPUs that a cloud of clouds.yaml (GCP, AWS, Azure) rents on demand, with the cloud
+# whose list price the catalog records
 RENTED_WITH_PRICE = {
     "H100-80GB": "gcp", "H200": "aws", "A100-80GB": "gcp", "A100-40GB": "gcp", "V100-32GB": "aws",
     "V100-16GB": "gcp", "L40S": "aws", "L4": "gcp", "T4": "gcp", "A10G": "aws", "H100-NVL": "azure",
-    "B200": "aws",
+    "B200": "aws", "MI300X": "azure",
 }
+# catalog GPUs priced by another public cloud's list price page (none of clouds.yaml rents them)
+PRICED_ELSEWHERE = {"A6000": "Lambda", "H100-PCIe": "Lambda", "GH200-96GB": "Sailor"}
 
 
 @pytest.mark.parametrize("name", REQUIRED_GPUS)
@@ -181,7 +195,28 @@ def test_cloud_prices_are_catalog_gpus_with_a_price():
 def test_a_gpu_without_a_price_says_why(name):
     entry = _gpu_yaml()[name]
     if "price_usd_per_h" not in entry:
-        assert "price" in entry.get("notes", "").lower(), name
+        notes = entry.get("notes", "")
+        assert "No on-demand price" in notes, name
+        assert f"prices.gpu_usd_per_h.{name}" in notes, name  # how to give one
+
+
+@pytest.mark.parametrize("name", list(_gpu_yaml()))
+def test_every_gpu_a_cloud_rents_has_a_price(name):
+    """The catalog's prices: each GPU that a cloud of clouds.yaml rents, or another public
+    cloud's list price page gives, has one; no other GPU has one."""
+    entry = _gpu_yaml()[name]
+    assert ("price_usd_per_h" in entry) == (name in RENTED_WITH_PRICE or name in PRICED_ELSEWHERE)
+    if name in PRICED_ELSEWHERE:
+        assert PRICED_ELSEWHERE[name] in entry["source"]["price"]
+
+
+def test_mi300x_is_priced_from_azures_page():
+    g = catalog.gpus().get("MI300X")
+    price = catalog.gpu_sources()["MI300X"]["price"]
+    assert g.price_usd_per_h == pytest.approx(48.00 / 8)  # one ND MI300X v5 VM holds 8
+    assert "Standard_ND96isr_MI300X_v5" in price and "$48.00/h / 8" in price
+    assert "azure.microsoft.com/pricing" in price
+    assert _clouds_yaml()["azure"]["gpu_prices_usd_per_h"]["MI300X"] == g.price_usd_per_h
 
 
 def test_catalog_gpus_json_lists_new_fields_and_gpus():
@@ -194,6 +229,16 @@ def test_catalog_gpus_json_lists_new_fields_and_gpus():
     assert mi["flops_tf32"] == pytest.approx(653.7e12) and mi["flops_fp8"] == pytest.approx(2614.9e12)
     assert mi["node_nic_bw_Bps"] == 400e9 and mi["nics_per_node"] == 8
     assert {"sm_count", "flops_tf32", "flops_fp8", "node_network"} <= set(mi["source"])
+    # a GPU without a price says why, and how to give one
+    assert gpus["RTX-3090"]["price_usd_per_h"] is None
+    assert "prices.gpu_usd_per_h.RTX-3090" in gpus["RTX-3090"]["notes"]
+    # each with its sources, its price among them
+    for name, price in (("MI300X", 6.0), ("B200", 14.2416), ("H100-PCIe", 2.49)):
+        g = gpus[name]
+        assert g["price_usd_per_h"] == pytest.approx(price), name
+        assert {"flops", "memory", "mem_bandwidth", "price"} <= set(g["source"]), name
+        assert all(isinstance(v, str) and "http" in v for k, v in g["source"].items()
+                   if k in ("flops", "price")), name
 
 
 @pytest.mark.parametrize(("alias", "name"), [
@@ -247,13 +292,62 @@ def test_a_gpu_the_catalog_lacks_gets_no_far_fetched_suggestion():
     assert _suggestion(full, "H10O-80GB") == "H100-80GB"
 
 
+def _without(reg: catalog.Registry, keep) -> catalog.Registry:
+    """A copy of ``reg`` with only the entries ``keep(name)`` accepts (a catalog before them)."""
+    out = catalog.Registry(reg.kind)
+    for alias, name in reg.alias.items():
+        if keep(name):
+            out.add(name, reg.entries[name], [alias])
+    return out
+
+
+def test_a_model_the_catalog_lacks_gets_no_suggestion_of_another_size():
+    """Before the catalog had Mixtral, 'Mixtral-8x7B' was answered with "did you mean
+    'Mistral-7B'?" (difflib ratio 0.82): a model of another size (or version) is never offered,
+    a typo of a catalog name still is."""
+    full = catalog.models()
+    before = _without(full, lambda n: not n.startswith(("Mixtral", "Qwen", "Gemma")))
+    for name in ("Mixtral-8x7B", "mixtral-8x7b-v0.1", "Mixtral-8x22B", "Gemma-2-27B"):
+        assert _suggestion(before, name) is None, name
+    for name in ("Gemma-7B", "Llama-3.2-1B", "Llama-3.2-3B", "OPT-1.3B", "GPT-NeoX-20B"):
+        assert _suggestion(full, name) is None, name
+    assert _suggestion(full, "Mixtral-8x7C") == "Mixtral-8x7B"
+    assert _suggestion(full, "Mixtral-8x7B-v0.4") == "Mixtral-8x7B"
+    assert _suggestion(full, "LLaMA-2-70C") == "LLaMA-2-70B"
+    assert _suggestion(full, "OPT-350N") == "OPT-350M"
+    assert _suggestion(full, "Qwen2.5-7B-chat") == "Qwen2.5-7B"
+    assert _suggestion(full, "llama-2-7b-chat") == "LLaMA-2-7B"
+    # and a GPU the catalog lacks is never answered with a consumer card
+    assert _suggestion(_without(catalog.gpus(), lambda n: n != "MI300X"), "MI300X") is None
+
+
+def test_an_unknown_model_names_the_huggingface_config_route(tmp_path, scenario_dict):
+    scenario_dict["model"] = "Phi-3-mini"
+    with pytest.raises(SpecError) as ei:
+        build_problem(parse_scenario(scenario_dict, file="s.yaml"), file="s.yaml")
+    text = str(ei.value)
+    assert ei.value.field == "model" and ei.value.suggestion is None
+    assert "shoal catalog models" in text and "model: {hf_config: path/to/config.json}" in text
+    # the route works: the same scenario with the model's config.json
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_LIKE))
+    scenario_dict["model"] = {"hf_config": "config.json"}
+    problem = build_problem(parse_scenario(scenario_dict), file=str(tmp_path / "s.yaml"))
+    assert problem.model.num_layers == LLAMA_LIKE["num_hidden_layers"]
+
+
+def test_an_unknown_model_option_names_the_config_json_it_takes():
+    from shoal.runtime.models import resolve_model
+
+    with pytest.raises(SpecError) as ei:
+        resolve_model("Mixtral-8x7X")
+    assert ei.value.field == "--model" and ei.value.suggestion == "Mixtral-8x7B"
+    assert "--model path/to/config.json" in str(ei.value)
+
+
 def _unique_params(model) -> float:
     """Parameters of the model; the layer list gives the head its own copy of a tied embedding
     (as pipeline stages hold it), which the published sizes count once."""
-    total = float(layer_sizes(model, 2048).params.sum())
-    if model.tied_embeddings:
-        total -= model.vocab_size * model.hidden_size
-    return total
+    return checkpoint_params(model)
 
 
 @pytest.mark.parametrize(("name", "nominal_b"), list(REQUIRED_MODELS.items()))
@@ -267,6 +361,49 @@ def test_required_model_parameter_count(name, nominal_b):
     sizes = layer_sizes(model, 2048)
     assert sizes.n == model.num_layers + 2
     assert (sizes.params > 0).all() and (sizes.fwd_flops[1:] > 0).all()
+
+
+@pytest.mark.parametrize(("name", "published_b"), list(PUBLISHED_SIZES.items()))
+def test_preset_parameter_count_matches_the_published_size(name, published_b):
+    model = catalog.models().get(name)
+    got = checkpoint_params(model) / 1e9
+    assert got == pytest.approx(published_b, rel=0.02), f"{name}: {got:.3f}B vs {published_b}B"
+    assert "config.json" in model.source and "huggingface.co/" in model.source, name
+    sizes = layer_sizes(model, 4096)
+    assert sizes.n == model.num_layers + 2 and (sizes.fwd_flops[1:] > 0).all()
+
+
+@pytest.mark.parametrize(("name", "moe"), list(MOE_PRESETS.items()))
+def test_moe_presets_route_each_token_through_some_experts(name, moe):
+    experts, top_k, active_b = moe
+    model = catalog.models().get(name)
+    assert model.moe and (model.num_experts, model.experts_per_token) == (experts, top_k)
+    assert all(model.is_moe_block(i) for i in range(model.num_layers))
+    # parameters a token goes through: every block's attention, its top-k experts and router,
+    # the embedding and the output projection
+    sizes = layer_sizes(model, 1)
+    active = float(sizes.matmul_params.sum()) + model.vocab_size * model.hidden_size
+    assert active / 1e9 == pytest.approx(active_b, rel=0.02)
+
+
+@pytest.mark.parametrize(("name", "tied", "head_dim"), [
+    ("Qwen2.5-0.5B", True, 64), ("Qwen2.5-7B", False, 128), ("Gemma-2-2B", True, 256),
+    ("Gemma-2-27B", True, 128), ("Mistral-Nemo-12B", False, 128), ("Llama-3.1-8B", False, 128),
+])
+def test_presets_keep_their_configs_head_width_and_tied_embeddings(name, tied, head_dim):
+    model = catalog.models().get(name)
+    assert (model.tied_embeddings, model.dhead) == (tied, head_dim)
+
+
+def test_new_presets_resolve_by_their_huggingface_names():
+    reg = catalog.models()
+    for alias, name in (("meta-llama/Llama-3.1-8B", "Llama-3.1-8B"),
+                        ("Qwen/Qwen2.5-72B-Instruct", "Qwen2.5-72B"),
+                        ("google/gemma-2-9b", "Gemma-2-9B"),
+                        ("mistralai/Mixtral-8x22B-v0.1", "Mixtral-8x22B"),
+                        ("mistralai/Mistral-Nemo-Base-2407", "Mistral-Nemo-12B"),
+                        ("Llama-3.1-405B", "LLaMA-3-405B")):
+        assert reg.canonical(alias) == name, alias
 
 
 def test_gqa_and_swiglu_models():

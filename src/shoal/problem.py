@@ -79,7 +79,9 @@ class Problem:
     zone_region: dict[str, str]
     region_geo: dict[str, str]
     quotas: dict[str, int]
-    prices: dict[tuple[str, str], float]  # (gpu, zone) -> USD per GPU-hour
+    # (gpu, zone) -> USD per GPU-hour; a pair with no price (neither the scenario nor the
+    # catalog gives one) is absent: its cost is unknown (``unpriced``, ``require_prices``)
+    prices: dict[tuple[str, str], float]
     network: NetworkModel
     profile: object
     sizes: LayerSizes
@@ -102,16 +104,43 @@ class Problem:
                                                      self.job.attention)
 
     def price_usd_per_h(self, gpu: str, zone: str) -> float:
+        if (gpu, zone) not in self.prices:
+            self.require_prices([gpu], "a cost on it needs one")
         return self.prices[(gpu, zone)]
+
+    def unpriced(self, gpus: object = None) -> list[str]:
+        """The GPU types (of ``gpus``, default the whole pool) that have no price in some zone of
+        the pool that holds them, sorted."""
+        wanted = None if gpus is None else set(gpus)
+        return sorted({g for (g, z) in self.avail if (g, z) not in self.prices
+                       and (wanted is None or g in wanted)})
+
+    def require_prices(self, gpus: object, why: str) -> None:
+        """A SpecError naming ``gpus`` without a price and ``why`` (what needs them), and how
+        to give one; nothing when all have prices."""
+        missing = self.unpriced(gpus)
+        if missing:
+            raise SpecError(f"{no_price_reason(missing)}: {why}", file=self.file,
+                            field=f"prices.gpu_usd_per_h.{missing[0]}",
+                            allowed="USD per GPU-hour for " + ", ".join(missing) + " in the "
+                                    "scenario's prices.gpu_usd_per_h.<GPU> (or "
+                                    "prices.zone_gpu_usd_per_h.<zone>.<GPU>)")
 
     def with_constants(self, memory: MemoryConstants | None = None,
                        timing: TimeConstants | None = None) -> Problem:
         return replace(self, memory=memory or self.memory, timing=timing or self.timing)
 
 
+def no_price_reason(gpus: list[str]) -> str:
+    """Why a cost is unknown: the GPU types without a price."""
+    return (f"no price for {', '.join(gpus)} (the catalog has no public on-demand price for "
+            f"{'it' if len(gpus) == 1 else 'them'} and the scenario gives none)")
+
+
 def resolve_model(ref, file: str | None, base: Path) -> ModelSpec:
     if isinstance(ref, str):
-        return catalog.models().get(ref, field="model", file=file)
+        return catalog.models().get(ref, field="model", file=file,
+                                    route=catalog.HF_ROUTE_SCENARIO)
     if isinstance(ref, HFModelRef):
 
         p = Path(ref.hf_config)
@@ -193,7 +222,8 @@ def _pool(scn: Scenario, file: str | None) -> _Pool:
 def _prices(scn: Scenario, pool: _Pool, gpus: dict[str, GPU],
             file: str | None) -> dict[tuple[str, str], float]:
     """USD per GPU-hour of every (GPU type, zone) of the pool: the zone's price, else the
-    type's, else the catalog's."""
+    type's, else the catalog's; a pair with none of them is left out (its cost is unknown:
+    an estimate says so, a search that needs it asks for it)."""
     reg = catalog.gpus()
     prices: dict[tuple[str, str], float] = {}
     typed = {reg.canonical(k, field=f"prices.gpu_usd_per_h.{k}", file=file): v
@@ -206,10 +236,8 @@ def _prices(scn: Scenario, pool: _Pool, gpus: dict[str, GPU],
         zone_over = {reg.canonical(k, field=f"prices.zone_gpu_usd_per_h.{z}.{k}", file=file): v
                      for k, v in scn.prices.zone_gpu_usd_per_h.get(z, {}).items()}
         p = zone_over.get(g, typed.get(g, gpus[g].price_usd_per_h))
-        if p is None:
-            raise SpecError(f"no price for {g}: the catalog has no public price for it", file=file,
-                            field=f"prices.gpu_usd_per_h.{g}", allowed="a number of USD per GPU-hour")
-        prices[(g, z)] = float(p)
+        if p is not None:
+            prices[(g, z)] = float(p)
     return prices
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -70,7 +71,11 @@ class Registry:
             self.alias[k] = name
         self.entries[name] = entry
 
-    def canonical(self, name: str, *, field: str | None = None, file: str | None = None) -> str:
+    def canonical(self, name: str, *, field: str | None = None, file: str | None = None,
+                  route: str | None = None) -> str:
+        """The canonical name of ``name`` or an alias; else a SpecError naming the catalog's
+        list, ``route`` (another way to give what was asked for, such as a HuggingFace
+        config.json in place of a catalog model) and a close catalog name."""
         hit = self.alias.get(_norm(name))
         if hit is None:
             raise SpecError(
@@ -79,7 +84,8 @@ class Registry:
                 field=field,
                 value=name,
                 allowed=(f"one of the catalog's {self.kind}s "
-                         f"(`shoal catalog {self.kind.lower()}s` lists them)"),
+                         f"(`shoal catalog {self.kind.lower()}s` lists them)"
+                         + (f", or {route}" if route else "")),
                 suggestion=self._suggest(name),
             )
         return hit
@@ -87,8 +93,18 @@ class Registry:
     def _suggest(self, name: str) -> str | None:
         # Match against every alias (normalised), but always suggest the canonical name. Only a
         # close match is offered: a name the catalog lacks (MI300X before it was added) scored
-        # 0.6 against "3090", and a wrong suggestion misleads more than none.
-        hit = close_match(_norm(name), list(self.alias), cutoff=SUGGEST_CUTOFF)
+        # 0.6 against "3090", and a wrong suggestion misleads more than none. So is another
+        # model: a name with a size ("7b") is offered only names with all its numbers, as
+        # "Mixtral-8x7B" is no "Mistral-7B", "Gemma-7B" no "Gemma-2-27B", "Llama-3.2-3B" no
+        # LLaMA-3B.
+        query = _norm(name)
+        wanted = _numbers(query)
+        if any(n[-1] in "bmt" for n in wanted):  # a model's size: its numbers must all match
+            names = [a for a in self.alias
+                     if wanted in (_numbers(a), _numbers(_norm(self.alias[a])))]
+        else:
+            names = list(self.alias)
+        hit = close_match(query, names, cutoff=SUGGEST_CUTOFF)
         return self.alias[hit] if hit else None
 
     def get(self, name: str, **kw):
@@ -97,6 +113,16 @@ class Registry:
 
 def _norm(name: str) -> str:
     return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+# the numbers of a name that stand apart: "3.2" and "1b" in "llama-3.2-1b", "8x22b", "350m",
+# "1t"; not those inside words ("qwen2", "v0.3", "80gb")
+_NUMBER = re.compile(r"(?<![a-z0-9.])\d+(?:\.\d+)?(?:x\d+(?:\.\d+)?)?[bmt]?(?![a-z0-9.])")
+
+
+def _numbers(name: str) -> set[str]:
+    """The numbers a normalised name gives apart (sizes end in b, m or t)."""
+    return set(_NUMBER.findall(name))
 
 
 @cache
@@ -144,6 +170,19 @@ _CPU = GPU("cpu", 8e9, 1e11, 1e11, 2e10, 1e10, 4, None, host_bw_Bps=2e10, f_half
 def gpu_sources() -> dict[str, dict[str, str]]:
     """GPU name -> where each of its catalog numbers comes from (gpus.yaml's ``source``)."""
     return {name: dict(e.get("source", {})) for name, e in _read("gpus.yaml")["gpus"].items()}
+
+
+@cache
+def gpu_notes() -> dict[str, str]:
+    """GPU name -> gpus.yaml's ``notes`` (why a number is missing, such as a price), where any."""
+    return {name: str(e["notes"]) for name, e in _read("gpus.yaml")["gpus"].items() if "notes" in e}
+
+
+# another way to give a model than a catalog name, by where the name was given
+HF_ROUTE_SCENARIO = ("any HuggingFace model through its config.json: "
+                     "`model: {hf_config: path/to/config.json}` (relative to the scenario file)")
+HF_ROUTE_OPTION = ("any HuggingFace model through its config.json: --model path/to/config.json "
+                   "(or a folder holding config.json and its *.safetensors)")
 
 
 @cache

@@ -23,8 +23,9 @@ def catalog_gpus(
 
     entries = list(catalog.gpus().entries.values())
     if as_json:
-        sources = catalog.gpu_sources()
-        emit_json({"gpus": [{**asdict(g), "source": sources.get(g.name, {})} for g in entries]})
+        sources, notes = catalog.gpu_sources(), catalog.gpu_notes()
+        emit_json({"gpus": [{**asdict(g), "source": sources.get(g.name, {}),
+                             "notes": notes.get(g.name)} for g in entries]})
         return
     show(gpus_table(entries))
 
@@ -36,14 +37,17 @@ def catalog_models(
 ) -> None:
     """Model architectures: layers, widths, vocabulary and parameter count."""
     from shoal import catalog
-    from shoal.profiles.layers import layer_sizes
+    from shoal.profiles.layers import checkpoint_params, layer_sizes
 
     rows = []
     for m in catalog.models().entries.values():
         params = float(layer_sizes(m, 2048).params.sum())
         rows.append({"name": m.name, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
                      "num_heads": m.num_heads, "num_kv_heads": m.kv_heads, "ffn_hidden_size": m.ffn,
-                     "vocab_size": m.vocab_size, "params_billions": params / 1e9})
+                     "vocab_size": m.vocab_size, "num_experts": m.num_experts,
+                     "experts_per_token": m.experts_per_token if m.moe else None,
+                     "tied_embeddings": m.tied_embeddings, "params_billions": params / 1e9,
+                     "checkpoint_params_billions": checkpoint_params(m) / 1e9})
     if as_json:
         emit_json({"models": rows})
         return

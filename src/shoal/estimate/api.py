@@ -12,7 +12,7 @@ from shoal.estimate.encode import encode_specs, to_spec
 from shoal.estimate.tables import CostTables, build_tables, default_tp_values
 from shoal.estimate.tables import state_bytes as _state_bytes  # the planners' name for it
 from shoal.estimate.validate import validate_plan
-from shoal.problem import Problem
+from shoal.problem import Problem, no_price_reason
 from shoal.specs.plan import TrainingPlan
 
 
@@ -61,10 +61,18 @@ class Estimate:
     workers: list[WorkerMemory]
     stages: list[StageBreakdown]
     num_gpus: int
+    # GPU types the plan uses that have no price: the compute cost (and so the total) is
+    # unknown, NaN here and null in JSON, and ``cost_unknown`` says why
+    unpriced_gpus: tuple[str, ...] = ()
 
     @property
     def cost_per_iteration_usd(self) -> float:
         return self.cost_compute_usd + self.cost_egress_usd
+
+    @property
+    def cost_unknown(self) -> str | None:
+        """Why the compute cost is unknown (the plan's GPU types without a price), or None."""
+        return no_price_reason(list(self.unpriced_gpus)) if self.unpriced_gpus else None
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -76,9 +84,10 @@ class Estimate:
             "throughput_iters_per_s": self.throughput_iters_per_s,
             "tokens_per_s": self.tokens_per_s,
             "mfu": self.mfu,
-            "cost_per_iteration_usd": {"compute": self.cost_compute_usd,
+            "cost_per_iteration_usd": {"compute": _known(self.cost_compute_usd),
                                        "egress": self.cost_egress_usd,
-                                       "total": self.cost_per_iteration_usd},
+                                       "total": _known(self.cost_per_iteration_usd),
+                                       "reason": self.cost_unknown},
             "oom": self.oom,
             "num_gpus": self.num_gpus,
             "peak_memory_bytes": self.peak_memory_bytes,
@@ -138,6 +147,11 @@ def estimate(problem: Problem, plan: TrainingPlan, *, file: str | None = None,
     return _readable(problem, plan, tb, out)
 
 
+def _known(usd: float) -> float | None:
+    """A cost for JSON: null when unknown (NaN: a GPU type without a price)."""
+    return None if np.isnan(usd) else usd
+
+
 def _readable(problem: Problem, plan: TrainingPlan, tb: CostTables, o: dict) -> Estimate:
     T = float(o["iteration_time_s"][0])
     reg = catalog.gpus()
@@ -180,9 +194,12 @@ def _readable(problem: Problem, plan: TrainingPlan, tb: CostTables, o: dict) -> 
     peak = sum(rep.tp * tb.peak_flops[tb.gi(reg.canonical(rep.gpu))]
                for st in plan.stages for rep in st.replicas)
     mfu = model_flops_per_iteration(problem) / (T * peak) if peak > 0 else 0.0
+    unpriced = sorted({w.gpu for w in workers if (w.gpu, w.zone) not in problem.prices})
     return Estimate(
         iteration_time_s=T, throughput_iters_per_s=1.0 / T,
         tokens_per_s=problem.job.global_batch * problem.job.seq_len / T, mfu=mfu,
-        cost_compute_usd=float(o["cost_compute_usd"][0]), cost_egress_usd=float(o["cost_egress_usd"][0]),
+        cost_compute_usd=np.nan if unpriced else float(o["cost_compute_usd"][0]),
+        cost_egress_usd=float(o["cost_egress_usd"][0]),
         oom=bool(o["oom"][0]), workers=workers, stages=stages, num_gpus=plan.num_gpus,
+        unpriced_gpus=tuple(unpriced),
     )

@@ -76,6 +76,14 @@ def layer_sizes(model: ModelSpec, seq_len: int) -> LayerSizes:
                       boundary_bytes=2.0 * s * h, seq_len=s)
 
 
+def checkpoint_params(model: ModelSpec) -> float:
+    """Parameters of the model as its checkpoint holds them (and model cards count them): the
+    layer list's, with a tied input/output embedding counted once (the layer list gives the
+    output projection its own copy, as pipeline stages hold it)."""
+    total = float(layer_sizes(model, 1).params.sum())
+    return total - (model.vocab_size * model.hidden_size if model.tied_embeddings else 0.0)
+
+
 def block_activation_bytes(model: ModelSpec, seq_len: int, tp: int, i: int, *,
                            flash_attention: bool, elem_bytes: float = 2.0) -> float:
     """Bytes block ``i`` keeps for its backward pass per sample on one TP rank (no sequence

@@ -30,14 +30,18 @@ def gpus_table(entries: list[GPU]) -> Table:
 
 def models_table(rows: list[dict]) -> Table:
     """``shoal catalog models --json``'s rows."""
-    t = Table("Models (layers = transformer blocks; params at sequence length 2048, the output "
-              "projection counted apart from the embedding, as the estimator does)",
-              ["name", "layers", "hidden", "heads", "kv heads", "ffn", "vocab", "params (B)"],
+    t = Table("Models (layers = transformer blocks; experts: routed experts per block and per "
+              "token; params: the estimator's, the output projection counted apart from the "
+              "embedding; checkpoint: a tied embedding counted once, as model cards count)",
+              ["name", "layers", "hidden", "heads", "kv heads", "ffn", "vocab", "experts",
+               "params (B)", "checkpoint (B)"],
               left=("name",), whole=("name",))
     for r in rows:
+        experts = (f"{r['num_experts']}, top {r['experts_per_token']}"
+                   if r.get("experts_per_token") else "-")
         t.add_row(r["name"], str(r["num_layers"]), str(r["hidden_size"]), str(r["num_heads"]),
-                  str(r["num_kv_heads"]), str(r["ffn_hidden_size"]), str(r["vocab_size"]),
-                  f"{r['params_billions']:,.2f}")
+                  str(r["num_kv_heads"]), str(r["ffn_hidden_size"]), str(r["vocab_size"]), experts,
+                  f"{r['params_billions']:,.2f}", f"{r['checkpoint_params_billions']:,.2f}")
     return t
 
 

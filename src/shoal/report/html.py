@@ -80,7 +80,8 @@ def _estimate_rows(e: dict) -> list[tuple[str, str]]:
     return [("iteration time", _s(e["iteration_time_s"])),
             ("tokens/s", f"{e['tokens_per_s']:,.0f}"), ("MFU", f"{e.get('mfu', 0.0):.1%}"),
             ("USD per iteration", f"{c['total']:.4g} (compute {c['compute']:.4g}, "
-                                  f"egress {c['egress']:.4g})"),
+                                  f"egress {c['egress']:.4g})" if c["total"] is not None
+             else f"unknown: {c.get('reason')} (egress {c['egress']:.4g})"),
             ("GPUs", str(e.get("num_gpus", len(e["workers"])))),
             ("fullest worker", f"stage {peak['stage']} replica {peak['replica']} "
                                f"({peak['gpu']}): {fmt_bytes(peak['peak_memory_bytes'])} of "

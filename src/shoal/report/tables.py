@@ -118,9 +118,11 @@ def summary_table(est: Estimate) -> Table:
     t.add_row("iterations/s", f"{est.throughput_iters_per_s:.4g}")
     t.add_row("tokens/s", f"{est.tokens_per_s:,.0f}")
     t.add_row("MFU", f"{est.mfu:.1%}")
-    t.add_row("$/iteration compute", f"{est.cost_compute_usd:.4f}")
+    unknown = f"n/a (no price for {', '.join(est.unpriced_gpus)})"
+    t.add_row("$/iteration compute", unknown if est.cost_unknown else f"{est.cost_compute_usd:.4f}")
     t.add_row("$/iteration egress", f"{est.cost_egress_usd:.4f}")
-    t.add_row("$/iteration total", f"{est.cost_per_iteration_usd:.4f}")
+    t.add_row("$/iteration total",
+              unknown if est.cost_unknown else f"{est.cost_per_iteration_usd:.4f}")
     t.add_row("peak memory", fmt_bytes(est.peak_memory_bytes))
     t.add_row("memory", Styled(f"OOM on {n_oom} of {len(est.workers)} workers", "bold red")
               if est.oom else Styled("fits on every worker", "green"))

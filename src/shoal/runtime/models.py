@@ -15,4 +15,4 @@ def resolve_model(text: str, field: str = "--model") -> Arch:
     p = Path(text)
     if p.is_dir() or p.suffix == ".json" or p.is_file():
         return arch_from_hf(p)
-    return Arch.from_spec(catalog.models().get(text, field=field))
+    return Arch.from_spec(catalog.models().get(text, field=field, route=catalog.HF_ROUTE_OPTION))

@@ -95,6 +95,7 @@ def search(problem: Problem, *, strategy: str | Strategy = "auto", objective: st
                         allowed=", ".join(OBJECTIVES))
     constraints = constraints or problem.constraints
     problem = _capped(problem, constraints)
+    _require_prices(problem, objective, constraints)
     reuse = reuse if reuse is not None else Reuse()
     mbs = mbs_options(problem)
     ev, space = _start(problem, mbs, SearchStats(strategy=name), (objective, constraints),
@@ -172,6 +173,24 @@ def _auto(ctx: Context, propose: Strategy) -> None:
         drive(ev.cost, zorse.propose(ctx))
     if ctx.objective == "min-cost" and not ev.out_of_time():
         drive(ev.cost, espresso.propose(ctx))  # its bounds use the incumbent
+
+
+def _require_prices(problem: Problem, objective: str, constraints: Constraints) -> None:
+    """A SpecError naming a GPU type the search could use that has no price (the scenario can
+    give one): every plan found is costed, and plans are compared by their cost per
+    iteration. GPU types it cannot use (none available under the quotas and the GPU cap, or no
+    bf16 for a mixed-bf16 job) need none."""
+    bf16 = problem.job.precision == "mixed-bf16"
+    usable = {g for (g, _), n in problem.avail.items() if n > 0 and (not bf16 or problem.gpus[g].bf16)}
+    if objective != "max-throughput":
+        why = f"the objective {objective} needs a price for every GPU type a plan can use"
+    elif constraints.max_cost_per_iteration_usd is not None:
+        why = ("the constraint max_cost_per_iteration_usd needs a price for every GPU type a "
+               "plan can use")
+    else:
+        why = ("planning needs a price for every GPU type a plan can use (it compares plans by "
+               "cost too: the throughput-cost front)")
+    problem.require_prices(usable, why)
 
 
 def _capped(problem: Problem, constraints: Constraints) -> Problem:
