@@ -359,6 +359,6 @@ def save_figure(fig, path: str | Path) -> Path:
     fmt = figure_format(out) or "png"
     try:
         return _swap_in(out.with_name(out.stem + f".tmp.{fmt}"), out,
-                        lambda t: fig.savefig(t, dpi=110, format=fmt))
+                        lambda t: fig.savefig(t, dpi=110, format=fmt, bbox_inches="tight"))
     finally:
         plt.close(fig)

@@ -147,6 +147,6 @@ def timeline_json(problem: Problem, plan: TrainingPlan, max_rows: int = 4) -> di
     return {"iteration_time_s": tl.iteration_time_s, "schedule": plan.schedule,
             "stages": len(plan.stages), "shown": shown,
             "rows": [{"stage": s, "replica": r, "gpu": plan.stages[s].replicas[r].gpu,
-                      "tp": plan.stages[s].replicas[r].tp,
+                      "tp": plan.stages[s].replicas[r].tp, "zone": plan.stages[s].replicas[r].zone,
                       "microbatches": plan.stages[s].replicas[r].microbatches,
                       "ops": ops[(s, r)]} for s, r in rows]}

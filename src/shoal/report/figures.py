@@ -13,6 +13,7 @@ from shoal.specs.plan import TrainingPlan
 
 COLORS = {"F": "#4C72B0", "R": "#8172B3", "B": "#55A868", "sync": "#C44E52",
           "update": "#937860", "prefill": "#DD8452"}
+DASHES = ["-", "--", ":", "-."]
 NAMES = {"F": "forward", "R": "recompute", "B": "backward", "sync": "gradient all-reduce",
          "update": "optimizer", "prefill": "prefill"}
 
@@ -26,35 +27,69 @@ def _plt():
     return plt
 
 
-def _legend(ax, kinds, rows: int) -> None:
+def _legend(ax, kinds, extra=()) -> None:
+    """The legend beside the plot (right of it), never over the data."""
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(color=COLORS[k], label=NAMES[k]) for k in kinds],
-              loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.5 / max(rows, 1)), fontsize=8,
-              ncol=len(kinds), frameon=False)
+    ax.legend(handles=[Patch(color=COLORS[k], label=NAMES[k]) for k in kinds] + list(extra),
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+
+# a worker's microbatches past this many are drawn as the first and last SHOWN / 2 and a
+# summary bar between them (more bars are a barcode no one can read)
+SHOWN = 32
+SUMMARY = "#D9D9D9"
+
+
+def _summarised(ops: list) -> tuple[list, tuple[float, float, int] | None]:
+    """A row's operations to draw: all of them up to ``SHOWN`` microbatches; past that, those
+    of the first and last ``SHOWN // 2`` microbatches (and the ones of no microbatch: sync,
+    update), and the middle's span and number of microbatches."""
+    mbs = sorted({mb for _, mb, _, _ in ops if mb is not None and mb >= 0})
+    if len(mbs) <= SHOWN:
+        return ops, None
+    keep = set(mbs[:SHOWN // 2] + mbs[-(SHOWN // 2):])
+    kept = [op for op in ops if op[1] is None or op[1] < 0 or op[1] in keep]
+    middle = [op for op in ops if op not in kept]
+    return kept, (min(op[2] for op in middle), max(op[3] for op in middle),
+                  len(mbs) - len(keep))
 
 
 def draw_timeline_doc(doc: dict, path: str | Path) -> Path:
     """One training iteration as a Gantt chart, one row per worker: forwards, backwards (sends
-    included), gradient all-reduce and optimizer step; white gaps are pipeline bubbles."""
+    included), gradient all-reduce and optimizer step; white gaps are pipeline bubbles. A row
+    of more than ``SHOWN`` microbatches shows its first and last ones and a grey bar for those
+    between."""
     plt = _plt()
+    from matplotlib.patches import Patch
+
     rows = doc["rows"]
     fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 2.0))
     kinds: list[str] = []
+    summarised = False
     for y, row in enumerate(rows):
-        for kind, _, t0, t1 in row["ops"]:
+        ops, middle = _summarised(row["ops"])
+        for kind, _, t0, t1 in ops:
             ax.barh(y, t1 - t0, left=t0, height=0.8, color=COLORS[kind], edgecolor="white",
                     linewidth=0.2)
             if kind not in kinds:
                 kinds.append(kind)
+        if middle is not None:
+            a, b, n = middle
+            ax.barh(y, b - a, left=a, height=0.8, color=SUMMARY, edgecolor="white", hatch="//")
+            ax.text((a + b) / 2, y, f"{n} microbatches", ha="center", va="center", fontsize=7)
+            summarised = True
     ax.set_yticks(range(len(rows)), [
-        f"stage {r['stage']} replica {r['replica']} · {r['gpu']} TP{r['tp']} · "
-        f"{r['microbatches']} mb" for r in rows], fontsize=8)
+        f"stage {r['stage']} replica {r['replica']} · {r['gpu']} TP{r['tp']}"
+        + (f" · {r['zone']}" if r.get("zone") else "")
+        + f" · {r['microbatches']} microbatches" for r in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
     ax.set_title(f"one iteration: {doc['iteration_time_s']:.3f} s ({doc['schedule']}, "
                  f"{doc['stages']} stage{'s' * (doc['stages'] > 1)}; {doc['shown']})")
-    _legend(ax, [k for k in COLORS if k in kinds], len(rows))
+    extra = [Patch(facecolor=SUMMARY, hatch="//", label=f"microbatches past the first and "
+                   f"last {SHOWN // 2}")] if summarised else []
+    _legend(ax, [k for k in COLORS if k in kinds], extra)
     return save_figure(fig, path)
 
 
@@ -155,14 +190,14 @@ def draw_replay(doc: dict, path: str | Path) -> Path:
     h = 1 / 3600
     end = doc["end_s"]
     steps0 = runs[0]["steps"]
-    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    fig, axes = plt.subplots(3, 1, figsize=(11, 8), sharex=True)
     keys = sorted({k for s in steps0 for k in s["available"]})
     t0 = [s["time_s"] * h for s in steps0] + [end * h]
     for k in keys:
         ys = [s["available"].get(k, 0) for s in steps0]
         axes[0].step(t0, ys + ys[-1:], where="post", label=k)
     axes[0].set_ylabel("GPUs available")
-    axes[0].legend(fontsize=7, ncol=2)
+    axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     rates = [np.array([s["tokens"] / s["duration_s"] if s["duration_s"] > 0 else 0.0
                        for s in run["steps"]]) for run in runs]
     # each policy's moves in a lane of its own under the zero line, so they do not overlap
@@ -170,13 +205,15 @@ def draw_replay(doc: dict, path: str | Path) -> Path:
     for i, (run, rate) in enumerate(zip(runs, rates, strict=True)):
         st = run["steps"]
         t = np.array([s["time_s"] for s in st])
+        # identical policies stay visible: each its own dash and width, the first widest
+        style = dict(linestyle=DASHES[i % len(DASHES)], linewidth=2.6 - 0.5 * min(i, 3))
         line = axes[1].step(np.append(t, end) * h, np.append(rate, rate[-1:]), where="post",
-                            label=run["policy"])[0]
+                            label=run["policy"], **style)[0]
         cum = np.concatenate([[0.0], np.cumsum([s["tokens"] for s in st])])
         # work lost and not redone by the end leaves the total (a drop at the end)
         cum = np.append(cum, cum[-1] - run["totals"].get("lost_tokens", 0.0))
         axes[2].plot(np.append(t, [end, end]) * h, cum, color=line.get_color(),
-                     label=run["policy"])
+                     label=run["policy"], **style)
         moves = [s["time_s"] * h for s in st if s["decision"] in ("switch", "forced", "start")]
         axes[1].plot(moves, [-(i + 0.5) * lane] * len(moves), "|", markersize=6,
                      color=line.get_color())
@@ -184,7 +221,7 @@ def draw_replay(doc: dict, path: str | Path) -> Path:
     axes[1].set_ylim(bottom=-(len(runs) + 0.2) * lane)
     axes[1].set_yticks([y for y in axes[1].get_yticks() if 0 <= y <= axes[1].get_ylim()[1]])
     axes[1].set_ylabel("tokens/s (state mean)")
-    axes[1].legend(fontsize=8)
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     axes[2].set_ylabel("cumulative tokens")
     axes[2].set_xlabel("hours (ticks under the middle axis's zero: each policy's plan moves)")
     for ax in axes:
@@ -208,7 +245,7 @@ def draw_placement(doc: dict, path: str | Path) -> Path:
             through[f["to"]] = through.get(f["to"], 0.0) + f["tokens_per_s"]
     types = sorted({n["gpu"] for n in nodes})
     colours = plt.get_cmap("tab10")
-    fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * len(nodes) + 1.5)))
+    fig, ax = plt.subplots(figsize=(10, max(3.0, 0.36 * len(nodes) + 1.5)))
     flows = [f for f in pl.get("flows", []) if f["from"] in row and f["to"] in row]
     top = max((f["tokens_per_s"] for f in flows), default=1.0) or 1.0
     for f in flows:
@@ -221,10 +258,10 @@ def draw_placement(doc: dict, path: str | Path) -> Path:
         ax.barh(row[n["name"]], e - s, left=s, height=0.7, color=c, edgecolor="black",
                 linewidth=0.4)
         ax.text(e + 0.3, row[n["name"]], f"{through.get(n['name'], 0.0):,.0f}", va="center",
-                fontsize=6)
+                fontsize=8)
     from matplotlib.patches import Patch
 
-    ax.set_yticks(range(len(nodes)), [n["name"] for n in nodes], fontsize=6)
+    ax.set_yticks(range(len(nodes)), [f"{n['name']} ({n['gpu']})" for n in nodes], fontsize=8)
     ax.invert_yaxis()
     layers = pl.get("layers") or max(end.values(), default=1)
     ax.set_xlim(0, layers * 1.12)
@@ -233,7 +270,7 @@ def draw_placement(doc: dict, path: str | Path) -> Path:
                  f"max flow (upper bound {doc.get('upper_bound_tokens_per_s', float('nan')):,.1f});"
                  " labels: tokens/s through each node", fontsize=9)
     ax.legend(handles=[Patch(color=colours(k % 10), label=t) for k, t in enumerate(types)],
-              fontsize=7, loc="upper right")
+              fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return save_figure(fig, path)
 
@@ -290,7 +327,7 @@ def draw_bubbles(doc: dict, path: str | Path) -> Path:
     ax.invert_yaxis()
     ax.set_xlim(0, n_iter * T)
     ax.set_xlabel("seconds")
-    _legend(ax, ["F", "R", "B", "sync", "prefill"], len(gpus))
+    _legend(ax, ["F", "R", "B", "sync", "prefill"])
     ax.set_title(f"{tr['schedule']}: GPU busy {doc['utilization_before']:.0%} -> "
                  f"{doc['utilization_after']:.0%} with prefills; iteration "
                  f"{doc['iteration_time_before_s']:.3f} s -> {doc['iteration_time_after_s']:.3f} s",
