@@ -224,6 +224,22 @@ def bounds_of(prog: Program) -> tuple[list[float], dict[float, int], float]:
     return got
 
 
+def usable(stage_opts: list[list[Option]], D: int, pool: Pool) -> Pool:
+    """``pool`` as far as these options can use it: no kind counts more GPUs than ``D``
+    replicas of its widest TP on every stage that offers it (each stage has ``D``). A pool
+    of 10^5 GPUs then costs what a pool of the job's size costs: the dynamic program's states
+    and the memo's keys are GPU counts."""
+    cap = np.zeros(len(pool.avail), dtype=np.int64)
+    for opts in stage_opts:
+        widest: dict[int, int] = {}
+        for o in opts:
+            widest[o.kind] = max(widest.get(o.kind, 0), o.tp)
+        for k, tp in widest.items():
+            cap[k] += D * tp
+    avail = np.minimum(pool.avail, cap).astype(pool.avail.dtype)
+    return pool if np.array_equal(avail, pool.avail) else pool._replace(avail=avail)
+
+
 def fastest(stage_opts: list[list[Option]], D: int, pool: Pool, at_least: float = 0.0,
             total: int | None = None, memo: Memoised | None = None,
             deadline: float | None = None, cheapest: bool = True) -> Allocation | None:
@@ -236,6 +252,7 @@ def fastest(stage_opts: list[list[Option]], D: int, pool: Pool, at_least: float 
     found one, which spares the MIP that finds the cheapest); not kept in the memo, whose
     allocations are the cheapest."""
     memo_, key = memo or (None, None)
+    pool = usable(stage_opts, D, pool)
     prog = Program(stage_opts, D, pool, total, deadline, memo_, key)
     if not cheapest and len(pool.avail) > DP_KINDS:
         return fastest_of(prog, at_least, cheapest=False)
@@ -251,6 +268,7 @@ def tradeoffs(stage_opts: list[list[Option]], D: int, pool: Pool, levels: int = 
     the time-cost trade-offs of one plan shape. ``memo``: see PoolMemo; ``deadline``:
     see ``fastest``."""
     memo_, key = memo or (None, None)
+    pool = usable(stage_opts, D, pool)
     prog = Program(stage_opts, D, pool, total, deadline, memo_, key)
     return memoised(memo_, None if key is None else ("tradeoffs", D, total, levels, *key),
                     pool.avail, at_least, lambda: tradeoffs_of(prog, levels, at_least))
