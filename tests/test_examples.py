@@ -28,6 +28,18 @@ def test_example_plan_estimates():
     assert not e.oom and e.iteration_time_s > 0
 
 
+def test_example_cpu_plan_covers_the_tiny_model():
+    """``shoal train examples/tiny-cpu.plan.json --model tiny``: its stages tile the tiny
+    model's layers (embedding, blocks, head) on CPU processes."""
+    from shoal.catalog import TINY
+
+    plan = TrainingPlan.model_validate_json((EXAMPLES / "tiny-cpu.plan.json").read_text())
+    ends = [s.layers for s in plan.stages]
+    assert ends[0][0] == 0 and ends[-1][1] == TINY.num_layers + 2
+    assert all(a[1] == b[0] for a, b in zip(ends, ends[1:], strict=False))
+    assert {r.gpu for s in plan.stages for r in s.replicas} == {"cpu"}
+
+
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.serving.yaml")), ids=lambda p: p.name)
 def test_example_serving_places(path):
     from shoal.serving.cluster import build_cluster

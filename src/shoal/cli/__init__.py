@@ -7,7 +7,6 @@ a traceback: exit 2 for bad input, 3 when nothing is feasible.
 
 from __future__ import annotations
 
-import inspect
 import json
 import sys
 from typing import Annotated
@@ -19,6 +18,7 @@ from shoal.cli import (
     calibrate,
     catalog,
     estimate,
+    helptext,
     imports,
     meta,
     plan,
@@ -35,7 +35,17 @@ from shoal.cli.meta import version
 __all__ = ["app", "main"]
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Plan LLM training and serving on mixed, scattered GPU pools.")
+                  help="""Plan LLM training and serving on mixed, scattered GPU pools.
+
+    Every command prints tables, or one JSON object with --json (`shoal report` draws those);
+    -o always names the file (or folder) that is the command's result. `shoal COMMAND --help`
+    gives a command's options and examples.""",
+                  epilog=helptext.examples_text(
+                      "shoal plan examples/opt350m-two-zones.yaml",
+                      "shoal estimate examples/het-a100-v100.yaml "
+                      "--plan examples/het-a100-v100.plan.json",
+                      "shoal serve plan examples/llama2-70b-mixed.serving.yaml -o placement.json",
+                      "shoal catalog gpus"))
 
 
 def _print_version(value: bool) -> None:
@@ -61,22 +71,7 @@ imports.import_app.command("helix")(handles_errors(serve.import_helix_cmd))
 app.command()(report.report)
 app.command("bubbles")(bubbles.bubbles_cmd)
 app.command("calibrate")(calibrate.calibrate_cmd)
-
-
-def _reflow_help(group: typer.Typer) -> None:
-    """Commands' help from their docstrings with the source's line breaks inside a paragraph
-    joined (rich help keeps them, which breaks lines mid-sentence), for ``group`` and the
-    groups under it."""
-    for info in group.registered_commands:
-        if info.help is None and info.callback is not None and info.callback.__doc__:
-            paragraphs = inspect.cleandoc(info.callback.__doc__).split("\n\n")
-            info.help = "\n\n".join(" ".join(p.split()) for p in paragraphs)
-    for sub in group.registered_groups:
-        if sub.typer_instance is not None:
-            _reflow_help(sub.typer_instance)
-
-
-_reflow_help(app)
+helptext.finish(app)  # every command's help: its purpose, options and examples
 
 
 def main() -> None:

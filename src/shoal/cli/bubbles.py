@@ -10,8 +10,9 @@ from typing import Annotated
 
 import typer
 
-from shoal.cli.choices import GeoSchedule
+from shoal.cli.choices import GeoSchedule, choice_option
 from shoal.cli.common import _out, _progress, emit_json, handles_errors, only_with, output_option, show
+from shoal.cli.helptext import examples
 from shoal.errors import SpecError
 from shoal.files import check_outputs
 from shoal.report import bubbles_tables as tables
@@ -32,34 +33,47 @@ def _seconds(text: str, option: str, positive: bool = False) -> float:
 
 
 @handles_errors
+@examples(
+    "shoal bubbles examples/atlas-gpt-3dc.yaml --plan examples/atlas-gpt-3dc.plan.json --rate 100",
+    "shoal bubbles examples/atlas-gpt-3dc.yaml -p examples/atlas-gpt-3dc.plan.json --rate 50 "
+        "--duration 2min --max-wait 20ms --figure bubbles.png",
+)
 def bubbles_cmd(
     scenario: Annotated[Path, typer.Argument(metavar="SCENARIO", help="scenario file (YAML or JSON)")],
     plan: Annotated[Path, typer.Option("--plan", "-p", metavar="PLAN",
                                        help="training plan: every stage in one region")],
     requests: Annotated[Path | None, typer.Option(
-        "--requests", metavar="CSV", help="prefill requests: arrival_s,prompt_tokens")] = None,
+        "--requests", metavar="CSV",
+        help="prefill requests, CSV: arrival_s (seconds), prompt_tokens")] = None,
     rate: Annotated[float | None, typer.Option(
         "--rate", help="without --requests: Poisson requests per second")] = None,
     duration: Annotated[str | None, typer.Option(
-        "--duration", help="with --rate: how long [default: 60s]")] = None,
+        "--duration", metavar="TIME",
+        help="with --rate: how long, e.g. 90s or 2min (default: 60s)")] = None,
     seed: Annotated[int | None, typer.Option("--seed", min=0,
-                                             help="with --rate: its seed [default: 0]")] = None,
-    schedule: Annotated[GeoSchedule, typer.Option(
-        "--schedule", help="training schedule over the WAN")] = GeoSchedule.atlas,
+                                             help="with --rate: its seed (default: 0)")] = None,
+    schedule: Annotated[GeoSchedule, choice_option(
+        GeoSchedule, "--schedule", help="training schedule over the WAN: {choices}")] = GeoSchedule.atlas,
     cell: Annotated[int | None, typer.Option(
         "--cell", help="pipelines per DP-cell (atlas; default all)")] = None,
     inference_model: Annotated[str, typer.Option(
         "--inference-model", help="catalog model whose prefills fill the bubbles")] = "LLaMA-3-8B",
     depth: Annotated[int, typer.Option("--depth", help="most GPUs per inference pipeline")] = 8,
-    guard: Annotated[str, typer.Option("--guard", help="slack before training resumes")] = "5ms",
+    guard: Annotated[str, typer.Option(
+        "--guard", metavar="TIME", help="slack before training resumes, e.g. 5ms")] = "5ms",
     max_wait: Annotated[str, typer.Option(
-        "--max-wait", help="longest a request may wait for a bubble")] = "50ms",
+        "--max-wait", metavar="TIME",
+        help="longest a request may wait for a bubble, e.g. 50ms")] = "50ms",
     figure: Annotated[Path | None, output_option(
         "--figure", help="write the filled timeline here")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
 ) -> None:
-    """Inference prefill in the bubbles of a training pipeline across datacenters: GPU
-    utilization, time to first token and training iteration time, before and after."""
+    """Inference prefill in the bubbles of a training pipeline across datacenters.
+
+    Simulates the plan with its WAN schedule and places prefill requests in its pipeline
+    bubbles: GPU utilization, time to first token and training iteration time, before and
+    after. Prints tables (or, with --json, one JSON object); writes nothing unless --figure
+    names a figure. A TIME is a number and a unit: ms, s, min or h (no unit: seconds)."""
     from shoal import catalog
 
     check_outputs([(figure, "--figure")], [scenario, plan, requests])

@@ -9,11 +9,17 @@ from typing import Annotated
 import typer
 
 from shoal.cli.common import _progress, emit_json, handles_errors, output_option, show
+from shoal.cli.helptext import examples
 from shoal.files import check_output, write_text
 from shoal.report.catalog_tables import fit_line, kernels_table, runs_table
 
 
 @handles_errors
+@examples(
+    "# my-runs.csv: runs you measured (docs/estimator.md lists the fields)",
+    "shoal calibrate my-runs.csv --stack fsdp -o my-fsdp.yaml",
+    "shoal calibrate my-runs.csv --stack megatron --name tuned -o tuned.yaml",
+)
 def calibrate_cmd(
     measurements: Annotated[Path, typer.Argument(
         metavar="MEASUREMENTS", help="measured runs: a CSV (header row) or JSON list "
@@ -21,18 +27,18 @@ def calibrate_cmd(
     stack: Annotated[str, typer.Option(
         "--stack", help="the stack the runs used: a built-in one (its kernels, overlap and "
                         "memory layout are the starting point) or a stack file")],
-    output: Annotated[Path, output_option("-o", "--output", help="stack file to write (YAML)")],
+    output: Annotated[Path, output_option(
+        "-o", "--output", help="the stack file to write (YAML; a scenario's job.stack)")],
     name: Annotated[str | None, typer.Option(
-        "--name", help="the written stack's name [default: the output file's name]")] = None,
+        "--name", help="the written stack's name (default: the output file's, without suffix)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the fit as JSON")] = False,
 ) -> None:
-    """Fit a stack's kernel efficiencies (per GPU architecture in the runs) and, for runs that
-    give their peak memory, its memory constants, to measured runs; print each run's error in
-    sample and when its group (model) is left out of the fit; write the stack file scenarios
-    name in job.stack.
+    """Fit a software stack's constants to measured runs and write the stack file.
 
-    Example: shoal calibrate my-runs.csv --stack fsdp -o my-fsdp.yaml
-    """
+    Fits the stack's kernel efficiencies (per GPU architecture in the runs) and, for runs that
+    give their peak memory, its memory constants; prints each run's error in sample and when its
+    group (model) is left out of the fit (or, with --json, one JSON object). -o writes the
+    fitted stack (YAML), which a scenario names in job.stack."""
     import yaml
 
     from shoal.catalog.stacks import resolve_stack

@@ -8,13 +8,21 @@ from typing import Annotated
 import typer
 
 from shoal.cli.common import emit_json, handles_errors, show
+from shoal.cli.helptext import examples, examples_text
 from shoal.report.catalog_tables import gpus_table, models_table, stacks_table
 
-catalog_app = typer.Typer(no_args_is_help=True, help="The built-in GPU and model catalog.")
+catalog_app = typer.Typer(
+    no_args_is_help=True,
+    help="""The built-in GPUs, models and software stacks.
+
+    Names a scenario uses (its model, the pool's GPU types, job.stack) come from here. Each
+    command prints a table (or, with --json, one JSON object) and writes no file.""",
+    epilog=examples_text("shoal catalog gpus", "shoal catalog models --json"))
 
 
 @catalog_app.command("gpus")
 @handles_errors
+@examples("shoal catalog gpus", "shoal catalog gpus --json")
 def catalog_gpus(
     as_json: Annotated[bool, typer.Option("--json", help="print the catalog as JSON")] = False,
 ) -> None:
@@ -32,6 +40,7 @@ def catalog_gpus(
 
 @catalog_app.command("models")
 @handles_errors
+@examples("shoal catalog models", "shoal catalog models --json")
 def catalog_models(
     as_json: Annotated[bool, typer.Option("--json", help="print the catalog as JSON")] = False,
 ) -> None:
@@ -56,13 +65,11 @@ def catalog_models(
 
 @catalog_app.command("stacks")
 @handles_errors
+@examples("shoal catalog stacks", "shoal catalog stacks --json")
 def catalog_stacks(
     as_json: Annotated[bool, typer.Option("--json", help="print the stacks as JSON")] = False,
 ) -> None:
-    """Software stacks a scenario's job.stack names: kernels, overlap and memory layout.
-
-    Example: shoal catalog stacks --json
-    """
+    """Software stacks a scenario's job.stack names: kernels, overlap and memory layout."""
     from shoal.catalog.stacks import DEFAULT_STACK, stacks
 
     if as_json:

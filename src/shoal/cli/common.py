@@ -38,8 +38,11 @@ class _FolderPath(type(Path())):  # type: ignore[misc]
     given_as_folder = True
 
 
-def output_path(value: str) -> Path:
-    """An output option's path as given: one ending in a separator stays a folder path."""
+def output_path(value: str | Path) -> Path:
+    """An output option's path as given: one ending in a separator stays a folder path (a
+    default, which typer passes here as it is, is already a path)."""
+    if isinstance(value, Path):
+        return value
     if value.endswith(("/", os.sep)) and value.rstrip("/" + os.sep):
         return _FolderPath(value)
     return Path(value)

@@ -8,18 +8,27 @@ from typing import Annotated
 import typer
 
 from shoal.cli.common import emit_json, handles_errors, output_option, show
+from shoal.cli.helptext import examples
 from shoal.report.tables import stage_table, summary_table, worker_table
 
 
 @handles_errors
+@examples(
+    "shoal estimate examples/het-a100-v100.yaml --plan examples/het-a100-v100.plan.json",
+    "shoal estimate examples/atlas-gpt-3dc.yaml -p examples/atlas-gpt-3dc.plan.json --timeline timeline.png",
+)
 def estimate(
     scenario: Annotated[Path, typer.Argument(metavar="SCENARIO", help="scenario file (YAML or JSON)")],
     plan: Annotated[Path, typer.Option("--plan", "-p", metavar="PLAN",
                                        help="training plan file (JSON or YAML)")],
     as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON only")] = False,
-    timeline: Annotated[Path | None, output_option("--timeline", help="write a timeline figure here")] = None,
+    timeline: Annotated[Path | None, output_option(
+        "--timeline", help="write a figure of one iteration's timeline here")] = None,
 ) -> None:
-    """Time, memory and money of one plan: per stage, per worker and in total."""
+    """Time, memory and money of one plan: per stage, per worker and in total.
+
+    Prints tables (or, with --json, one JSON object, which `shoal report` takes); writes
+    nothing unless --timeline names a figure."""
     from shoal.estimate import estimate as run_estimate
     from shoal.files import check_outputs
     from shoal.problem import load_problem

@@ -10,18 +10,38 @@ import typer
 from rich.text import Text
 
 from shoal.cli.common import _err, emit_json, handles_errors, show
+from shoal.cli.helptext import examples, examples_text
 from shoal.errors import SpecError
 from shoal.files import check_folder
 from shoal.report.tables import written_table
 
-import_app = typer.Typer(no_args_is_help=True, help="Convert other tools' files into shoal's formats.")
+import_app = typer.Typer(
+    no_args_is_help=True,
+    help="""Convert other tools' files into shoal's formats.
+
+    Each command reads the other tool's files as they are and writes shoal's into the folder -o
+    names (docs/import-sailor.md, docs/serving.md).""",
+    epilog=examples_text(
+        "shoal import sailor --training-config training_config_opt_350.json --network network/ "
+        "--trace gpu_trace.csv -o out/",
+        "shoal import helix --cluster single24.ini --machines machine_profiles.ini "
+        "--capacity node_capacity.json -o out/"))
 
 
 @import_app.command("sailor")
 @handles_errors
+@examples(
+    "shoal import sailor --training-config training_config_opt_350.json --network network/ "
+        "--trace gpu_trace.csv --step 0 -o out/",
+    "shoal import sailor --training-config training_config_opt_350.json --profiles profiles/OPT-350 "
+        "--plan plan_config.json -o out/",
+)
 def import_sailor_cmd(
     training_config: Annotated[Path, typer.Option("--training-config", help="Sailor training_config_*.json")],
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="directory to write into")],
+    out_dir: Annotated[Path, typer.Option(
+        "--out", "-o", metavar="DIR",
+        help="the folder to write scenario.yaml (and profile.json, plan.json) into; made if "
+             "missing")],
     cluster_config: Annotated[Path | None, typer.Option(
         "--cluster-config", help="Sailor cluster config (GPUs per node)")] = None,
     profiles: Annotated[Path | None, typer.Option(
@@ -45,7 +65,11 @@ def import_sailor_cmd(
     plan: Annotated[Path | None, typer.Option("--plan", help="Sailor plan_config_*.json")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
 ) -> None:
-    """Write a shoal scenario (and profile, plan) from Sailor's files."""
+    """Write a shoal scenario (and profile, plan) from Sailor's files.
+
+    -o names the folder that gets scenario.yaml, profile.json with --profiles,
+    transfer_profile.json with --transfer-profiles and plan.json with --plan; the pool comes from
+    --plan or a --trace row. Prints what was written (or, with --json, one JSON object)."""
     from shoal.io.sailor import SailorFiles, import_sailor
 
     check_folder(out_dir, "--out", parents=True)

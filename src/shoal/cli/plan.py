@@ -9,8 +9,9 @@ from typing import Annotated
 
 import typer
 
-from shoal.cli.choices import Goal, Strategy
+from shoal.cli.choices import Goal, Strategy, choice_option
 from shoal.cli.common import _progress, emit_json, handles_errors, output_option, show
+from shoal.cli.helptext import examples
 from shoal.errors import SpecError
 from shoal.files import check_outputs, write_json
 from shoal.report.tables import pareto_table, plans_table, rent_table, search_line
@@ -18,26 +19,41 @@ from shoal.units import UnitError, fmt_seconds, parse_seconds
 
 
 @handles_errors
+@examples(
+    "shoal plan examples/opt350m-two-zones.yaml",
+    "shoal plan examples/espresso-llama-1.3b.yaml --strategy espresso",
+    "shoal plan examples/opt350m-two-zones.yaml --iterations 10000 --within 72h",
+    "shoal plan examples/het-a100-v100.yaml --budget 20 -o best.plan.json --figure front.png",
+)
 def plan(
     scenario: Annotated[Path, typer.Argument(metavar="SCENARIO", help="scenario file (YAML or JSON)")],
-    strategy: Annotated[Strategy, typer.Option(help="search strategy")] = Strategy.auto,
-    objective: Annotated[Goal | None, typer.Option(help="default: the scenario's")] = None,
+    strategy: Annotated[Strategy, choice_option(Strategy, help="search strategy: {choices}")] = Strategy.auto,
+    objective: Annotated[Goal | None, choice_option(
+        Goal, help="what to optimise: {choices} (default: the scenario's)")] = None,
     max_cost_per_iter: Annotated[float | None, typer.Option(
-        "--max-cost-per-iter", help="USD per iteration at most")] = None,
+        "--max-cost-per-iter", metavar="USD", help="cost per iteration at most, in USD")] = None,
     min_throughput: Annotated[float | None, typer.Option(
         "--min-throughput", help="iterations per second at least")] = None,
     max_gpus: Annotated[int | None, typer.Option("--max-gpus", min=1, help="GPUs in total at most")] = None,
     iterations: Annotated[int | None, typer.Option(
         "--iterations", min=1, help="training-time SLO: this many iterations ...")] = None,
     within: Annotated[str | None, typer.Option(
-        "--within", help="... must finish within this time, e.g. 72h or 3d")] = None,
+        "--within", metavar="TIME",
+        help="... must finish within this time: a number and a unit (min, h or d; no "
+             "unit: seconds), e.g. 72h")] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="plans to list")] = 5,
-    budget: Annotated[float, typer.Option("--budget", min=0.1, help="search time limit, seconds")] = 60.0,
+    budget: Annotated[float, typer.Option(
+        "--budget", min=0.1, metavar="SECONDS", help="search time limit in seconds")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
-    output: Annotated[Path | None, output_option("-o", "--output", help="write the best plan here")] = None,
+    output: Annotated[Path | None, output_option(
+        "-o", "--output", help="write the best plan here (a training-plan file, JSON)")] = None,
     figure: Annotated[Path | None, output_option("--figure", help="write the Pareto front here")] = None,
 ) -> None:
-    """Which GPUs to rent and how to parallelise: ranked plans and the throughput-cost front."""
+    """Which GPUs to rent and how to parallelise: ranked plans and the throughput-cost front.
+
+    Prints the ranked plans, what to rent for the best one and the front (or, with --json, one
+    JSON object); -o writes the best plan, a training-plan file that estimate, bubbles and
+    train take."""
     from shoal.problem import load_problem
 
     check_outputs([(output, "--output"), (figure, "--figure")], [scenario])

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from shoal.cli.common import emit_json, handles_errors, needs_torch, output_option, show
+from shoal.cli.helptext import examples
 from shoal.cli.meta import model_doc
 from shoal.errors import SpecError
 from shoal.files import check_output
@@ -17,19 +18,29 @@ from shoal.report.runtime_tables import link_line, profile_table
 
 
 @handles_errors
+@examples(
+    "shoal profile --model tiny -o tiny-cpu.profile.json",
+    "shoal profile --model tiny --tp 1,2 --mbs 1,2,4 -o tiny-cpu.profile.json",
+)
 def profile(
     model: Annotated[str, typer.Option("--model", help="catalog model (e.g. tiny)")],
-    output: Annotated[Path, output_option("-o", "--output", help="profile file to write")],
+    output: Annotated[Path, output_option(
+        "-o", "--output", help="the profile file to write (JSON; a scenario's profiles.compute)")],
     device: Annotated[str, typer.Option(help="cpu (cuda: not on this build)")] = "cpu",
     tp: Annotated[str, typer.Option(help="TP degrees, comma-separated")] = "1",
     mbs: Annotated[str, typer.Option(help="microbatch sizes, comma-separated")] = "1,2",
-    seq: Annotated[int | None, typer.Option("--seq", min=1, help="sequence length")] = None,
+    seq: Annotated[int | None, typer.Option(
+        "--seq", min=1, help="sequence length in tokens (default: the model's, at most 128)")] = None,
     procs: Annotated[int, typer.Option(
         "--procs", min=1, help="processes measuring at once (as many as the plans use)")] = 2,
     reps: Annotated[int, typer.Option("--reps", min=1, help="repetitions per measurement")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="print what was measured as JSON")] = False,
 ) -> None:
-    """Measure per-layer times and link speeds with the runtime; write a profile file."""
+    """Measure per-layer times and link speeds with the runtime; write a profile file.
+
+    -o writes the profile, which a scenario names in profiles.compute (and train --elastic
+    takes as --profile); prints what was measured (or, with --json, one JSON object). Needs
+    PyTorch."""
     from shoal import catalog
 
     needs_torch("shoal profile")

@@ -8,37 +8,52 @@ from typing import Annotated
 
 import typer
 
-from shoal.cli.choices import Policy, Strategy
+from shoal.cli.choices import Policy, Strategy, choice_option
 from shoal.cli.common import _progress, emit_json, handles_errors, only_with, output_option, show, with_meta
+from shoal.cli.helptext import examples
 from shoal.errors import SpecError
 from shoal.files import check_outputs, write_json
 from shoal.report.replay_tables import notes, steps_table, totals_table
 
 
 @handles_errors
+@examples(
+    "shoal replay examples/opt350m-two-zones.yaml --trace examples/opt350m-two-zones.events.csv --policy all",
+    "shoal replay examples/opt350m-two-zones.yaml --synthetic spot --hours 4 -o replay.json "
+        "--figure replay.png",
+)
 def replay(
     scenario: Annotated[Path, typer.Argument(metavar="SCENARIO", help="scenario file (YAML or JSON)")],
     trace: Annotated[Path | None, typer.Option(
         "--trace", help="availability trace: Sailor CSV or controller JSON, or shoal events")] = None,
     synthetic: Annotated[str | None, typer.Option(
-        "--synthetic", help="instead of --trace: generate one (spot, scarcity, outage)")] = None,
+        "--synthetic", metavar="KIND",
+        help="instead of --trace: generate one of this kind: spot, scarcity, outage")] = None,
     seed: Annotated[int | None, typer.Option(
         "--seed", min=0, help="seed of --synthetic (default 0)")] = None,
     hours: Annotated[float | None, typer.Option(
-        "--hours", min=0.01, help="length of --synthetic (default 8)")] = None,
+        "--hours", min=0.01, metavar="HOURS", help="length of --synthetic in hours (default 8)")] = None,
     trace_gpu: Annotated[str | None, typer.Option(
         "--trace-gpu", help="GPU type of a controller JSON trace (default A100-40GB)")] = None,
     trace_zone: Annotated[str | None, typer.Option(
         "--trace-zone", help="zone of a controller JSON trace (default: the only one with it)")] = None,
-    policy: Annotated[Policy, typer.Option(help="when to move plans; 'all' compares them")] = Policy.shoal,
-    strategy: Annotated[Strategy, typer.Option(help="planner for each state")] = Strategy.auto,
-    budget: Annotated[float, typer.Option("--budget", min=0.1, help="search time limit per state, s")] = 60.0,
+    policy: Annotated[Policy, choice_option(
+        Policy, help="when to move plans: {choices} (all: every policy, compared)")] = Policy.shoal,
+    strategy: Annotated[Strategy, choice_option(
+        Strategy, help="planner for each state: {choices}")] = Strategy.auto,
+    budget: Annotated[float, typer.Option(
+        "--budget", min=0.1, metavar="SECONDS", help="search time limit per state in seconds")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
-    output: Annotated[Path | None, output_option("-o", "--output", help="write the JSON here")] = None,
+    output: Annotated[Path | None, output_option(
+        "-o", "--output", help="write the result here (the JSON object --json prints)")] = None,
     figure: Annotated[Path | None, output_option(
         "--figure", help="write availability, throughput and tokens over time here")] = None,
 ) -> None:
-    """Follow availability over time: the plan at every change, when to move, tokens and dollars."""
+    """Follow availability over time: the plan at every change, when to move, tokens and dollars.
+
+    Plans every state of an availability trace (--trace, or one --synthetic generates) and
+    replays the policies over it; prints the plan at every change and the totals per policy (or,
+    with --json, one JSON object); -o writes that JSON object to a file."""
     from shoal.elastic.replan import Replanner
     from shoal.elastic.replay import replay_json, simulate
     from shoal.problem import load_problem

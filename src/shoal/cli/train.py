@@ -10,12 +10,19 @@ from typing import Annotated
 import typer
 
 from shoal.cli.common import _progress, emit_json, handles_errors, needs_torch, output_option, show
+from shoal.cli.helptext import examples
 from shoal.cli.meta import model_doc
 from shoal.errors import SpecError
 from shoal.report.runtime_tables import elastic_event_line, elastic_table, step_line, trained_table
 
 
 @handles_errors
+@examples(
+    "shoal train examples/tiny-cpu.plan.json --model tiny --steps 20",
+    "shoal train examples/tiny-cpu.plan.json --model tiny --steps 20 --checkpoint-dir ckpt/ "
+        "--save-hf tiny-trained/",
+    "shoal train examples/tiny-cpu.plan.json --model tiny --steps 40 --elastic",
+)
 def train(
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="training plan (JSON or YAML)")],
     model: Annotated[str, typer.Option(
@@ -23,21 +30,21 @@ def train(
                         "config.json and *.safetensors (its weights)")],
     steps: Annotated[int, typer.Option("--steps", min=1, help="iterations to run")],
     seq: Annotated[int | None, typer.Option(
-        "--seq", min=1, help="sequence length (default: the model's, at most 128)")] = None,
+        "--seq", min=1, help="sequence length in tokens (default: the model's, at most 128)")] = None,
     seed: Annotated[int, typer.Option(min=0, help="seed of weights and data")] = 0,
     dtype: Annotated[str, typer.Option(help="float32 or float64")] = "float32",
     data: Annotated[Path | None, typer.Option(
-        "--data", help="token ids (flat uint16/uint32 binary) or text (parquet, arrow, JSONL) "
-                       "[default: random tokens]")] = None,
+        "--data", help="token ids (flat uint16/uint32 binary) or text (parquet, arrow, JSONL); "
+                       "default: random tokens")] = None,
     data_dtype: Annotated[str | None, typer.Option(
-        "--data-dtype", help="uint16 or uint32 [default: the sidecar FILE.json's]")] = None,
+        "--data-dtype", help="uint16 or uint32 (default: the sidecar FILE.json's)")] = None,
     shuffle: Annotated[str, typer.Option(
-        "--shuffle", help="on: random windows by (seed, step); off: consecutive windows")] = "on",
+        "--shuffle", metavar="on|off", help="on: random windows by (seed, step); off: consecutive")] = "on",
     tokenizer: Annotated[Path | None, typer.Option(
         "--tokenizer", help="tokenizer.json for text --data")] = None,
     text_column: Annotated[str, typer.Option("--text-column", help="text --data's column")] = "text",
     device: Annotated[str | None, typer.Option(
-        "--device", help="cuda (NCCL) or cpu (gloo) [default: cuda when available]")] = None,
+        "--device", help="cuda (NCCL) or cpu (gloo) (default: cuda when available)")] = None,
     precision: Annotated[str, typer.Option(
         "--precision", help="fp32, or autocast bf16 or fp16 (weights in --dtype)")] = "fp32",
     save_hf: Annotated[Path | None, output_option(
@@ -55,10 +62,10 @@ def train(
         "--elastic", help="kill-free reconfiguration when workers leave or join (this machine)")] = False,
     checkpoint_every: Annotated[int | None, typer.Option(
         "--checkpoint-every", min=1,
-        help="a checkpoint every K steps (elastic: asynchronous) [default: elastic 2, else "
-             "after the last step only]")] = None,
+        help="a checkpoint every K steps (elastic: asynchronous); default: elastic 2, else "
+             "after the last step only")] = None,
     keep: Annotated[int | None, typer.Option(
-        "--keep", min=1, help="the newest K checkpoints are kept [default: elastic 2, else all]")] = None,
+        "--keep", min=1, help="the newest K checkpoints are kept (default: elastic 2, else all)")] = None,
     fault_at: Annotated[int | None, typer.Option(
         "--fault-at", min=1, help="elastic demo: kill the last worker after this step")] = None,
     join_at: Annotated[int | None, typer.Option(
@@ -67,8 +74,10 @@ def train(
         "--profile", help="elastic: a `shoal profile` file for the planner's estimates")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
 ) -> None:
-    """Run a plan on torch.distributed through torchrun (gloo on CPU, NCCL on GPUs); with
-    --elastic, the workers switch plans without restarting when workers leave or join."""
+    """Run a plan on torch.distributed through torchrun (gloo on CPU, NCCL on GPUs).
+
+    With --elastic, the workers switch plans without restarting when workers leave or join.
+    Writes the model only with --save-hf, checkpoints only with --checkpoint-dir. Needs PyTorch."""
     needs_torch("shoal train")
     from shoal.runtime import launch as rl
     from shoal.specs.plan import load_plan

@@ -9,15 +9,25 @@ from typing import Annotated
 import typer
 
 from shoal.cli.common import _err, emit_json, show
+from shoal.cli.helptext import examples
 from shoal.report.tables import written_table
 
 
+@examples(
+    "shoal import helix --cluster single24.ini --machines machine_profiles.ini "
+        "--capacity node_capacity.json -o out/",
+    "shoal import helix --cluster single24.ini --machines machine_profiles.ini "
+        "--capacity node_capacity.json --model llama-2-70b --placement ilp.ini -o out/",
+    "shoal serve plan out/serving.yaml",
+)
 def import_helix_cmd(
     cluster: Annotated[Path, typer.Option("--cluster", help="Helix cluster INI file")],
     machines: Annotated[Path, typer.Option("--machines", help="Helix machine_profiles.ini")],
     capacity: Annotated[Path, typer.Option(
         "--capacity", help="node capacity tables T(k) (node_capacity.json format)")],
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="directory to write into")],
+    out_dir: Annotated[Path, typer.Option(
+        "--out", "-o", metavar="DIR",
+        help="the folder to write serving.yaml (and placement.json) into; made if missing")],
     model: Annotated[str | None, typer.Option(
         "--model", help="which model's table, when the capacity file has several")] = None,
     placement: Annotated[Path | None, typer.Option(
@@ -25,11 +35,14 @@ def import_helix_cmd(
     partial_inference: Annotated[bool, typer.Option(
         "--partial-inference", help="allow a node to start inside the previous node's range")] = False,
     profiles: Annotated[Path | None, typer.Option(
-        "--profiles", help="folder of <type>/{prompt,decode}_bs2time.csv layer times (for "
-                           "`serve simulate`)")] = None,
+        "--profiles", help="folder of <type>/prompt_bs2time.csv and <type>/decode_bs2time.csv "
+                           "layer times (for `serve simulate`)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
 ) -> None:
-    """Write a shoal serving file (and placement) from Helix's files."""
+    """Write a shoal serving file (and placement) from Helix's files.
+
+    -o names the folder that gets serving.yaml, and placement.json with --placement (a Helix
+    solution). Prints what was written (or, with --json, one JSON object)."""
     import yaml
 
     from shoal.files import check_folder, write_json, write_text

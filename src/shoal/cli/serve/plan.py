@@ -8,40 +8,51 @@ from typing import Annotated
 
 import typer
 
-from shoal.cli.choices import Objective, Placer
+from shoal.cli.choices import Objective, Placer, choice_option
 from shoal.cli.common import _out, emit_json, handles_errors, only_with, output_option, show
+from shoal.cli.helptext import examples
 from shoal.cli.serve.inputs import given_placement, load_cluster, status
 from shoal.errors import SpecError
 from shoal.report import serve_tables as tables
 
 
 @handles_errors
+@examples(
+    "shoal serve plan examples/llama2-70b-mixed.serving.yaml -o placement.json --figure placement.png",
+    "shoal serve plan examples/llama2-70b-mixed.serving.yaml --placer milp --time-limit 30 "
+        "--helix-out placement.ini",
+)
 def plan_cmd(
     serving: Annotated[Path, typer.Argument(metavar="SERVING", help="serving file (YAML or JSON)")],
-    placer: Annotated[Placer, typer.Option(help="placement algorithm")] = Placer.auto,
-    objective: Annotated[Objective | None, typer.Option(
-        help="auto only: decode (default where the nodes have layer times): the simulated "
-             "decode throughput; max-flow: Helix's objective", show_default=False)] = None,
+    placer: Annotated[Placer, choice_option(Placer, help="placement algorithm: {choices}")] = Placer.auto,
+    objective: Annotated[Objective | None, choice_option(
+        Objective, help="auto only: decode (default where the nodes have layer times), the "
+                        "simulated decode throughput; or max-flow, Helix's objective",
+        show_default=False)] = None,
     lengths: Annotated[Path | None, typer.Option(
-        "--lengths", help="request lengths to simulate (CSV input_tokens,output_tokens; "
-                          "default: seeded synthetic ones)")] = None,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="seconds")] = 60.0,
+        "--lengths", help="request lengths to simulate, CSV: input_tokens, output_tokens "
+                          "(default: seeded synthetic ones)")] = None,
+    time_limit: Annotated[float, typer.Option(
+        "--time-limit", min=0.1, metavar="SECONDS", help="the placer's time limit in seconds")] = 60.0,
     seed: Annotated[int | None, typer.Option(
-        min=0, help="petals' node order (auto and milp start from it too) [default: 0]")] = None,
+        min=0, help="petals' node order (auto and milp start from it too; default: 0)")] = None,
     prune: Annotated[int | None, typer.Option(
-        min=0, help="milp: keep each node's fastest N links (0: all) [default: 12]")] = None,
+        min=0, help="milp: keep each node's fastest N links (0: all; default: 12)")] = None,
     warm_start: Annotated[bool, typer.Option(
         "--warm-start/--cold", help="milp: start from the best baseline placement")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
     output: Annotated[Path | None, output_option(
-        "-o", "--output", help="write the placement (JSON) here")] = None,
+        "-o", "--output", help="write the placement here (JSON, for --placement)")] = None,
     helix_out: Annotated[Path | None, output_option(
         "--helix-out", help="also write the placement in Helix's solution format")] = None,
     figure: Annotated[Path | None, output_option("--figure", help="draw the placement")] = None,
 ) -> None:
-    """Place the model's layers on the nodes: by default for the most decode tokens/s the request
-    simulator serves (or, with --objective max-flow, the largest max flow); reports what the
-    placement serves next to its max flow, and what binds."""
+    """Place the model's layers on the nodes: the placement, its max flow and what it serves.
+
+    By default for the most decode tokens/s the request simulator serves (or, with --objective
+    max-flow, the largest max flow); reports what the placement serves next to its max flow,
+    and what binds (or, with --json, one JSON object). -o writes the placement, which serve
+    flow, simulate and run take as --placement."""
     from shoal.files import check_outputs
     from shoal.serving.placers import MilpOptions, place, with_served
 
@@ -66,14 +77,20 @@ def plan_cmd(
 
 
 @handles_errors
+@examples(
+    "shoal serve plan examples/llama2-70b-mixed.serving.yaml -o placement.json",
+    "shoal serve flow examples/llama2-70b-mixed.serving.yaml --placement placement.json --figure flow.png",
+)
 def flow_cmd(
     serving: Annotated[Path, typer.Argument(metavar="SERVING", help="serving file (YAML or JSON)")],
     placement: Annotated[Path, typer.Option("--placement", help="placement JSON (or Helix .ini)")],
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
     figure: Annotated[Path | None, output_option("--figure", help="draw the placement")] = None,
 ) -> None:
-    """The max flow (tokens/s) of a given placement, the flow on every link, and what the
-    placement serves (simulated) and what binds."""
+    """The max flow (tokens/s) of a given placement and the flow on every link.
+
+    Also what the placement serves (simulated) and what binds. Prints tables (or, with --json,
+    one JSON object); writes nothing unless --figure names a figure."""
     from shoal.files import check_outputs
     from shoal.serving.placers import with_served
 

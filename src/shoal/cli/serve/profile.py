@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from shoal.cli.common import emit_json, handles_errors, show
+from shoal.cli.helptext import examples
 from shoal.cli.meta import model_doc
 from shoal.cli.serve.inputs import check_dtype, status
 from shoal.errors import SpecError
@@ -16,9 +17,14 @@ from shoal.report.serve_tables import serve_profile_lines, serve_profile_table
 
 
 @handles_errors
+@examples(
+    "shoal serve profile --model tiny -o prof/",
+    "shoal serve profile --model tiny --context 16 --reps 10 -o prof/",
+)
 def profile_cmd(
     model: Annotated[str, typer.Option("--model", help="model to measure (e.g. tiny)")],
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="folder to write the profile into")],
+    out_dir: Annotated[Path, typer.Option(
+        "--out", "-o", metavar="DIR", help="the folder to write the profile into; made if missing")],
     context: Annotated[int | None, typer.Option(
         "--context", min=1, help="cached tokens per request while decode steps are timed "
                                  "(default: a quarter of the model's context)")] = None,
@@ -27,10 +33,12 @@ def profile_cmd(
     seed: Annotated[int, typer.Option(min=0, help="seed of the weights")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
 ) -> None:
-    """Measure per-layer prompt and decode times and the hop between processes with serve run's
-    own workers: Helix's prompt_bs2time.csv and decode_bs2time.csv (a machine's 'profile:') and
+    """Measure per-layer prompt and decode times and the hop between processes.
+
+    Measures with serve run's own workers. -o names the folder that gets Helix's
+    prompt_bs2time.csv and decode_bs2time.csv (a machine's 'profile:' in the serving file) and
     links.json (latency and bandwidth for the serving file's links; host_cores, host_share and
-    wake for its top level)."""
+    wake for its top level). Needs PyTorch."""
     from dataclasses import asdict
 
     from shoal import catalog

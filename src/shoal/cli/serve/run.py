@@ -11,12 +11,19 @@ from typing import Annotated
 import typer
 
 from shoal.cli.common import _err, _fail, _out, emit_json, handles_errors, output_option, show, with_meta
+from shoal.cli.helptext import examples
 from shoal.cli.serve.inputs import check_dtype, given_placement, load_cluster, status, trace_workload
 from shoal.errors import SpecError
 from shoal.report import serve_tables as tables
 
 
 @handles_errors
+@examples(
+    "# serving.yaml: nodes for the 4-block tiny model on a CPU (docs/serving.md)",
+    "shoal serve run serving.yaml --model tiny --requests 8",
+    "shoal serve run serving.yaml --placement placement.json --model tiny --rate 4 -o served.json",
+    "shoal serve run serving.yaml --model tiny --http 8000",
+)
 def run_cmd(
     serving: Annotated[Path, typer.Argument(metavar="SERVING", help="serving file (YAML or JSON)")],
     placement: Annotated[Path | None, typer.Option(
@@ -27,31 +34,34 @@ def run_cmd(
     rate: Annotated[float | None, typer.Option(
         "--rate", min=0.001, help="Poisson arrivals per second (default: all at once)")] = None,
     lengths: Annotated[Path | None, typer.Option(
-        "--lengths", help="CSV input_tokens,output_tokens (default: seeded synthetic lengths)")] = None,
+        "--lengths", help="CSV: input_tokens, output_tokens (default: seeded synthetic lengths)")] = None,
     trace: Annotated[Path | None, typer.Option(
-        "--trace", help="CSV arrival_s,input_tokens,output_tokens: replay these requests "
-                        "(the same file serve simulate --trace reads)")] = None,
+        "--trace", help="CSV: arrival_s (seconds), input_tokens, output_tokens: replay these "
+                        "requests (the file serve simulate --trace reads)")] = None,
     max_new: Annotated[int | None, typer.Option(
         "--max-new", min=1, help="at most this many generated tokens per request")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or float64")] = "float32",
     timeout: Annotated[float, typer.Option(
-        "--timeout", min=1, help="seconds a request may take from its arrival")] = 600.0,
+        "--timeout", min=1, metavar="SECONDS", help="seconds a request may take from its arrival")] = 600.0,
     start_timeout: Annotated[float, typer.Option(
-        "--start-timeout", min=1, help="seconds to wait for every worker, here and on the "
-                                       "hosts the serving file names, to start")] = 120.0,
+        "--start-timeout", min=1, metavar="SECONDS",
+        help="seconds every worker (here and on the serving file's hosts) may take to start")] = 120.0,
     restarts: Annotated[int, typer.Option(
         "--restarts", min=0, help="times a worker this machine started is started again after "
                                   "it dies (0: never; it is routed around)")] = 3,
     http: Annotated[str | None, typer.Option(
-        "--http", metavar="[HOST:]PORT",
-        help="serve an OpenAI-style /v1/completions endpoint here until interrupted "
-             "(instead of the generated requests)")] = None,
+        "--http", metavar="[HOST:]PORT", help="instead: answer OpenAI-style /v1/completions "
+                                              "requests here until interrupted")] = None,
     seed: Annotated[int, typer.Option(min=0, help="seed of weights, prompts and arrivals")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
-    output: Annotated[Path | None, output_option("-o", "--output", help="write the JSON here")] = None,
+    output: Annotated[Path | None, output_option(
+        "-o", "--output", help="write the result here (the JSON --json prints; not with --http)")] = None,
 ) -> None:
     """Run a placement for real on this machine: one worker process per node holding its layers,
-    the coordinator routing each request along its chain; the simulator's metrics, measured."""
+    the coordinator routing each request along its chain; the simulator's metrics, measured.
+
+    With --http, answers requests until interrupted instead. Without --placement, places the
+    layers with auto first. Needs PyTorch."""
     from shoal.files import check_outputs
     from shoal.runtime.serve import live, traffic
     from shoal.serving import workload as wl
@@ -97,6 +107,11 @@ def run_cmd(
 
 
 @handles_errors
+@examples(
+    "# on the host the serving file gives node c (docs/serving.md)",
+    "shoal serve worker serving.yaml --node c",
+    "shoal serve worker serving.yaml --node c --bind 0.0.0.0",
+)
 def worker_cmd(
     serving: Annotated[Path, typer.Argument(metavar="SERVING", help="serving file (YAML or JSON)")],
     node: Annotated[str, typer.Option("--node", help="the node this worker runs: a node name "
@@ -105,9 +120,10 @@ def worker_cmd(
         "--bind", help="interface to listen on (default: the node's host; e.g. 0.0.0.0 "
                        "behind NAT)")] = None,
 ) -> None:
-    """Run one node's worker on this machine for `shoal serve run` on another: it reaches the
-    coordinator at the serving file's coordinator.address, gets its layers from it, serves until
-    the coordinator stops it, then exits."""
+    """Run one node's worker on this machine for `shoal serve run` on another.
+
+    It reaches the coordinator at the serving file's coordinator.address, gets its layers from
+    it, serves until the coordinator stops it, then exits. Writes no file."""
     from shoal.runtime.serve.worker import worker_main
 
     cluster = load_cluster(serving)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from shoal.cli.choices import Mode, RouterName
+from shoal.cli.choices import Mode, RouterName, choice_option
 from shoal.cli.common import (
     _out,
     _progress,
@@ -18,6 +18,7 @@ from shoal.cli.common import (
     show,
     with_meta,
 )
+from shoal.cli.helptext import examples
 from shoal.cli.serve.inputs import given_placement, load_cluster, trace_workload
 from shoal.errors import SpecError
 from shoal.report.serve_tables import simulated_table
@@ -26,40 +27,54 @@ OFFLINE_DURATION_S = 600.0  # seconds measured offline when no --duration is giv
 
 
 @handles_errors
+@examples(
+    "# placement.json: written by serve plan -o",
+    "shoal serve simulate examples/llama2-70b-mixed.serving.yaml --placement placement.json --duration 300",
+    "shoal serve simulate examples/llama2-70b-mixed.serving.yaml --mode online --load 0.5 "
+        "--router shortest-queue -o simulated.json",
+)
 def simulate_cmd(
     serving: Annotated[Path, typer.Argument(metavar="SERVING", help="serving file (YAML or JSON)")],
     placement: Annotated[Path | None, typer.Option(
         "--placement", help="placement JSON or Helix .ini (default: place with auto)")] = None,
-    mode: Annotated[Mode | None, typer.Option(
+    mode: Annotated[Mode | None, choice_option(
+        Mode, metavar="MODE",
         help="offline (default): keep the cluster busy (Helix's KV feeder, or --concurrency); "
              "online (with --trace, always): arrivals", show_default=False)] = None,
     concurrency: Annotated[int | None, typer.Option(
         "--concurrency", min=1, help="offline: this many requests in flight (as Helix runs its "
                                      "baseline routers) instead of the KV feeder")] = None,
-    router: Annotated[RouterName, typer.Option(help="per-request routing")] = RouterName.iwrr,
+    router: Annotated[RouterName, choice_option(
+        RouterName, help="per-request routing: {choices}")] = RouterName.iwrr,
     lengths: Annotated[Path | None, typer.Option(
-        "--lengths", help="CSV input_tokens,output_tokens (default: seeded synthetic lengths)")] = None,
+        "--lengths", help="CSV: input_tokens, output_tokens (default: seeded synthetic lengths)")] = None,
     arrivals: Annotated[Path | None, typer.Option(
-        "--arrivals", help="online: CSV interval,requests per 3 s (default: Poisson)")] = None,
+        "--arrivals", help="online: CSV: interval, requests (per 3 s interval; default: Poisson)")] = None,
     trace: Annotated[Path | None, typer.Option(
-        "--trace", help="online: CSV arrival_s,input_tokens,output_tokens, one row per request "
-                        "(instead of --lengths, --arrivals and --load)")] = None,
+        "--trace", help="online: CSV: arrival_s (seconds), input_tokens, output_tokens, a row "
+                        "per request (instead of --lengths, --arrivals and --load)")] = None,
     batching: Annotated[str, typer.Option(
-        "--batching", help="vllm: as vLLM 0.4 (Helix's engine); live: as serve run's workers "
-                           "(one request's step at a time, in arrival order)")] = "vllm",
+        "--batching", metavar="NAME", help="vllm: as vLLM 0.4 (Helix's engine); live: as serve "
+                                           "run's workers (one request's step at a time, in "
+                                           "arrival order)")] = "vllm",
     load: Annotated[float | None, typer.Option(
-        "--load", min=0.01, help="online: mean arrival rate as a fraction of the max flow "
-                                 "[default: 0.75]")] = None,
+        "--load", min=0.01, help="online: arrivals at this fraction of the max flow (default: 0.75)")] = None,
     requests: Annotated[int | None, typer.Option(
         "--requests", min=1, help="online: simulate only the first N requests")] = None,
-    warmup: Annotated[float, typer.Option("--warmup", min=0, help="seconds not measured")] = 60.0,
+    warmup: Annotated[float, typer.Option(
+        "--warmup", min=0, metavar="SECONDS", help="simulated seconds at the start, not measured")] = 60.0,
     duration: Annotated[float | None, typer.Option(
-        "--duration", min=1, help="seconds measured (offline default 600; online: until done)")] = None,
+        "--duration", min=1, metavar="SECONDS",
+        help="simulated seconds measured (default: offline 600; online until done)")] = None,
     seed: Annotated[int, typer.Option(min=0, help="seed of lengths, arrivals and random routing")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
-    output: Annotated[Path | None, output_option("-o", "--output", help="write the JSON here")] = None,
+    output: Annotated[Path | None, output_option(
+        "-o", "--output", help="write the result here (the JSON object --json prints)")] = None,
 ) -> None:
-    """Simulate requests on a placement: throughput, prompt and decode latency, utilisation."""
+    """Simulate requests on a placement: throughput, prompt and decode latency, utilisation.
+
+    Prints the result (or, with --json, one JSON object); -o writes that JSON object to a file.
+    Without --placement, places the layers with auto first."""
     from shoal.files import check_outputs, write_json
     from shoal.serving import workload as wl
     from shoal.serving.simulator import SimOptions
