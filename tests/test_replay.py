@@ -615,9 +615,10 @@ def test_cli_replay_bad_inputs(scenario_file, tmp_path):
     assert r.exit_code == 2 and "line 3" in r.output
     r = runner.invoke(app, ["replay", str(scenario_file), "--synthetic", "meteor"])
     assert r.exit_code == 2 and "spot" in r.output
+    (tmp_path / "afile").write_text("")  # a file where the output's folder would be made
     r = runner.invoke(app, ["replay", str(scenario_file), "--synthetic", "spot",
-                            "-o", str(tmp_path / "missing" / "x.json")])
-    assert r.exit_code == 2 and not (tmp_path / "missing").exists()
+                            "-o", str(tmp_path / "afile" / "x.json")])
+    assert r.exit_code == 2 and "no folder can be made" in r.output
     r = runner.invoke(app, ["replay", str(scenario_file), "--synthetic", "spot", "--hours", "inf"])
     assert r.exit_code == 2 and "--hours" in r.output and "finite" in r.output
     # an option of the other kind of trace is refused, not ignored
