@@ -712,3 +712,65 @@ def test_an_error_caps_the_value_it_repeats(tmp_path):
         assert len(err["message"]) < 1500 and "\u2026" in err["message"], err["message"][:3000]
         assert len(res.stderr) < 2000
         assert len(json.dumps(err.get("value", ""))) < 400
+
+
+def test_outputs_make_their_missing_folders(tmp_path):
+    """Every option that writes a file (or a folder) makes the folders on the way to it; a
+    file in the way is bad input, and a command that fails writes nothing."""
+    ex = ROOT / "examples"
+    cases = [
+        (["estimate", SCENARIO, "--plan", PLAN, "--timeline", "{d}/t.png"], ["t.png"]),
+        (["plan", ex / "opt350m-two-zones.yaml", "--budget", "5", "-o", "{d}/out.json",
+          "--figure", "{d}/front.svg"], ["front.svg", "out.json"]),
+        (["replay", ex / "opt350m-two-zones.yaml", "--synthetic", "spot", "--hours", "1",
+          "--budget", "5", "-o", "{d}/r.json"], ["r.json"]),
+        (["serve", "plan", ex / "llama2-70b-mixed.serving.yaml", "--time-limit", "5",
+          "-o", "{d}/p.json"], ["p.json"]),
+    ]
+    for i, (args, names) in enumerate(cases):
+        d = tmp_path / f"c{i}" / "a" / "b"
+        res = run(*[str(a).format(d=d) for a in args], "--quiet")
+        assert res.exit_code == 0, res.output
+        assert sorted(p.name for p in d.iterdir()) == names, args
+    est = tmp_path / "c0" / "e.json"
+    res = run("estimate", SCENARIO, "--plan", PLAN, "--json")
+    est.write_text(res.stdout)
+    res = run("report", est, "-o", tmp_path / "rep" / "x" / "r.html")
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "rep" / "x" / "r.html").read_text().startswith("<!DOCTYPE html>")
+    # an import's output folder, nested
+    cfg = tmp_path / "training_config.json"
+    cfg.write_text(json.dumps({"hidden_size": 64, "num_layers": 2, "heads": 4, "vocab_size": 256,
+                               "global_batch_size": 8, "sequence_length": 32}))
+    plan = tmp_path / "plan_config.json"
+    plan.write_text(json.dumps({
+        "mbs": 1, "gbs": 4,
+        "pipeline_list": [{"layers_per_stage": [[0, 1], [2, 3]], "dp": [1, 1],
+                           "tmp_per_stage": [[[[["A100-40", 1, "us-central1-a"]], 1]],
+                                             [[[["A100-40", 1, "us-central1-a"]], 1]]]}]}))
+    out = tmp_path / "imp" / "x" / "y"
+    res = run("import", "sailor", "--training-config", cfg, "--plan", plan, "-o", out)
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in out.iterdir()) == ["plan.json", "scenario.yaml"]
+    # and the scenario it writes (no network given) estimates on the catalog's links
+    res = run("estimate", out / "scenario.yaml", "--plan", out / "plan.json")
+    assert res.exit_code == 0, res.output
+    # a file on the way: exit 2, nothing made
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    res = run("plan", ex / "opt350m-two-zones.yaml", "--budget", "5", "-o", blocker / "a" / "o.json")
+    assert res.exit_code == 2 and "no folder can be made" in res.stderr, res.output
+    # bad input found after the outputs are checked: no folder is made for them
+    res = run("estimate", SCENARIO, "--plan", tmp_path / "missing.json", "--timeline",
+              tmp_path / "never" / "t.png")
+    assert res.exit_code == 2 and not (tmp_path / "never").exists()
+
+
+def test_import_helix_makes_its_folder(reference_dir, tmp_path):
+    h = reference_dir / "helix"
+    out = tmp_path / "a" / "b"
+    res = run("import", "helix", "--cluster", h / "clusters" / "cluster10.ini", "--machines",
+              h / "clusters" / "machine_profiles.ini", "--capacity", h / "node_capacity.json",
+              "-o", out)
+    assert res.exit_code == 0, res.output
+    assert (out / "serving.yaml").is_file()

@@ -597,6 +597,32 @@ def test_cli_replay_json_and_figure(scenario_file, tmp_path):
     assert doc["replan"]["timed_out"] == 0
 
 
+def test_cli_replay_warns_of_a_trace_larger_than_the_pool(scenario_file, tmp_path):
+    """A trace that gives more GPUs of a (type, zone) than the pool has is planned with the
+    trace's count, and the replay says so on stderr and in --json's warnings."""
+    events = tmp_path / "big.csv"
+    events.write_text(f"time_s,gpu,zone,count\n600,{A100},{A},40\n1200,{A100},{A},4\n")
+    r = runner.invoke(app, ["replay", str(scenario_file), "--trace", str(events), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert len(doc["warnings"]) == 1
+    w = doc["warnings"][0]
+    for part in (f"gives 40 {A100} in {A}", "(first at 600 s)", "pool has 4",
+                 "with the trace's 40"):
+        assert part in w, w
+    assert "warning: " in r.stderr and f"gives 40 {A100}" in r.stderr
+    # what shoal does with it, as the warning says: the state's plan may use all 40
+    big = doc["steps"][1]
+    assert big["available"][f"{A100}@{A}"] == 40
+    assert doc["plans"][big["plan"]]["gpus"] > sum(SCENARIO["pool"]["regions"]["us-central1"][
+        "zones"][A]["gpus"].values()) + 8
+    # a trace within the pool warns of nothing
+    events.write_text(f"time_s,gpu,zone,count\n600,{A100},{A},2\n")
+    r = runner.invoke(app, ["replay", str(scenario_file), "--trace", str(events), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["warnings"] == [] and "warning" not in r.stderr
+
+
 def test_cli_replay_compares_policies(scenario_file):
     r = runner.invoke(app, ["replay", str(scenario_file), "--synthetic", "outage", "--seed", "3",
                             "--hours", "6", "--policy", "all"])
@@ -615,9 +641,10 @@ def test_cli_replay_bad_inputs(scenario_file, tmp_path):
     assert r.exit_code == 2 and "line 3" in r.output
     r = runner.invoke(app, ["replay", str(scenario_file), "--synthetic", "meteor"])
     assert r.exit_code == 2 and "spot" in r.output
+    (tmp_path / "afile").write_text("")  # a file where the output's folder would be made
     r = runner.invoke(app, ["replay", str(scenario_file), "--synthetic", "spot",
-                            "-o", str(tmp_path / "missing" / "x.json")])
-    assert r.exit_code == 2 and not (tmp_path / "missing").exists()
+                            "-o", str(tmp_path / "afile" / "x.json")])
+    assert r.exit_code == 2 and "no folder can be made" in r.output
     r = runner.invoke(app, ["replay", str(scenario_file), "--synthetic", "spot", "--hours", "inf"])
     assert r.exit_code == 2 and "--hours" in r.output and "finite" in r.output
     # an option of the other kind of trace is refused, not ignored

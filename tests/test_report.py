@@ -119,9 +119,10 @@ def test_report_bad_inputs_write_nothing(tmp_path, inputs):
     assert r.exit_code == 2 and "not a shoal result" in r.output and not out.exists()
     r = CliRunner().invoke(app, ["report", str(tmp_path / "missing.json"), "-o", str(out)])
     assert r.exit_code == 2 and "not found" in r.output and not out.exists()
+    (tmp_path / "no").write_text("")  # a file where the output's folder would be made
     r = CliRunner().invoke(app, ["report", str(inputs["estimate"]), "-o",
                                  str(tmp_path / "no" / "r.html")])
-    assert r.exit_code == 2 and "--output" in r.output
+    assert r.exit_code == 2 and "--output" in r.output and "no folder can be made" in r.output
 
 
 def _chromium() -> str | None:

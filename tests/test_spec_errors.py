@@ -239,19 +239,21 @@ def test_tp_must_fit_in_a_node(scenario_dict):
 
 
 def test_zone_pair_missing_from_network(scenario_dict):
-    scenario_dict["pool"]["regions"]["europe-west4"] = {
-        "zones": {"europe-west4-a": {"gpus": {"A100-40GB": 4}}}}
+    # a datacenter of no cloud the catalog knows: no catalog link stands in for the missing one
+    scenario_dict["pool"]["regions"]["onprem"] = {
+        "zones": {"onprem-a": {"gpus": {"A100-40GB": 4}}}}
     scenario_dict["pool"]["regions"]["us-central1"]["zones"].pop(ZONE_B)
     scenario_dict["network"] = {"links": [
         {"zones": [ZONE_A, ZONE_A], "bandwidth": "100Gbps"},
-        {"zones": ["europe-west4-a", "europe-west4-a"], "bandwidth": "100Gbps"},
+        {"zones": ["onprem-a", "onprem-a"], "bandwidth": "100Gbps"},
     ]}
     with pytest.raises(SpecError) as ei:
         build(scenario_dict)
     e = ei.value
     assert e.file == F
     assert e.field.startswith("network")
-    assert ZONE_A in str(e) and "europe-west4-a" in str(e)
+    assert ZONE_A in str(e) and "onprem-a" in str(e)
+    assert "in no cloud of the catalog" in str(e) and "network.cloud" in str(e)
     assert "network.defaults.cross_region" in e.allowed
 
 

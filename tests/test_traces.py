@@ -14,6 +14,7 @@ from shoal.elastic.traces import (
     SYNTHETIC_KINDS,
     State,
     Trace,
+    over_pool,
     synthetic,
 )
 from shoal.errors import SpecError
@@ -448,3 +449,30 @@ def test_files_saved_with_a_byte_order_mark_are_read(tmp_path, problem):
     path.write_bytes(b"\xef\xbb\xbf" + EVENTS.encode())
     assert load_trace(path, problem).states == load_trace(_write(tmp_path, "e.csv", EVENTS),
                                                           problem).states
+
+
+# ------------------------------------------------------------------------- larger than the pool
+
+
+def test_over_pool_names_each_pair_the_trace_exceeds(tmp_path, problem):
+    """Sailor's trace of 400 A100s where the pool has 8: the pair, both numbers and the time
+    it is first reached; pairs within the pool are not named."""
+    sailor = (",Timestamp,A100-40_us-central1-a,V100-16_us-central1-a\n"
+              "0,1000.0,8,8\n1,1100.0,400,8\n2,1200.0,200,9\n3,1300.0,400,2\n")
+    tr = load_trace(_write(tmp_path, "big.csv", sailor), problem)
+    found = over_pool(problem, tr)
+    assert [(o.gpu, o.zone, o.trace_count, o.pool_count, o.time_s) for o in found] == [
+        (A100, A, 400, 8, 100.0), (V100, A, 9, 8, 200.0)]
+    msg = found[0].message()
+    assert "400 A100-40GB in us-central1-a" in msg and "pool has 8" in msg
+    assert "trace's 400" in msg and "quotas" not in msg
+    assert over_pool(problem, load_trace(_write(tmp_path, "t.csv", SAILOR), problem)) == []
+
+
+def test_over_pool_mentions_a_quota_that_still_caps(problem):
+    from dataclasses import replace
+
+    capped = replace(problem, quotas={A100: 12})
+    tr = Trace((State(0.0, {(A100, A): 20, (V100, A): 8, (A100, B): 8}),), 3600.0, "t")
+    (o,) = over_pool(capped, tr)
+    assert "pool.quotas still caps A100-40GB at 12" in o.message()

@@ -225,24 +225,45 @@ def _kind(x: object) -> str:
             bool: "true or false", type(None): "null"}.get(type(x), type(x).__name__)
 
 
+def _existing_part(p: Path) -> Path:
+    """The nearest folder (or file) on the way to ``p`` that exists: where its missing
+    folders would be made."""
+    up = p
+    while not up.exists() and up != up.parent:
+        up = up.parent
+    return up
+
+
 def check_output(path: str | Path, option: str) -> Path:
-    """An output file path whose folder exists and which is not a folder, or a SpecError
-    naming the option."""
+    """An output file path that is not a folder and can be written, its missing folders made
+    (by ``make_folder``, when it is written), or a SpecError naming the option."""
     p = Path(path)
     if p.is_dir() or getattr(path, "given_as_folder", False):
         raise SpecError("a folder, not a file", field=option,
                         value=str(p) + ("" if p.is_dir() else os.sep),
                         allowed="a file path (a new file, or one to replace)")
-    if not p.parent.is_dir():
-        raise SpecError("the folder to write into does not exist", field=option,
-                        value=str(p), allowed="a path in an existing folder")
+    up = _existing_part(p.parent)
+    if not up.is_dir():
+        raise SpecError(f"{up} is a file: no folder can be made under it", field=option,
+                        value=str(p), allowed="a path whose existing part is a folder")
     if not p.exists() or p.is_file():  # written through a temporary file beside it
         try:
-            with tempfile.NamedTemporaryFile(dir=p.parent, prefix=".shoal-check-"):
+            with tempfile.NamedTemporaryFile(dir=up, prefix=".shoal-check-"):
                 pass
         except OSError as exc:
             raise SpecError(f"cannot write there: {exc.strerror or exc}", field=option,
                             value=str(p), allowed="a path in a folder you can write to") from None
+    return p
+
+
+def make_folder(path: str | Path) -> Path:
+    """A folder and the folders on the way to it, made where missing (every command's
+    outputs go through here); a SpecError naming it when one cannot be made."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"cannot make the folder: {exc.strerror or exc}", file=str(p)) from None
     return p
 
 
@@ -282,37 +303,33 @@ def _same_file(a: Path, b: Path) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def check_folder(path: str | Path, option: str, parents: bool = False) -> Path:
-    """An output folder: one that exists, or a new path whose parent folder exists (any
-    new path with ``parents``: the caller makes the folders); a SpecError naming the option
-    when it is a file or its parent is missing."""
+def check_folder(path: str | Path, option: str) -> Path:
+    """An output folder: one that exists, or a new path (the writer makes it and the folders
+    on the way, ``make_folder``); a SpecError naming the option when it is a file or a file
+    is on the way to it."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise SpecError("a file, not a folder", field=option, value=str(p),
                         allowed="a folder (an existing one, or a new path)")
-    if not parents and not p.exists() and not p.parent.is_dir():
-        raise SpecError("the folder to write into does not exist", field=option,
-                        value=str(p.parent), allowed="a path in an existing folder")
-    if parents and not p.exists():
-        up = p.parent
-        while not up.exists() and up != up.parent:
-            up = up.parent
-        if not up.is_dir():
-            raise SpecError(f"{up} is a file: no folder can be made under it", field=option,
-                            value=str(p), allowed="a path whose existing part is a folder")
+    up = _existing_part(p)
+    if not up.is_dir():
+        raise SpecError(f"{up} is a file: no folder can be made under it", field=option,
+                        value=str(p), allowed="a path whose existing part is a folder")
     return p
 
 
 def _swap_in(tmp: Path, out: Path, write) -> Path:
-    """``write(tmp)``, then ``tmp`` renamed to ``out``: the result appears whole or not at
-    all, and a failure leaves no temporary file behind. A symbolic link is written through
-    (its target replaced); a FIFO or a device is written directly (nothing can be swapped in
-    there). A path that cannot be written is a SpecError naming it."""
+    """``write(tmp)``, then ``tmp`` renamed to ``out`` (its missing folders made first): the
+    result appears whole or not at all, and a failure leaves no temporary file behind. A
+    symbolic link is written through (its target replaced); a FIFO or a device is written
+    directly (nothing can be swapped in there). A path that cannot be written is a SpecError
+    naming it."""
     if out.is_symlink():
         out = Path(os.path.realpath(out))
         tmp = out.with_name(tmp.name)
     if out.is_dir():
         raise SpecError("cannot write: the path is a folder", file=str(out))
+    make_folder(out.parent)
     try:
         if out.exists() and not out.is_file():
             write(out)

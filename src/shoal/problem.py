@@ -12,9 +12,10 @@ from pathlib import Path
 from shoal import catalog
 from shoal.catalog import GPU
 from shoal.catalog.stacks import resolve_stack
-from shoal.errors import SpecError
+from shoal.errors import SpecError, close_match
 from shoal.profiles.analytic import AnalyticProfile, uses_flash
 from shoal.profiles.compute import load_profile
+from shoal.profiles.default_links import CatalogLinks, intra_defaults
 from shoal.profiles.layers import LayerSizes, layer_sizes
 from shoal.profiles.network import NetworkModel
 from shoal.profiles.transfer import TransferProfile
@@ -93,6 +94,9 @@ class Problem:
     file: str | None = None
     switching: SwitchingSpec = field(default_factory=SwitchingSpec)
     name: str | None = None  # the scenario's label
+    # the links and intra-node links the catalog gave because the scenario did not
+    # (``DefaultedLink.to_json``, ``default_links.intra_defaults``)
+    network_defaults: tuple[dict, ...] = ()
 
     @property
     def n_layers(self) -> int:
@@ -169,7 +173,7 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
     quotas = {reg.canonical(k, field=f"pool.quotas.{k}", file=file): v
               for k, v in scn.pool.quotas.items()}
     prices = _prices(scn, pool, gpus, file)
-    network = _network(scn, pool, file)
+    network, defaulted = _network(scn, pool, gpus, file)
     analytic = AnalyticProfile(model, job.seq_len, {**reg.entries, **gpus}, stack,
                                optimizer=job.optimizer, precision=job.precision,
                                attention=job.attention, intra_node=network.intra)
@@ -180,7 +184,7 @@ def build_problem(scn: Scenario, *, file: str | None = None, base_dir: str | Pat
         network=network, profile=profile, sizes=layer_sizes(model, job.seq_len),
         constraints=scn.constraints, objective=scn.objective.goal, stack=stack,
         memory=MemoryConstants.of(stack), timing=TimeConstants.of(stack), file=file,
-        switching=scn.switching, name=scn.name,
+        switching=scn.switching, name=scn.name, network_defaults=defaulted,
     )
 
 
@@ -241,9 +245,18 @@ def _prices(scn: Scenario, pool: _Pool, gpus: dict[str, GPU],
     return prices
 
 
-def _network(scn: Scenario, pool: _Pool, file: str | None) -> NetworkModel:
-    """The network model, checked to link every pair of zones (and GPU types there)."""
-    network = NetworkModel(scn.network, pool.zone_region, pool.region_geo, file=file)
+def _network(scn: Scenario, pool: _Pool, gpus: dict[str, GPU],
+             file: str | None) -> tuple[NetworkModel, tuple[dict, ...]]:
+    """The network model, checked to link every pair of zones (and GPU types there), and the
+    links and intra-node links the catalog gave for it (``network_defaults``)."""
+    cloud = scn.network.cloud
+    if cloud is not None and cloud not in catalog.clouds():
+        raise SpecError("unknown cloud", file=file, field="network.cloud", value=cloud,
+                        allowed=", ".join(catalog.clouds()),
+                        suggestion=close_match(cloud, list(catalog.clouds())))
+    fallback = CatalogLinks(gpus, pool.zone_region, pool.region_geo, cloud, file)
+    network = NetworkModel(scn.network, pool.zone_region, pool.region_geo, file=file,
+                           fallback=fallback)
     zones = sorted(pool.zone_region)
     in_zone = {z: sorted({g for (g, zz) in pool.avail if zz == z}) for z in zones}
     for i, za in enumerate(zones):  # every pair of zones (and GPU types there) needs a link
@@ -251,7 +264,8 @@ def _network(scn: Scenario, pool: _Pool, file: str | None) -> NetworkModel:
             for ga in in_zone[za] or [None]:
                 for gb in in_zone[zb] or [None]:
                     network.link(za, zb, ga, gb)
-    return network
+    used = [d.to_json() for _, d in sorted(fallback.used.items())]
+    return network, (*used, *intra_defaults(gpus, set(network.intra)))
 
 
 def _profile(scn: Scenario, model: ModelSpec, gpus: dict[str, GPU], analytic: AnalyticProfile,

@@ -12,6 +12,7 @@ import yaml
 from shoal import units
 from shoal.errors import SpecError, close_match
 from shoal.specs.model import ModelSpec
+from shoal.specs.network import CurveSpec
 
 
 @dataclass(frozen=True)
@@ -216,3 +217,44 @@ def zone_geo() -> dict[str, tuple[str, str]]:
             for z in r.get("zones", []):
                 out[z] = (region, r.get("geo", "unknown"))
     return out
+
+
+# how far apart two zones are, nearest first (clouds.yaml ``network``)
+DISTANCES = ("same_zone", "same_region", "same_continent", "intercontinental")
+
+
+@dataclass(frozen=True)
+class LinkDefault:
+    """A cloud's catalog link for one distance class (clouds.yaml ``network``): the one-way
+    latency and, when the class caps it, the curve of one GPU-to-GPU flow (None: the flow gets
+    its GPU's NIC share)."""
+
+    latency_s: float
+    curve: CurveSpec | None
+    source: str
+
+
+@cache
+def network_defaults() -> dict[str, dict[str, LinkDefault]]:
+    """Cloud -> distance class -> its catalog link; a class a cloud leaves out has none."""
+    out: dict[str, dict[str, LinkDefault]] = {}
+    for name, cloud in clouds().items():
+        classes: dict[str, LinkDefault] = {}
+        for cls, e in (cloud.get("network") or {}).items():
+            if cls not in DISTANCES:
+                raise ValueError(f"clouds.yaml {name}.network: unknown distance class {cls!r}")
+            if not str(e.get("source", "")).strip():
+                raise ValueError(f"clouds.yaml {name}.network.{cls}: no source")
+            curve = (CurveSpec(**e["curve"]) if "curve" in e else
+                     CurveSpec(kind="constant", bandwidth=e["bandwidth"]) if "bandwidth" in e
+                     else None)
+            classes[cls] = LinkDefault(units.parse_seconds(e["latency"]), curve, str(e["source"]))
+        out[name] = classes
+    return out
+
+
+@cache
+def zone_cloud() -> dict[str, str]:
+    """Catalog zone -> the cloud that has it."""
+    return {z: name for name, cloud in clouds().items()
+            for r in cloud.get("regions", {}).values() for z in r.get("zones", [])}

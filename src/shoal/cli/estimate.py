@@ -9,7 +9,7 @@ import typer
 
 from shoal.cli.common import emit_json, handles_errors, output_option, show
 from shoal.cli.helptext import examples
-from shoal.report.tables import stage_table, summary_table, worker_table
+from shoal.report.tables import network_defaults_line, stage_table, summary_table, worker_table
 
 
 @handles_errors
@@ -49,9 +49,13 @@ def estimate(
         draw_timeline_doc(tl_doc, timeline)
     if as_json:
         emit_json(est.to_json() | {"stack": problem.stack.name}
+                  | {"network_defaults": list(problem.network_defaults)}
                   | ({"timeline": tl_doc} if tl_doc else {}), problem)
         return
     show(stage_table(est), worker_table(est), summary_table(est),
          f"software stack: {problem.stack.name} (job.stack; `shoal catalog stacks`)")
+    net = network_defaults_line(list(problem.network_defaults))
+    if net:
+        show(net)
     if timeline is not None:
         show(f"timeline written to {timeline}")

@@ -72,7 +72,7 @@ def import_sailor_cmd(
     --plan or a --trace row. Prints what was written (or, with --json, one JSON object)."""
     from shoal.io.sailor import SailorFiles, import_sailor
 
-    check_folder(out_dir, "--out", parents=True)
+    check_folder(out_dir, "--out")
     if step is not None and trace is None:
         raise SpecError("--step needs --trace", field="--step", value=step)
     if profiles_training_config is not None:  # the --profiles are of another model

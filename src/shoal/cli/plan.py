@@ -14,7 +14,7 @@ from shoal.cli.common import _progress, emit_json, handles_errors, output_option
 from shoal.cli.helptext import examples
 from shoal.errors import SpecError
 from shoal.files import check_outputs, write_json
-from shoal.report.tables import pareto_table, plans_table, rent_table, search_line
+from shoal.report.tables import network_defaults_line, pareto_table, plans_table, rent_table, search_line
 from shoal.units import UnitError, fmt_seconds, parse_seconds
 
 
@@ -121,7 +121,7 @@ def _plan_json(problem, result, slo) -> dict:
     return {"search_time_s": result.stats.search_time_s, "objective": result.objective,
             "slo": {"iterations": slo.iterations, "within_s": slo.within} if slo else None,
             "plans": [entry(c) for c in result.ranked], "pareto": [entry(c) for c in result.pareto],
-            "stats": result.stats.to_json()}
+            "stats": result.stats.to_json(), "network_defaults": list(problem.network_defaults)}
 
 
 def _print_plans(problem, result, slo) -> None:
@@ -132,6 +132,9 @@ def _print_plans(problem, result, slo) -> None:
         show(f"SLO: {slo.iterations:,} iterations within {fmt_seconds(slo.within)}")
     show(rent_table(rent(problem, result.ranked[0].plan)), pareto_table(result),
          search_line(result.stats))
+    net = network_defaults_line(list(problem.network_defaults))
+    if net:
+        show(net)
 
 
 def _deadline(iterations: int | None, within: str | None):

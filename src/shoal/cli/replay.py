@@ -9,7 +9,16 @@ from typing import Annotated
 import typer
 
 from shoal.cli.choices import Policy, Strategy, choice_option
-from shoal.cli.common import _progress, emit_json, handles_errors, only_with, output_option, show, with_meta
+from shoal.cli.common import (
+    _err,
+    _progress,
+    emit_json,
+    handles_errors,
+    only_with,
+    output_option,
+    show,
+    with_meta,
+)
 from shoal.cli.helptext import examples
 from shoal.errors import SpecError
 from shoal.files import check_outputs, write_json
@@ -56,6 +65,7 @@ def replay(
     with --json, one JSON object); -o writes that JSON object to a file."""
     from shoal.elastic.replan import Replanner
     from shoal.elastic.replay import replay_json, simulate
+    from shoal.elastic.traces import over_pool
     from shoal.problem import load_problem
 
     check_outputs([(output, "--output"), (figure, "--figure")], [scenario, trace])
@@ -71,11 +81,14 @@ def replay(
                         allowed="a number >= 0.01")
     problem = load_problem(scenario)
     tr = _trace(problem, trace, trace_gpu, trace_zone, synthetic, 0 if seed is None else seed, hours)
+    warnings = [o.message() for o in over_pool(problem, tr)]
+    for w in warnings:
+        _err().print(f"warning: {w}", soft_wrap=True)
     replanner = Replanner(problem, strategy=strategy.value, budget_s=budget)
     options = _plan_states(problem, tr, replanner, as_json)
     names = [p.value for p in Policy if p is not Policy.all] if policy is Policy.all else [policy.value]
     runs = [simulate(problem, tr, options, name) for name in names]
-    doc = with_meta(replay_json(tr, runs, replanner), problem)
+    doc = with_meta(replay_json(tr, runs, replanner) | {"warnings": warnings}, problem)
     if output is not None:
         write_json(output, doc)
     if figure is not None:

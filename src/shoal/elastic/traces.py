@@ -121,6 +121,42 @@ def last_gap(times: list[float]) -> float:
     return statistics.median(b - a for a, b in zip(times, times[1:]))
 
 
+@dataclass(frozen=True)
+class OverPool:
+    """A (GPU type, zone) of the pool for which a trace gives more GPUs than the scenario's
+    pool has: at most ``trace_count``, first at ``time_s``."""
+
+    gpu: str
+    zone: str
+    trace_count: int
+    pool_count: int
+    time_s: float
+    quota: int | None  # the scenario's pool.quotas cap on this GPU type, if any
+
+    def message(self) -> str:
+        cap = (f"; pool.quotas still caps {self.gpu} at {self.quota} in all"
+               if self.quota is not None else "")
+        return (f"the trace gives {self.trace_count} {self.gpu} in {self.zone} (first at "
+                f"{self.time_s:g} s) where the scenario's pool has {self.pool_count}: shoal "
+                f"plans those states with the trace's {self.trace_count} (a trace sets "
+                f"availability){cap}")
+
+
+def over_pool(problem: Problem, trace: Trace) -> list[OverPool]:
+    """The pairs of the pool for which the trace gives more GPUs than the pool has, in the
+    pool's order: each with the trace's largest count and when it first reaches it. A replay
+    plans every state with the trace's counts (``Replanner.plan``), so these plans may use
+    GPUs the scenario's pool never listed."""
+    out = []
+    for pair, have in problem.avail.items():
+        most = max(trace.states, key=lambda st: st.avail.get(pair, 0))
+        n = most.avail.get(pair, 0)
+        if n > have:
+            out.append(OverPool(pair[0], pair[1], n, have, most.time_s,
+                                problem.quotas.get(pair[0])))
+    return out
+
+
 # ---------------------------------------------------------------------------------------- synthetic
 
 

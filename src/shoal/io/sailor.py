@@ -13,7 +13,7 @@ from pathlib import Path
 
 from shoal import catalog
 from shoal.errors import SpecError
-from shoal.files import read_json, read_text
+from shoal.files import make_folder, read_json, read_text
 from shoal.profiles.compute import PROFILE_SCHEMA
 from shoal.specs.plan import TrainingPlan
 from shoal.specs.scenario import parse_scenario
@@ -397,7 +397,7 @@ def _write(out_dir: Path, scenario: dict, docs: dict[str, object]) -> dict[str, 
     temporary file first); their paths."""
     import yaml
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(out_dir)
     written = {}
     tmp = out_dir / "scenario.yaml.tmp"
     tmp.write_text(yaml.safe_dump(scenario, sort_keys=False))

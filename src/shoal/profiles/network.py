@@ -92,8 +92,12 @@ class NetworkModel:
     """Resolves the link and the egress price between any two zones (and GPU types)."""
 
     def __init__(self, spec: NetworkSpec, zone_region: dict[str, str], region_geo: dict[str, str],
-                 file: str | None = None):
+                 file: str | None = None, fallback=None):
+        """``fallback``: where a link the scenario does not give comes from
+        (``default_links.CatalogLinks``: the catalog's, by cloud, distance and GPU type); without
+        one, such a link is an error."""
         self.spec = spec
+        self.fallback = fallback
         self.zone_region = zone_region
         self.region_geo = region_geo
         self.file = file
@@ -142,6 +146,8 @@ class NetworkModel:
         cls = self.link_class(za, zb)
         if cls in self._defaults:
             return self._defaults[cls]
+        if self.fallback is not None:
+            return self.fallback.link(za, zb, ga, gb, cls)
         raise SpecError(
             f"no link between zones {za} and {zb}",
             file=self.file, field="network",

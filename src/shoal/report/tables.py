@@ -175,3 +175,34 @@ def search_line(st: SearchStats) -> str:
     return (f"searched in {st.search_time_s:.2f} s: {st.candidates_costed} plans costed, {st.oom} out "
             f"of memory, {st.infeasible} against a constraint, {st.pruned} shapes pruned"
             + (" (time budget reached: the search was cut short)" if st.truncated else ""))
+
+
+def _gbs(bw_Bps: float) -> str:
+    return f"{bw_Bps / 1e9:.3g} GB/s"
+
+
+def network_defaults_line(defaults: list[dict]) -> str | None:
+    """One line saying which links the catalog gave because the scenario did not
+    (``Problem.network_defaults``): per cloud and distance, each GPU pair's bandwidth of one
+    flow and the latency; then the intra-node links it gave. None when no link between nodes
+    came from the catalog."""
+    links = [d for d in defaults if d["kind"] == "link"]
+    if not links:
+        return None
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for d in links:
+        groups.setdefault((d["cloud"], d["distance"]), []).append(d)
+    parts = []
+    for (cloud, dist), ds in groups.items():
+        pairs = ", ".join(dict.fromkeys(
+            f"{'/'.join(d['gpus']) or 'no GPUs'} {_gbs(d['bandwidth_Bps'])}" for d in ds))
+        lat = sorted({fmt_seconds(d["latency_s"]) if d["latency_s"] else "none added"
+                      for d in ds})
+        parts.append(f"{cloud} {dist.replace('_', '-')} ({pairs} per flow; latency "
+                     f"{', '.join(lat)})")
+    intra = [d for d in defaults if d["kind"] == "intra_node"]
+    if intra:
+        parts.append("intra-node " + ", ".join(f"{d['gpu']} {_gbs(d['bandwidth_Bps'])}"
+                                               for d in intra))
+    return ("network: catalog defaults for " + "; ".join(parts)
+            + " (network.defaults or network.links override them; --json names the sources)")

@@ -140,7 +140,7 @@ def check_checkpoints(checkpoint_dir: Path | None, resume: bool, spec):
         raise SpecError("--resume needs --checkpoint-dir", field="--resume")
     if checkpoint_dir is None:
         return None
-    check_folder(checkpoint_dir, "--checkpoint-dir", parents=True)
+    check_folder(checkpoint_dir, "--checkpoint-dir")
     found = ckpt.latest(checkpoint_dir) if checkpoint_dir.is_dir() else None
     if resume and found is None:
         raise SpecError("no checkpoint to resume from (no complete step-N folder)",

@@ -13,7 +13,6 @@ or the CUDA device's) with the network measurements beside it.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from shoal.files import write_json
 from shoal.problem import TimeConstants
 from shoal.profiles.compute import PROFILE_SCHEMA
 from shoal.runtime.model import Stage, TPGroup, token_loss
@@ -263,7 +263,5 @@ def run(spec: ModelSpec, model_name: str, tps: list[int], mbs_list: list[int], s
     if net["p2p_s"]:
         bw, lat = fit_link(net["p2p_s"])
         doc["network"]["link"] = {"bandwidth_Bps": bw, "latency_s": lat}
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(out)
+    write_json(out, doc)
     return doc

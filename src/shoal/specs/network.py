@@ -171,14 +171,21 @@ LinkClass = Literal["same_zone", "same_region", "cross_region"]
 class NetworkSpec(BaseModel):
     model_config = STRICT
     defaults: dict[LinkClass, LinkSpec] = Field(
-        default_factory=dict, description="link per class: same_zone, same_region, cross_region"
+        default_factory=dict, description="link per class: same_zone, same_region, cross_region; "
+                                          "a class not given: the catalog's link for the cloud, "
+                                          "the zones' distance and the GPU types"
     )
     links: list[PairLink] = Field(
         default_factory=list,
         description="links per zone pair, optionally per GPU-type pair; they win over defaults")
+    # a pair of zones neither gives a link for takes the catalog's (clouds.yaml ``network``)
     intra_node: dict[str, LinkSpec] = Field(
         default_factory=dict,
         description="GPU type -> link inside a node (TP traffic); default: catalog",
     )
     egress_usd_per_gb: EgressSpec = Field(
         default_factory=EgressSpec, description="USD per GB a plan sends from one zone to another")
+    cloud: str | None = Field(
+        default=None, description="the cloud (gcp, azure, ...) whose catalog links stand in for "
+                                  "links not given between zones the catalog does not list "
+                                  "(a catalog zone is in its own cloud)")

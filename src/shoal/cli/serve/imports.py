@@ -45,7 +45,7 @@ def import_helix_cmd(
     solution). Prints what was written (or, with --json, one JSON object)."""
     import yaml
 
-    from shoal.files import check_folder, write_json, write_text
+    from shoal.files import check_folder, make_folder, write_json, write_text
     from shoal.io.helix import import_helix, read_placement
     from shoal.serving.cluster import build_cluster
     from shoal.specs.serving import parse_serving
@@ -55,7 +55,7 @@ def import_helix_cmd(
                        partial_inference=partial_inference, profiles=profiles)
     cl = build_cluster(parse_serving(doc, file=str(cluster)), file=str(cluster))
     pl = read_placement(placement, cl) if placement is not None else None
-    out_dir.mkdir(exist_ok=True)
+    make_folder(out_dir)
     written = {}
     written["serving"] = write_text(out_dir / "serving.yaml", yaml.safe_dump(doc, sort_keys=False))
     warnings = []

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import zmq
 
-from shoal.files import write_json, write_text
+from shoal.files import make_folder, write_json, write_text
 from shoal.runtime.model import Stage
 from shoal.runtime.profiler import _clock, _median_time
 from shoal.runtime.serve.shard import Shard
@@ -65,7 +65,7 @@ class ServingProfile:
 
     def write(self, out: Path) -> list[Path]:
         """The two Helix CSVs and ``links.json`` in ``out`` (created), each written whole."""
-        out.mkdir(parents=True, exist_ok=True)
+        make_folder(out)
         rows = [("prompt_bs2time.csv", "tokens", self.prompt_tokens, self.prompt_s_per_layer),
                 ("decode_bs2time.csv", "batch", self.decode_batch, self.decode_s_per_layer)]
         paths = []
