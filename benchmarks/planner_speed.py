@@ -1,10 +1,18 @@
-"""Planner search time and plan quality on Sailor's pools, `auto` against `sailor`, one run.
+"""Planner speed on Sailor's pools, on the path `shoal plan` runs, one run.
 
 Pools come from Sailor's availability traces, jobs from its training configs, layer times from
 its measured profiles (GPT-Neo-2.7B on A100-40GB and V100-16GB; OPT-350M on both), network curves
-from its fitted coefficients; all through `shoal import sailor`. For each scenario: search time
-of each strategy (median of --repeats runs), and the best plan's estimated iterations/s and
-USD/iteration under shoal's estimator.
+from its fitted coefficients; all through `shoal import sailor`. For each scenario (medians of
+--repeats runs):
+
+- `plan`: the `shoal plan` command's own search (``cli.plan._searches``: the search under the
+  objective, then the other objectives' searches completing the front, in one budget, at the
+  command's default budget), with the time to a plan at least as fast as the plan Sailor's own
+  planner chose for that pool (rebuilt from `reference/sailor/sailor_runs.md`, estimated by
+  shoal), the time to the final best plan and the plans costed;
+- `process_s`: the whole `python -m shoal plan SCENARIO --json` process, warm (compiled kernels
+  cached) and, once, cold (an empty kernel cache: the first run after an install);
+- `auto` and `sailor` alone (``planners.search`` without the front), as before.
 
     python benchmarks/planner_speed.py [--repeats 3] [--only NAME] [--budget 600]
 """
@@ -14,6 +22,8 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,11 +34,15 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _reference import reference_dir  # noqa: E402
+from sailor_faithfulness import fitted, runs_table, sailor_plan  # noqa: E402
+from shoal.cli import plan as plan_cmd  # noqa: E402
 from shoal.errors import InfeasibleError  # noqa: E402
+from shoal.estimate import estimate  # noqa: E402
 from shoal.io.sailor import SailorFiles, import_sailor  # noqa: E402
 from shoal.problem import load_problem  # noqa: E402
 from shoal.specs.job import Constraints  # noqa: E402
 from shoal.training.planners import Limits, search  # noqa: E402
+from shoal.training.planners import common as planners_common  # noqa: E402
 
 NEO, OPT = "training_config_gpt_neo27.json", "training_config_opt_350.json"
 HET, GEO = "gpu_trace_heterogeneous_imbalanced.csv", "gpu_trace_multizone.csv"
@@ -49,6 +63,15 @@ SCENARIOS = {
     # three GPU types, 256 each, one zone (A100-80GB: analytic layer times, A100-40GB network)
     "gptneo_3types_256": (NEO, "GPT-Neo-2.7", HET, 2, MAX_THR, "three_types"),
 }
+# scenario -> (run, step) of reference/sailor/sailor_runs.md whose chosen plan is Sailor's for it
+SAILORS_RUN = {"gptneo_32a_96v": ("het_gptneo27", 0), "gptneo_80a_240v": ("het_gptneo27", 1),
+               "gptneo_128a_384v": ("het_gptneo27", 2), "opt350_128a_384v": ("het_opt350", 2),
+               "opt350_5zones_128a": ("geo_opt350", 2)}
+# Sailor's own planner's search time on three pools, measured on this benchmark's machine (2
+# cores) from Sailor's public repository, alternating with shoal's runs: the goals are
+# plan-at-least-as-good <= 1/10 of it, the whole `shoal plan` search <= it
+SAILORS_SEARCH_S = {"gptneo_128a_384v": 10.3, "opt350_128a_384v": 4.4,
+                    "opt350_5zones_128a": 0.47}
 
 
 def three_types(scenario: Path) -> None:
@@ -95,6 +118,11 @@ def main() -> None:
                 three_types(d / "scenario.yaml")
             pb = load_problem(d / "scenario.yaml")
             row = {"objective": objective, "constraints": cons}
+            target = sailors_time(s, name, pb)
+            row["plan"] = user_path(pb, objective, cons, args.repeats, target)
+            row["process_s"] = process_times(d / "scenario.yaml", objective, cons)
+            if name in SAILORS_SEARCH_S:
+                row["sailors_search_s"] = SAILORS_SEARCH_S[name]
             for strategy in ("sailor", "auto"):
                 times, res = [], None
                 for _ in range(args.repeats):
@@ -130,6 +158,74 @@ def main() -> None:
             out[name] = row
             print(json.dumps({name: row}), file=sys.stderr)
     print(json.dumps(out, indent=1))
+
+
+def sailors_time(s: Path, name: str, pb) -> float | None:
+    """Shoal's iteration time of the plan Sailor's planner chose for scenario ``name`` (None
+    where the reference has none)."""
+    if name not in SAILORS_RUN:
+        return None
+    run, step = SAILORS_RUN[name]
+    row = next(r for r in runs_table((s / "sailor_runs.md").read_text())
+               if r["run"] == run and r["step"] == step)
+    zone = sorted({z for _, z in pb.avail})[0]
+    plan, _ = fitted(sailor_plan(row["plan"], pb.job.global_batch, zone), pb)
+    return estimate(pb, plan).iteration_time_s
+
+
+def user_path(pb, objective: str, cons: dict, repeats: int, target: float | None) -> dict:
+    """``shoal plan``'s search at its default budget: its time, the times to a plan as fast as
+    ``target`` (seconds per iteration) and to its final best plan, from its progress reports
+    (every batch costed), and the plans costed; medians of ``repeats``."""
+    planners_common.PROGRESS_EVERY_S = 0.0  # a report after every batch
+    budget = plan_cmd.DEFAULT_BUDGET_S
+    runs = []
+    for _ in range(repeats):
+        seen: list[tuple[float, float | None]] = []
+        t0 = time.perf_counter()
+
+        def note(p, seen=seen, t0=t0):
+            seen.append((time.perf_counter() - t0, p.best_iteration_time_s))
+
+        res = plan_cmd._searches(pb, "auto", objective, Constraints(**cons), 5, budget, note,
+                                 None)
+        total = time.perf_counter() - t0
+        best = res.ranked[0].iteration_time_s
+        runs.append({
+            "plan_s": total,
+            "to_sailors_plan_s": None if target is None else next(
+                (t for t, b in seen if b is not None and b <= target * (1 + 1e-9)), total),
+            "to_final_best_s": next((t for t, b in seen if b is not None
+                                     and b <= best * (1 + 1e-9)), total),
+            "costed": res.stats.candidates_costed, "truncated": res.stats.truncated,
+            "iters_per_s": 1 / best})
+    planners_common.PROGRESS_EVERY_S = 0.25
+    out = {k: (round(float(np.median([r[k] for r in runs])), 3)
+               if isinstance(runs[0][k], float) else runs[-1][k]) for k in runs[0]}
+    if target is not None:
+        out["sailors_plan_iters_per_s"] = round(1 / target, 5)
+    return out
+
+
+def process_times(scenario: Path, objective: str, cons: dict) -> dict:
+    """The whole ``python -m shoal plan SCENARIO --json`` process: warm (the compiled kernels
+    cached, second of two runs) and cold (an empty kernel cache)."""
+    args = [sys.executable, "-m", "shoal", "plan", str(scenario), "--json", "--objective",
+            objective]
+    flags = {"max_cost_per_iteration_usd": "--max-cost-per-iter",
+             "min_iters_per_s": "--min-throughput"}
+    for k, v in cons.items():
+        args += [flags[k], str(v)]
+    out = {}
+    with tempfile.TemporaryDirectory() as cache:
+        for label in ("cold", "warm_first", "warm"):
+            env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+            t0 = time.perf_counter()
+            subprocess.run(args, env=env, capture_output=True, check=True)
+            out[label] = round(time.perf_counter() - t0, 2)
+    del out["warm_first"]
+    out["cold_extra_s"] = round(out["cold"] - out["warm"], 2)
+    return out
 
 
 def describe(plan) -> str:

@@ -78,7 +78,14 @@ def main() -> None:
     """The ``shoal`` command. A command-line usage error (an unknown option, a value out of
     range) exits 2 as the others do; under ``--json`` it is also printed as the one JSON object
     on stdout (``{"error": {"message", "exit_code"}}``), as every other error is."""
-    meta.ARGV = sys.argv[1:]
+    meta.ARGV = sys.argv[1:]  # the command line a result's meta block names
+    try:
+        _run()
+    finally:
+        meta.ARGV = None
+
+
+def _run() -> None:
     try:
         rv = app(standalone_mode=False)
     except typer.Abort:

@@ -14,8 +14,17 @@ from shoal.cli.common import _progress, emit_json, handles_errors, output_option
 from shoal.cli.helptext import examples
 from shoal.errors import SpecError
 from shoal.files import check_outputs, write_json
-from shoal.report.tables import network_defaults_line, pareto_table, plans_table, rent_table, search_line
+from shoal.report.tables import (
+    network_defaults_line,
+    pareto_table,
+    plans_table,
+    progress_line,
+    rent_table,
+    search_line,
+)
 from shoal.units import UnitError, fmt_seconds, parse_seconds
+
+DEFAULT_BUDGET_S = 60.0  # `shoal plan --budget`'s default
 
 
 @handles_errors
@@ -43,7 +52,8 @@ def plan(
              "unit: seconds), e.g. 72h")] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="plans to list")] = 5,
     budget: Annotated[float, typer.Option(
-        "--budget", min=0.1, metavar="SECONDS", help="search time limit in seconds")] = 60.0,
+        "--budget", min=0.1, metavar="SECONDS",
+        help="search time limit in seconds")] = DEFAULT_BUDGET_S,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
     output: Annotated[Path | None, output_option(
         "-o", "--output", help="write the best plan here (a training-plan file, JSON)")] = None,
@@ -85,24 +95,48 @@ def plan(
         show(f"Pareto front drawn in {figure}")
 
 
+PIPED_EVERY_S = 5.0  # a progress line this often when stderr is not a terminal
+FRONT = "completing the throughput-cost front (the other objectives' searches)..."
+
+
 def _search(problem, strategy: str, goal: str | None, cons, top: int, budget: float, quiet: bool):
-    """The search, then the other objectives' searches completing the front (a status line on
-    stderr unless ``quiet``)."""
+    """The search, then the other objectives' searches completing the front within the same
+    budget. Progress on stderr unless ``quiet``: the best plan so far, plans costed and time, on
+    a live line in a terminal, a line every ``PIPED_EVERY_S`` seconds otherwise."""
+    args = (problem, strategy, goal, cons, top, budget)
+    if quiet:
+        return _searches(*args, None, None)
+    con = _progress()
+    if con.is_terminal:
+        with con.status(f"searching plans ({strategy})...") as status:
+            return _searches(*args, lambda p: status.update(progress_line(strategy, p, budget)),
+                             lambda: status.update(FRONT))
+    last = [-PIPED_EVERY_S]
+
+    def line(p) -> None:
+        if p.elapsed_s - last[0] >= PIPED_EVERY_S:
+            last[0] = p.elapsed_s
+            con.print(progress_line(strategy, p, budget), soft_wrap=True)
+    return _searches(*args, line, lambda: con.print(FRONT, soft_wrap=True))
+
+
+def _searches(problem, strategy: str, goal: str | None, cons, top: int, budget: float,
+              on_progress, on_front):
     from shoal.training.planners import Limits, Reuse, complete_front, search
 
     reuse = Reuse()
-
-    def run(status=None):
-        found = search(problem, strategy=strategy, objective=goal, constraints=cons,
-                       top_k=top, limits=Limits(budget_s=budget), reuse=reuse)
-        if status is not None:
-            status.update("completing the throughput-cost front (the other objectives' searches)...")
+    found = search(problem, strategy=strategy, objective=goal, constraints=cons, top_k=top,
+                   limits=Limits(budget_s=budget, progress=on_progress), reuse=reuse)
+    if found.stats.interrupted:
+        return found
+    if on_front is not None:
+        on_front()
+    try:
         return complete_front(problem, found, strategy=strategy, constraints=cons,
                               limits=Limits(budget_s=budget), reuse=reuse)
-    if quiet:
-        return run()
-    with _progress().status(f"searching plans ({strategy})...") as status:
-        return run(status)
+    except KeyboardInterrupt:  # between the front's searches: the plans found so far
+        found.stats.interrupted = found.stats.truncated = True
+        return found
 
 
 def _plan_json(problem, result, slo) -> dict:

@@ -12,7 +12,7 @@ from shoal.units import fmt_bytes, fmt_seconds
 if TYPE_CHECKING:
     from shoal.estimate.api import Estimate, WorkerMemory
     from shoal.specs.job import Deadline
-    from shoal.training.planners.common import SearchResult, SearchStats
+    from shoal.training.planners.common import Progress, SearchResult, SearchStats
 
 
 @dataclass(frozen=True)
@@ -172,9 +172,20 @@ def pareto_table(result: SearchResult) -> Table:
 
 def search_line(st: SearchStats) -> str:
     """How long the search took and what it costed, pruned and cut short."""
+    cut = (" (interrupted: the best plans found until then)" if st.interrupted else
+           " (time budget reached: the search was cut short)" if st.truncated else "")
     return (f"searched in {st.search_time_s:.2f} s: {st.candidates_costed} plans costed, {st.oom} out "
-            f"of memory, {st.infeasible} against a constraint, {st.pruned} shapes pruned"
-            + (" (time budget reached: the search was cut short)" if st.truncated else ""))
+            f"of memory, {st.infeasible} against a constraint, {st.pruned} shapes pruned" + cut)
+
+
+def progress_line(strategy: str, p: Progress, budget_s: float | None) -> str:
+    """A running search (``planners.Progress``): its best plan so far, plans costed, time."""
+    best = ("no plan yet" if p.best_iteration_time_s is None else
+            f"best so far {1 / p.best_iteration_time_s:.4g} it/s at "
+            f"{p.best_cost_usd:.4g} USD/iteration")
+    of = f" of {budget_s:g} s" if budget_s is not None else ""
+    return (f"searching plans ({strategy}): {best}; {p.costed:,} plans costed; "
+            f"{p.elapsed_s:.1f} s{of} (Ctrl-C: stop with the best so far)")
 
 
 def _gbs(bw_Bps: float) -> str:

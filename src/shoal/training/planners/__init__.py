@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from shoal.errors import InfeasibleError, SpecError
@@ -17,6 +18,7 @@ from shoal.training.planners.common import (
     OBJECTIVES,
     Candidate,
     Evaluator,
+    Progress,
     SearchResult,
     SearchStats,
     finish,
@@ -63,6 +65,9 @@ class Limits:
     budget_s: float | None = None
     max_pairs: int | None = None
     front: bool = True
+    # called with the search's ``Progress`` (the best plan so far, plans costed, time spent)
+    # every quarter of a second or so while it runs
+    progress: Callable[[Progress], None] | None = None
 
 
 def search(problem: Problem, *, strategy: str | Strategy = "auto", objective: str | None = None,
@@ -106,19 +111,32 @@ def search(problem: Problem, *, strategy: str | Strategy = "auto", objective: st
         ev.cost(list(seeds))  # the incumbent a bounded search must beat
     ev.fallback = bool(seeds)
     ctx = Context(ev, space, objective, tuple(mbs), limits.max_stages)
-    if full:
+    try:
+        _run(ctx, propose, name, seeds if full else ())
+    except KeyboardInterrupt:
+        if not ev.feasible:
+            raise
+        ev.stats.interrupted = ev.stats.truncated = True  # the best plan found so far
+        return finish(ev, objective, top_k)
+    if not ev.feasible and ev.fits and not ev.out_of_time():
+        _nearest(ev, problem, strategy, constraints, limits, reuse)
+    return finish(ev, objective, top_k)
+
+
+def _run(ctx: Context, propose: Strategy, name: str, seeds_after: tuple) -> None:
+    """The strategy's search (``auto``'s whole one when it is unbounded), the tuning of the
+    best plans' layer boundaries, then the seeds ``seeds_after``."""
+    ev = ctx.state
+    if name == "auto" and ev.max_pairs is None:
         _auto(ctx, propose)
     else:
         drive(ev.cost, propose(ctx))
     if name == "auto" and not ev.out_of_time():
-        refine_best(ev, objective)  # the best plans' layer boundaries tuned on their replicas
-    if seeds and full:
+        refine_best(ev, ctx.objective)  # the best plans' layer boundaries tuned on their replicas
+    if seeds_after:
         # after the tuning: with the seeds as its incumbent, the search would not build the
         # plans it cannot beat, and the tuning would not start from them
-        ev.cost(list(seeds))
-    if not ev.feasible and ev.fits and not ev.out_of_time():
-        _nearest(ev, problem, strategy, constraints, limits, reuse)
-    return finish(ev, objective, top_k)
+        ev.cost(list(seeds_after))
 
 
 def _strategy(strategy: str | Strategy) -> tuple[str, Strategy]:
@@ -150,6 +168,7 @@ def _start(problem: Problem, mbs: list[int], stats: SearchStats,
         ev.deadline = stats.started + limits.budget_s
     ev.max_pairs = limits.max_pairs
     ev.front = limits.front
+    ev.progress = limits.progress
     if not space.kinds:
         bf16 = problem.job.precision == "mixed-bf16"
         raise InfeasibleError("the pool has no GPUs the job can use" + (
@@ -219,7 +238,7 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
     a plan on the front never beats the first ranked."""
     st = result.stats
     found = list(result.pareto)
-    for goal in OBJECTIVES:
+    for goal in OBJECTIVES if not st.interrupted else ():  # Ctrl-C: the plans found so far
         if goal == result.objective or (strategy == "espresso" and goal != "min-cost"):
             continue  # Espresso's walk is bounded by cost alone: other goals run to the budget
         left = _left(limits, st.started)
@@ -229,7 +248,10 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
         try:
             other = search(problem, strategy=strategy, objective=goal, constraints=constraints,
                            top_k=1, limits=Limits(limits.max_stages, left), reuse=reuse)
-        except InfeasibleError:
+        except (InfeasibleError, KeyboardInterrupt) as exc:
+            if isinstance(exc, KeyboardInterrupt):  # before any plan of that search
+                st.interrupted = st.truncated = True
+                break
             continue
         o = other.stats
         st.candidates_costed += o.candidates_costed
@@ -239,7 +261,10 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
         st.no_fit += o.no_fit
         st.truncated = st.truncated or o.truncated
         st.timed_out = st.timed_out or o.timed_out
+        st.interrupted = o.interrupted
         found += other.pareto
+        if o.interrupted:
+            break
     st.search_time_s = time.perf_counter() - st.started
     ranked = top(list({c.spec: c for c in [*result.ranked, *found]}.values()),
                  result.objective, len(result.ranked))

@@ -7,7 +7,9 @@ import bisect
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -79,6 +81,7 @@ class SearchStats:
     no_fit: int = 0  # plan shapes where some stage fits on no GPU of the pool at any TP
     truncated: bool = False  # a time or pair budget ended the search before it was complete
     timed_out: bool = False  # the time budget did
+    interrupted: bool = False  # the user did (Ctrl-C): the best plan found so far is returned
     search_time_s: float = 0.0
     started: float = field(default_factory=time.perf_counter)
 
@@ -86,7 +89,20 @@ class SearchStats:
         return {"strategy": self.strategy, "candidates_costed": self.candidates_costed,
                 "oom": self.oom, "pruned": self.pruned, "infeasible": self.infeasible,
                 "no_fit": self.no_fit, "truncated": self.truncated, "timed_out": self.timed_out,
-                "search_time_s": self.search_time_s}
+                "interrupted": self.interrupted, "search_time_s": self.search_time_s}
+
+
+PROGRESS_EVERY_S = 0.25
+
+
+class Progress(NamedTuple):
+    """What a search has found so far: seconds since it started, plans costed, and the best
+    plan's seconds and USD per iteration (None before one is found)."""
+
+    elapsed_s: float
+    costed: int
+    best_iteration_time_s: float | None
+    best_cost_usd: float | None
 
 
 class Evaluator:
@@ -129,6 +145,10 @@ class Evaluator:
         # whether plans that cannot beat the incumbent are still built to fill the
         # throughput-cost front (a caller that needs only the best plans turns it off)
         self.front = True
+        # called with what the search has found so far (``Progress``), at most every
+        # PROGRESS_EVERY_S seconds, after a batch is costed
+        self.progress: Callable[[Progress], None] | None = None
+        self._reported = 0.0
         # the feasible plans' (seconds, USD) per iteration that no other beats in both: by
         # time ascending, so by cost descending
         self._front_t: list[float] = []
@@ -146,6 +166,16 @@ class Evaluator:
             for g, tp, _, _ in reps:
                 used[g] = used.get(g, 0) + tp
         return all(used.get(g, 0) <= q for g, q in self.problem.quotas.items())
+
+    def _report(self) -> None:
+        now = time.perf_counter()
+        if now - self._reported < PROGRESS_EVERY_S:
+            return
+        self._reported = now
+        best = self.incumbent
+        self.progress(Progress(now - self.stats.started, self.stats.candidates_costed,
+                               None if best is None else best.iteration_time_s,
+                               None if best is None else best.cost_usd))
 
     def out_of_time(self) -> bool:
         """True (and marks the search truncated) once the time budget is spent."""
@@ -181,6 +211,8 @@ class Evaluator:
         allows; its candidate is the best of those (the objective's ranking)."""
         if not specs:
             return []
+        if self.progress is not None:
+            self._report()
         if self._open:
             return self._cost(specs)
         variants = [self._allowed(sp) for sp in specs]
