@@ -72,6 +72,10 @@ class Program:
         return self._tables
 
     def _front(self, tau: float, A: int, B: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The dynamic program's last front at caps (A, B), or at what the options can use
+        when that is less (the same front: no allocation uses more)."""
+        most = most_used(self.stage_opts, self.D, len(self.avail))
+        A, B = min(A, int(most[0])), min(B, int(most[1])) if len(most) > 1 else B
         relax, extra = slots(self.D, self.total)
         back = self._back[tau] = []
         return dp_front(self.tables(), A, B, tau, relax, extra, self.deadline, back)
@@ -224,18 +228,24 @@ def bounds_of(prog: Program) -> tuple[list[float], dict[float, int], float]:
     return got
 
 
-def usable(stage_opts: list[list[Option]], D: int, pool: Pool) -> Pool:
-    """``pool`` as far as these options can use it: no kind counts more GPUs than ``D``
-    replicas of its widest TP on every stage that offers it (each stage has ``D``). A pool
-    of 10^5 GPUs then costs what a pool of the job's size costs: the dynamic program's states
-    and the memo's keys are GPU counts."""
-    cap = np.zeros(len(pool.avail), dtype=np.int64)
+def most_used(stage_opts: list[list[Option]], D: int, kinds: int) -> np.ndarray:
+    """The most GPUs of each kind an allocation of these options can use: ``D`` replicas of
+    the kind's widest TP on every stage that offers it (each stage has ``D`` replicas)."""
+    cap = np.zeros(kinds, dtype=np.int64)
     for opts in stage_opts:
         widest: dict[int, int] = {}
         for o in opts:
             widest[o.kind] = max(widest.get(o.kind, 0), o.tp)
         for k, tp in widest.items():
             cap[k] += D * tp
+    return cap
+
+
+def usable(stage_opts: list[list[Option]], D: int, pool: Pool) -> Pool:
+    """``pool`` as far as these options can use it (``most_used``). A pool of 10^5 GPUs then
+    costs what a pool of the job's size costs: the dynamic program's states and the memo's
+    keys are GPU counts."""
+    cap = most_used(stage_opts, D, len(pool.avail))
     avail = np.minimum(pool.avail, cap).astype(pool.avail.dtype)
     return pool if np.array_equal(avail, pool.avail) else pool._replace(avail=avail)
 
