@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests._inputs import sailor_config_and_plan
 from typer.testing import CliRunner
 
 from shoal.cli import app
@@ -199,15 +200,7 @@ def test_import_sailor_needs_a_pool(tmp_path):
 
 
 def test_import_sailor_plan_json(tmp_path):
-    cfg = tmp_path / "training_config.json"
-    cfg.write_text(json.dumps({"hidden_size": 64, "num_layers": 2, "heads": 4, "vocab_size": 256,
-                               "global_batch_size": 8, "sequence_length": 32}))
-    plan = tmp_path / "plan_config.json"
-    plan.write_text(json.dumps({
-        "mbs": 1, "gbs": 4,
-        "pipeline_list": [{"layers_per_stage": [[0, 1], [2, 3]], "dp": [1, 1],
-                           "tmp_per_stage": [[[[["A100-40", 1, "us-central1-a"]], 1]],
-                                             [[[["A100-40", 1, "us-central1-a"]], 1]]]}]}))
+    cfg, plan = sailor_config_and_plan(tmp_path)
     out = tmp_path / "out"
     res = run("import", "sailor", "--training-config", cfg, "--plan", plan, "-o", out, "--json")
     assert res.exit_code == 0, res.output
@@ -739,15 +732,7 @@ def test_outputs_make_their_missing_folders(tmp_path):
     assert res.exit_code == 0, res.output
     assert (tmp_path / "rep" / "x" / "r.html").read_text().startswith("<!DOCTYPE html>")
     # an import's output folder, nested
-    cfg = tmp_path / "training_config.json"
-    cfg.write_text(json.dumps({"hidden_size": 64, "num_layers": 2, "heads": 4, "vocab_size": 256,
-                               "global_batch_size": 8, "sequence_length": 32}))
-    plan = tmp_path / "plan_config.json"
-    plan.write_text(json.dumps({
-        "mbs": 1, "gbs": 4,
-        "pipeline_list": [{"layers_per_stage": [[0, 1], [2, 3]], "dp": [1, 1],
-                           "tmp_per_stage": [[[[["A100-40", 1, "us-central1-a"]], 1]],
-                                             [[[["A100-40", 1, "us-central1-a"]], 1]]]}]}))
+    cfg, plan = sailor_config_and_plan(tmp_path)
     out = tmp_path / "imp" / "x" / "y"
     res = run("import", "sailor", "--training-config", cfg, "--plan", plan, "-o", out)
     assert res.exit_code == 0, res.output

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from tests._inputs import sailor_config_and_plan
 from tests._meta import check_meta
 from typer.testing import CliRunner
 
@@ -101,13 +102,7 @@ def _recipes(f: dict[str, Path]) -> dict[str, tuple[list[str], dict]]:
 
 
 def _sailor_files(d: Path) -> list[str]:
-    """A Sailor training config and plan (the plan gives the pool)."""
-    cfg, plan = d / "training_config.json", d / "plan_config.json"
-    cfg.write_text(json.dumps({"hidden_size": 64, "num_layers": 2, "heads": 4, "vocab_size": 256,
-                               "global_batch_size": 8, "sequence_length": 32}))
-    one = [[[["A100-40", 1, "us-central1-a"]], 1]]
-    plan.write_text(json.dumps({"mbs": 1, "gbs": 4, "pipeline_list": [
-        {"layers_per_stage": [[0, 1], [2, 3]], "dp": [1, 1], "tmp_per_stage": [one, one]}]}))
+    cfg, plan = sailor_config_and_plan(d)
     return ["--training-config", str(cfg), "--plan", str(plan)]
 
 
