@@ -686,9 +686,9 @@ def test_a_strategy_that_misses_plans_other_searches_find_says_so():
 
 
 def test_plans_alike_in_all_a_user_sees_are_ranked_once():
-    """The same stages, GPUs per type and zone, speed and cost (replicas dealt to the zones in
-    another order, say) take one place in the ranking; a plan that differs in any of them
-    keeps its own."""
+    """Plans alike in all the ranking shows but speed and cost (each stage's GPU types, TPs,
+    replicas and zones, the layer split, ...: replicas of two zones paired another way, say)
+    take one place, the best's; a plan that differs in any of them keeps its own."""
     from dataclasses import replace
     from pathlib import Path
 
@@ -704,9 +704,16 @@ def test_plans_alike_in_all_a_user_sees_are_ranked_once():
     mb, sched, rc, zero, stages = c.spec
     flipped = (mb, sched, rc, zero, tuple((a, b, tuple(reversed(reps))) for a, b, reps in stages))
     alike = replace(c, spec=flipped)
-    assert alike.spec != c.spec and alike.plan.summary() == c.plan.summary()
+    assert alike.spec != c.spec and alike.plan.summary(zones=True) == c.plan.summary(zones=True)
     dearer = replace(c, spec=flipped, cost_egress_usd=c.cost_egress_usd + 1.0)
-    assert top([c, alike, dearer], "max-throughput", 3) == [c, dearer]
+    slower = replace(c, spec=flipped, iteration_time_s=c.iteration_time_s * 1.1)
+    assert top([dearer, slower, alike, c], "max-throughput", 4) in ([c], [alike])
+    # another layer split is another plan, shown apart
+    (a, la, ra), (b, lb, rb), *rest = stages
+    split = replace(c, spec=(mb, sched, rc, zero, ((a, la - 1, ra), (b - 1, lb, rb), *rest)),
+                    iteration_time_s=c.iteration_time_s * 1.01)
+    assert split.plan.layer_split() != c.plan.layer_split()
+    assert top([c, split, dearer], "max-throughput", 3) == [c, split]
 
 
 def _sailor_tps(pb, P: int) -> dict[str, set[int]]:

@@ -132,13 +132,16 @@ def summary_table(est: Estimate) -> Table:
 # -------------------------------------------------------------------------------------------- plan
 
 
+STAGES = "stages: GPU(TP) x replicas @ zone"
+
+
 def plans_table(result: SearchResult, tokens_per_iter: int, slo: Deadline | None) -> Table:
     """The ranked plans; with a training-time SLO, each plan's dollars and time for it."""
     t = Table(f"Best plans ({result.objective}, {result.stats.strategy})",
               ["#", "it/s", "tokens/s", "$/iter"]
               + ([f"$ for {slo.iterations:,} it", f"time for {slo.iterations:,} it"] if slo else [])
-              + ["GPUs", "stages", "pipelines", "mbs", "schedule", "stages: GPU(TP) x replicas"],
-              left=("stages: GPU(TP) x replicas",))
+              + ["GPUs", "stages", "pipelines", "mbs", "schedule", "layers", STAGES],
+              left=(STAGES,))
     for i, c in enumerate(result.ranked):
         p = c.plan
         total = ([f"{c.cost_usd * slo.iterations:,.4g}",
@@ -147,7 +150,8 @@ def plans_table(result: SearchResult, tokens_per_iter: int, slo: Deadline | None
                   f"{tokens_per_iter * c.throughput_iters_per_s:,.0f}",
                   f"{c.cost_usd:.4g}", *total, str(c.num_gpus), str(len(p.stages)),
                   str(len(p.stages[0].replicas)), str(p.microbatch_size),
-                  p.schedule + (f" x{p.ministages}" if p.schedule == "zorse" else ""), p.summary())
+                  p.schedule + (f" x{p.ministages}" if p.schedule == "zorse" else ""),
+                  p.layer_split(), p.summary(zones=True))
     return t
 
 
@@ -162,11 +166,11 @@ def rent_table(rows: list[dict]) -> Table:
 
 
 def pareto_table(result: SearchResult) -> Table:
-    t = Table("Throughput-cost Pareto front", ["it/s", "$/iter", "GPUs", "stages: GPU(TP) x replicas"],
-              left=("stages: GPU(TP) x replicas",))
+    t = Table("Throughput-cost Pareto front", ["it/s", "$/iter", "GPUs", "layers", STAGES],
+              left=(STAGES,))
     for c in result.pareto:
         t.add_row(f"{c.throughput_iters_per_s:.4g}", f"{c.cost_usd:.4g}", str(c.num_gpus),
-                  c.plan.summary())
+                  c.plan.layer_split(), c.plan.summary(zones=True))
     return t
 
 

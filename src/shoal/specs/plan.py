@@ -144,16 +144,21 @@ class TrainingPlan(BaseModel):
                 out[(r.gpu, r.zone)] = out.get((r.gpu, r.zone), 0) + r.tp
         return out
 
-    def summary(self) -> str:
+    def layer_split(self) -> str:
+        """Layers per stage, '12+13+1' (the model's layer list: embedding, blocks, head)."""
+        return "+".join(str(st.layers[1] - st.layers[0]) for st in self.stages)
+
+    def summary(self, zones: bool = False) -> str:
         """'S0-1: V100-16GB(4)x9 | S2: A100-40GB(1)x6+V100-16GB(4)x3' (runs of identical
-        stages: GPU type(TP) x replicas)."""
+        stages: GPU type(TP) x replicas, in name order); with ``zones``, each mix's zone after an @
+        ('A100-40GB(1)x6@us-central1-a')."""
         descs = []
         for st in self.stages:
-            counts: dict[str, int] = {}
+            counts: dict[tuple[str, str], int] = {}
             for r in st.replicas:
-                key = f"{r.gpu}({r.tp})"
+                key = (f"{r.gpu}({r.tp})", f"@{r.zone}" if zones else "")
                 counts[key] = counts.get(key, 0) + 1
-            descs.append("+".join(f"{k}x{n}" for k, n in counts.items()))
+            descs.append("+".join(f"{k}x{n}{z}" for (k, z), n in sorted(counts.items())))
         parts, prev, start = [], None, 0
         for i, d in enumerate([*descs, None]):
             if d != prev:

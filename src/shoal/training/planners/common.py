@@ -374,14 +374,15 @@ def finish(ev: Evaluator, objective: str, top_k: int) -> SearchResult:
 
 
 def top(cands: list[Candidate], objective: str, k: int) -> list[Candidate]:
-    """The ``k`` best of ``cands`` under ``objective``; of plans alike in everything a user
-    sees (stages, GPUs per type and zone, speed and cost: replicas swapped between zones, say),
-    the first only."""
+    """The ``k`` best of ``cands`` under ``objective``, one per allocation a user can tell
+    apart: of plans alike in all the ranking shows but their speed and cost (each stage's GPU
+    types, TPs, replicas and zones, the layer split, microbatch size, schedule, recompute and
+    ZeRO; replicas of two zones paired into pipelines another way, say), the best only."""
     out, seen = [], set()
     for c in sorted(cands, key=lambda c: score(c, objective)):
         plan = c.plan
-        key = (plan.summary(), tuple(sorted(plan.gpu_counts().items())),
-               f"{c.iteration_time_s:.12g}", f"{c.cost_usd:.12g}")
+        key = (plan.summary(zones=True), plan.layer_split(), plan.microbatch_size,
+               plan.schedule, plan.ministages, plan.recompute, plan.zero_stage)
         if key not in seen:
             seen.add(key)
             out.append(c)
