@@ -33,7 +33,9 @@ def test_ctrl_c_returns_the_best_plans_found_until_then(monkeypatch):
             raise KeyboardInterrupt
 
     pb = problem()
-    res = search(pb, limits=Limits(progress=stop_once_found))
+    with pytest.raises(KeyboardInterrupt):  # a search in a loop (a replay): Ctrl-C stops it
+        search(pb, limits=Limits(progress=stop_once_found))
+    res = search(pb, limits=Limits(progress=stop_once_found, interruptible=True))
     assert res.stats.interrupted and res.stats.truncated and res.ranked
     assert res.stats.to_json()["interrupted"] is True
     full = search(pb)
@@ -49,7 +51,7 @@ def test_ctrl_c_before_any_plan_is_an_interrupt(monkeypatch):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        search(problem(), limits=Limits(progress=stop))
+        search(problem(), limits=Limits(progress=stop, interruptible=True))
 
 
 def test_piped_plan_prints_progress_lines_and_json_prints_none(monkeypatch, tmp_path):

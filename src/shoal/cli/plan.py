@@ -126,14 +126,15 @@ def _searches(problem, strategy: str, goal: str | None, cons, top: int, budget: 
 
     reuse = Reuse()
     found = search(problem, strategy=strategy, objective=goal, constraints=cons, top_k=top,
-                   limits=Limits(budget_s=budget, progress=on_progress), reuse=reuse)
+                   limits=Limits(budget_s=budget, progress=on_progress, interruptible=True),
+                   reuse=reuse)
     if found.stats.interrupted:
         return found
     if on_front is not None:
         on_front()
     try:
         return complete_front(problem, found, strategy=strategy, constraints=cons,
-                              limits=Limits(budget_s=budget), reuse=reuse)
+                              limits=Limits(budget_s=budget, interruptible=True), reuse=reuse)
     except KeyboardInterrupt:  # between the front's searches: the plans found so far
         found.stats.interrupted = found.stats.truncated = True
         return found

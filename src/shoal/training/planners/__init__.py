@@ -68,6 +68,10 @@ class Limits:
     # called with the search's ``Progress`` (the best plan so far, plans costed, time spent)
     # every quarter of a second or so while it runs
     progress: Callable[[Progress], None] | None = None
+    # Ctrl-C (KeyboardInterrupt) ends the search with the best plans found until then, marked
+    # ``stats.interrupted``, instead of raising (a person waiting on it; not a loop of
+    # searches, which Ctrl-C must stop)
+    interruptible: bool = False
 
 
 def search(problem: Problem, *, strategy: str | Strategy = "auto", objective: str | None = None,
@@ -114,7 +118,7 @@ def search(problem: Problem, *, strategy: str | Strategy = "auto", objective: st
     try:
         _run(ctx, propose, name, seeds if full else ())
     except KeyboardInterrupt:
-        if not ev.feasible:
+        if not (limits.interruptible and ev.feasible):
             raise
         ev.stats.interrupted = ev.stats.truncated = True  # the best plan found so far
         return finish(ev, objective, top_k)
@@ -247,12 +251,16 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
             break
         try:
             other = search(problem, strategy=strategy, objective=goal, constraints=constraints,
-                           top_k=1, limits=Limits(limits.max_stages, left), reuse=reuse)
-        except (InfeasibleError, KeyboardInterrupt) as exc:
-            if isinstance(exc, KeyboardInterrupt):  # before any plan of that search
-                st.interrupted = st.truncated = True
-                break
+                           top_k=1, limits=Limits(limits.max_stages, left,
+                                                  interruptible=limits.interruptible),
+                           reuse=reuse)
+        except InfeasibleError:
             continue
+        except KeyboardInterrupt:  # before any plan of that search
+            if not limits.interruptible:
+                raise
+            st.interrupted = st.truncated = True
+            break
         o = other.stats
         st.candidates_costed += o.candidates_costed
         st.oom += o.oom
