@@ -28,6 +28,7 @@ class Program:
     deadline: float | None
     memo: PoolMemo | None = None
     key: tuple | None = None
+    most: np.ndarray | None = None  # ``most_used`` of the options (None: not computed)
     _solved: dict[tuple[float, bool], Allocation | None] = field(default_factory=dict)
     _back: dict[float, list] = field(default_factory=dict)  # choices of the fronts computed
     _tables: Tables | None = None
@@ -74,8 +75,8 @@ class Program:
     def _front(self, tau: float, A: int, B: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The dynamic program's last front at caps (A, B), or at what the options can use
         when that is less (the same front: no allocation uses more)."""
-        most = most_used(self.stage_opts, self.D, len(self.avail))
-        A, B = min(A, int(most[0])), min(B, int(most[1])) if len(most) > 1 else B
+        if self.most is not None:
+            A, B = min(A, int(self.most[0])), min(B, int(self.most[1])) if len(self.most) > 1 else B
         relax, extra = slots(self.D, self.total)
         back = self._back[tau] = []
         return dp_front(self.tables(), A, B, tau, relax, extra, self.deadline, back)
@@ -241,13 +242,17 @@ def most_used(stage_opts: list[list[Option]], D: int, kinds: int) -> np.ndarray:
     return cap
 
 
-def usable(stage_opts: list[list[Option]], D: int, pool: Pool) -> Pool:
-    """``pool`` as far as these options can use it (``most_used``). A pool of 10^5 GPUs then
-    costs what a pool of the job's size costs: the dynamic program's states and the memo's
-    keys are GPU counts."""
-    cap = most_used(stage_opts, D, len(pool.avail))
-    avail = np.minimum(pool.avail, cap).astype(pool.avail.dtype)
-    return pool if np.array_equal(avail, pool.avail) else pool._replace(avail=avail)
+def program(stage_opts: list[list[Option]], D: int, pool: Pool, total: int | None,
+            deadline: float | None, memo: Memoised | None) -> Program:
+    """The program of these options on ``pool`` as far as they can use it (``most_used``): a
+    pool of 10^5 GPUs then costs what a pool of the job's size costs (the dynamic program's
+    states and the memo's keys are GPU counts)."""
+    memo_, key = memo or (None, None)
+    most = most_used(stage_opts, D, len(pool.avail))
+    avail = np.minimum(pool.avail, most).astype(pool.avail.dtype)
+    if not np.array_equal(avail, pool.avail):
+        pool = pool._replace(avail=avail)
+    return Program(stage_opts, D, pool, total, deadline, memo_, key, most)
 
 
 def fastest(stage_opts: list[list[Option]], D: int, pool: Pool, at_least: float = 0.0,
@@ -261,12 +266,11 @@ def fastest(stage_opts: list[list[Option]], D: int, pool: Pool, at_least: float 
     that time, the one the search met (on three kinds or more, the greedy fill's when it
     found one, which spares the MIP that finds the cheapest); not kept in the memo, whose
     allocations are the cheapest."""
-    memo_, key = memo or (None, None)
-    pool = usable(stage_opts, D, pool)
-    prog = Program(stage_opts, D, pool, total, deadline, memo_, key)
+    prog = program(stage_opts, D, pool, total, deadline, memo)
     if not cheapest and len(pool.avail) > DP_KINDS:
         return fastest_of(prog, at_least, cheapest=False)
-    got = memoised(memo_, None if key is None else ("fastest", D, total, *key), pool.avail,
+    memo_, key = memo or (None, None)
+    got = memoised(memo_, None if key is None else ("fastest", D, total, *key), prog.avail,
                    at_least, lambda: [a] if (a := fastest_of(prog, at_least)) else [])
     return got[0] if got else None
 
@@ -277,11 +281,10 @@ def tradeoffs(stage_opts: list[list[Option]], D: int, pool: Pool, levels: int = 
     """Cheapest allocations under several bottleneck bounds, from the fastest feasible up:
     the time-cost trade-offs of one plan shape. ``memo``: see PoolMemo; ``deadline``:
     see ``fastest``."""
+    prog = program(stage_opts, D, pool, total, deadline, memo)
     memo_, key = memo or (None, None)
-    pool = usable(stage_opts, D, pool)
-    prog = Program(stage_opts, D, pool, total, deadline, memo_, key)
     return memoised(memo_, None if key is None else ("tradeoffs", D, total, levels, *key),
-                    pool.avail, at_least, lambda: tradeoffs_of(prog, levels, at_least))
+                    prog.avail, at_least, lambda: tradeoffs_of(prog, levels, at_least))
 
 
 def tradeoffs_of(prog: Program, levels: int, at_least: float) -> list[Allocation]:
