@@ -45,13 +45,19 @@ def test_ctrl_c_returns_the_best_plans_found_until_then(monkeypatch):
 
 
 def test_ctrl_c_before_any_plan_is_an_interrupt(monkeypatch):
-    monkeypatch.setattr(planners_common, "PROGRESS_EVERY_S", 0.0)
-
-    def stop(p):
+    def ctrl_c(*args):  # while the first plans are costed
         raise KeyboardInterrupt
 
+    monkeypatch.setattr(planners_common, "run_specs", ctrl_c)
     with pytest.raises(KeyboardInterrupt):
-        search(problem(), limits=Limits(progress=stop, interruptible=True))
+        search(problem(), limits=Limits(interruptible=True))
+
+
+def test_the_first_report_comes_after_the_first_plans_are_costed(monkeypatch):
+    monkeypatch.setattr(planners_common, "PROGRESS_EVERY_S", 3600.0)
+    seen = []
+    search(problem(), limits=Limits(progress=seen.append))
+    assert len(seen) == 1 and seen[0].costed > 0 and seen[0].best_iteration_time_s is not None
 
 
 def test_piped_plan_prints_progress_lines_and_json_prints_none(monkeypatch, tmp_path):

@@ -757,3 +757,23 @@ def test_auto_costs_the_sailor_strategys_plans_at_sailors_tp():
         ("A100-40GB", 1), ("V100-16GB", 4)}
     best = search(mixed, strategy="auto", objective="max-throughput").ranked[0]
     assert best.throughput_iters_per_s >= got.throughput_iters_per_s
+
+
+@settings(max_examples=300, deadline=None)
+@given(free=st.lists(st.integers(0, 24), min_size=1, max_size=4),
+       used0=st.lists(st.integers(0, 8), min_size=4, max_size=4),
+       tp=st.sampled_from([1, 2, 4, 8]), n=st.integers(0, 16))
+def test_placing_many_groups_at_once_places_them_as_one_by_one(free, used0, tp, n):
+    from shoal.training.planners.space import Kind
+
+    space = Space.__new__(Space)  # place and place_many read only the zones
+    kind = Kind("A100-40GB", "r")
+    space.zones_of = {kind: [(f"z{i}", m) for i, m in enumerate(free)]}
+    start = {("A100-40GB", f"z{i}"): u for i, u in enumerate(used0[:len(free)])}
+    one, many = dict(start), dict(start)
+    zones = [space.place(kind, tp, one) for _ in range(n)]
+    got = space.place_many(kind, tp, n, many)
+    if None in zones:
+        assert got is None
+    else:
+        assert got == zones and many == one

@@ -165,14 +165,15 @@ class _Shape(NamedTuple):
 
 
 def propose(ctx: Context) -> Proposals:
-    """``--strategy atlas``: Atlas layouts of the pool (module docstring), one batch."""
+    """``--strategy atlas``: Atlas layouts of the pool (module docstring), a batch per GPU type
+    and number of stages, so that the first plans are costed within milliseconds."""
     space, job = ctx.space, ctx.space.problem.job
     L = space.problem.n_layers
     geo = len({k.region for k in space.kinds}) > 1
-    specs: list[PlanSpec] = []
     for fleet in _fleets(space):
         total = sum(n for _, n in fleet.dcs)
         for P in range(1, min(ctx.max_stages or L, L, total) + 1):
+            specs: list[PlanSpec] = []
             for mbs in ctx.mbs_values:
                 if job.global_batch % mbs:
                     continue
@@ -181,8 +182,8 @@ def propose(ctx: Context) -> Proposals:
                         for schedule in (x for x in job.schedule if x != "zorse"):
                             shape = _Shape(balanced_split(L, P), mbs, recompute, zero, schedule)
                             specs += _layouts(ctx.state, space, fleet, shape, geo)
-    if specs:
-        yield list(dict.fromkeys(specs))
+            if specs:
+                yield list(dict.fromkeys(specs))
 
 
 def _fleets(space: Space) -> list[_Fleet]:
@@ -252,18 +253,33 @@ def _placed(space: Space, fleet: _Fleet, ranges, parts, replicas: tuple[int, int
     """The stages of partition ``parts`` (datacenter, stages), each of ``replicas`` (count,
     TP, microbatches each) in its datacenter's zones; None when they do not fit."""
     n_pipe, tp, share = replicas
-    used: dict = {}
-    stages = []
-    s = 0
-    for region, k in parts:
-        for _ in range(k):
-            a, b = ranges[s]
-            reps = []
-            for _ in range(n_pipe):
-                z = space.place(fleet.kinds[region], tp, used)
-                if z is None:
-                    return None
-                reps.append(ReplicaSpec(fleet.gpu, tp, z, share))
-            stages.append(StageSpec(a, b, tuple(reps)))
-            s += 1
-    return tuple(stages)
+    zones = _zones(space, fleet, parts, n_pipe, tp)
+    if zones is None:
+        return None
+    rep = {z: ReplicaSpec(fleet.gpu, tp, z, share) for r, _ in parts
+           for z, _ in space.zones_of[fleet.kinds[r]]}
+    return tuple(StageSpec(a, b, tuple(map(rep.__getitem__, zs)))
+                 for (a, b), zs in zip(ranges, zones, strict=True))
+
+
+def _zones(space: Space, fleet: _Fleet, parts, n_pipe: int, tp: int
+           ) -> tuple[tuple[str, ...], ...] | None:
+    """Per stage of partition ``parts``, the zones of its ``n_pipe`` TP groups of ``tp`` GPUs
+    (None when they do not fit); the same for every stage split, microbatch size and schedule,
+    so worked out once per pool."""
+    memo = space.stage_zones
+    key = (fleet.gpu, parts, n_pipe, tp)
+    if key not in memo:
+        used: dict = {}
+        out: list[tuple[str, ...]] | None = []
+        for region, k in parts:
+            for _ in range(k):
+                zs = space.place_many(fleet.kinds[region], tp, n_pipe, used)
+                if zs is None:
+                    out = None
+                    break
+                out.append(tuple(zs))
+            if out is None:
+                break
+        memo[key] = None if out is None else tuple(out)
+    return memo[key]

@@ -148,7 +148,7 @@ class Evaluator:
         # called with what the search has found so far (``Progress``), at most every
         # PROGRESS_EVERY_S seconds, after a batch is costed
         self.progress: Callable[[Progress], None] | None = None
-        self._reported = 0.0
+        self._reported = -math.inf  # the first batch costed is reported
         # the feasible plans' (seconds, USD) per iteration that no other beats in both: by
         # time ascending, so by cost descending
         self._front_t: list[float] = []
@@ -211,8 +211,12 @@ class Evaluator:
         allows; its candidate is the best of those (the objective's ranking)."""
         if not specs:
             return []
+        res = self._cost_allowed(specs)
         if self.progress is not None:
             self._report()
+        return res
+
+    def _cost_allowed(self, specs: list[PlanSpec]) -> list[Candidate | None]:
         if self._open:
             return self._cost(specs)
         variants = [self._allowed(sp) for sp in specs]

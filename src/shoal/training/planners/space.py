@@ -87,6 +87,8 @@ class Space:
         # per kind, its cheapest zone's USD per GPU-hour
         self.prices = tuple(min(problem.prices[(k.gpu, z)] for z, _ in self.zones_of[k])
                             for k in self.kinds)
+        # this pool's zone placements of whole stages (``atlas._zones``), by their layout
+        self.stage_zones: dict = {}
         memos = memos if memos is not None else {}
         # layer re-splits by the stages' slowest (GPU, TP) (``auto.shapes.rebalanced``): by GPU type,
         # not by pool
@@ -197,6 +199,34 @@ class Space:
         if best is not None:
             used[(kind.gpu, best)] = used.get((kind.gpu, best), 0) + tp
         return best
+
+    def place_many(self, kind: Kind, tp: int, n: int, used: dict[tuple[str, str], int]
+                   ) -> list[str] | None:
+        """The zones of ``n`` TP groups of ``tp`` GPUs placed one after another as ``place``
+        places them (each in the zone with the most free GPUs), counted in ``used``; None (and
+        ``used`` partly filled) when they do not all fit."""
+        zones = self.zones_of[kind]
+        if n == 0:
+            return []
+        if len(zones) == 1:
+            z = zones[0][0]
+            k = (kind.gpu, z)
+            if zones[0][1] - used.get(k, 0) < n * tp:
+                return None
+            used[k] = used.get(k, 0) + n * tp
+            return [z] * n
+        free = [m - used.get((kind.gpu, z), 0) for z, m in zones]
+        out = []
+        for _ in range(n):
+            i = max(range(len(free)), key=free.__getitem__)  # the first of the most free
+            if free[i] < tp:
+                return None
+            free[i] -= tp
+            out.append(zones[i][0])
+        for (z, m), f in zip(zones, free, strict=True):
+            if m - f != used.get((kind.gpu, z), 0):
+                used[(kind.gpu, z)] = m - f
+        return out
 
 
 def zero_stages(allowed) -> list[int]:
