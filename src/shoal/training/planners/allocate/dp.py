@@ -73,7 +73,7 @@ def tables_of(stage_opts: list[list[Option]], D: int, region_of: list[int]) -> T
     opt_start = np.zeros(len(parts) + 1, dtype=np.int64)
     np.cumsum([len(kt) for kt in kind_tps], out=opt_start[1:])
     return Tables(D, len(region_of), of_stage, opt_start, rows[:, 0].astype(np.int64),
-                   rows[:, 1].astype(np.int64), np.ascontiguousarray(rows[:, 2]), lstart[lay],
+                   rows[:, 1].astype(np.int64), np.array(rows[:, 2]), lstart[lay],
                    lstart[lay + 1], ia, ib, na, ca, cb, kind_tps, tuple(region_of))
 
 

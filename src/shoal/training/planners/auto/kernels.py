@@ -72,14 +72,18 @@ def refined_levels(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync,
     return level
 
 
-@compiled
 def least_cost(level, rate, stage, P, least, overhead):
     """``Bounds.refined``'s cost per pipeline: a plan whose options (stage by stage, at
     ``level`` each) are all at or under theta takes at least max(theta, ``least``) +
     ``overhead`` seconds and pays each stage's replica at least the least ``rate`` (USD/s)
     of that stage's options at or under theta; the least such cost over theta (inf when no
-    theta holds an option of every stage)."""
-    order = np.argsort(level)
+    theta holds an option of every stage). The options are sorted by numpy, not in the
+    compiled loop: a sort compiled costs a second at a first run."""
+    return _least_cost(level, np.argsort(level), rate, stage, P, least, overhead)
+
+
+@compiled
+def _least_cost(level, order, rate, stage, P, least, overhead):
     low = np.full(P, np.inf)  # per stage, its least rate so far
     best = np.inf
     i = 0
@@ -97,9 +101,14 @@ def least_cost(level, rate, stage, P, least, overhead):
     return best
 
 
+def least_level(levels, one_region, floor, best, *pool):
+    """``_least_level`` with each row's order (numpy's sort, as in ``least_cost``)."""
+    return _least_level(levels, np.argsort(levels, axis=1), one_region, floor, best, *pool)
+
+
 @compiled
-def least_level(levels, one_region, floor, best, tp, kind, stage, P, Ds, avail, region_of,
-                 region_N, W):
+def _least_level(levels, orders, one_region, floor, best, tp, kind, stage, P, Ds, avail,
+                 region_of, region_N, W):
     """Per degree D in ``Ds``, ``Bounds.refined``'s level: over the rows of ``levels`` (each
     a level per option), the smallest level at which the pool holds D replicas of each of
     the P stages among the options at or under it in that row, by the conditions of
@@ -113,9 +122,7 @@ def least_level(levels, one_region, floor, best, tp, kind, stage, P, Ds, avail, 
     K, R = len(avail), len(region_N)
     out = best.copy()
     for v in range(levels.shape[0]):
-        level = levels[v]
-        order = np.argsort(level)
-        ranked = level[order]
+        level, order = levels[v], orders[v]
         start = 0
         for i in range(len(Ds)):
             D = Ds[i]
@@ -124,7 +131,13 @@ def least_level(levels, one_region, floor, best, tp, kind, stage, P, Ds, avail, 
                 start = lo
                 continue
             # only levels under the best answer so far can improve on it
-            hi = max(lo, np.searchsorted(ranked, out[i]))
+            a, b = 0, len(order)  # the first level at or over out[i]
+            while a < b:
+                if level[order[(a + b) // 2]] < out[i]:
+                    a = (a + b) // 2 + 1
+                else:
+                    b = (a + b) // 2
+            hi = max(lo, a)
             end = hi
             while lo < hi:
                 mid = (lo + hi) // 2
@@ -143,12 +156,17 @@ def least_level(levels, one_region, floor, best, tp, kind, stage, P, Ds, avail, 
                             low[s, region_of[k]] = min(low[s, region_of[k]], c[s, k])
                 ok = True
                 for s in range(P):
-                    if cap[s].max() < D:
+                    most = 0.0
+                    for r in range(R):
+                        most = max(most, cap[s, r])
+                    if most < D:
                         ok = False
                 if ok:
                     stages = 0.0
                     for r in range(R):
-                        gmin = low[:, r].min()
+                        gmin = np.inf
+                        for s in range(P):
+                            gmin = min(gmin, low[s, r])
                         if gmin < np.inf:
                             stages += np.floor(region_N[r] / (gmin * D))
                     ok = stages >= P
