@@ -11,6 +11,20 @@ from shoal.training.planners.space import Kind, Space
 SPEC_MEMO_MAX = 200_000  # placements a Space's memo keeps before it starts again
 
 
+class _Replicas(dict):
+    """One ``ReplicaSpec`` per distinct (GPU, TP, zone, microbatches), made once: a plan of many
+    pipelines repeats a few, and a lookup costs a fraction of making one."""
+
+    def __missing__(self, key: tuple) -> ReplicaSpec:
+        if len(self) >= SPEC_MEMO_MAX:
+            self.clear()
+        rep = self[key] = ReplicaSpec._make(key)
+        return rep
+
+
+_REPLICAS = _Replicas()
+
+
 def shares(total: int, D: int) -> list[int]:
     """Microbatches per pipeline: as even as possible, the extra ones to the last pipelines
     (which hold each stage's fastest replicas)."""
@@ -92,7 +106,7 @@ def _build(space: Space, alloc: Allocation, stage_opts: list[list[Option]], form
         for _, k, tp, n in runs:
             gpus += [space.kinds[k].gpu] * n
             tps += [tp] * n
-        stages.append(StageSpec(a, b, tuple(map(ReplicaSpec._make,
+        stages.append(StageSpec(a, b, tuple(map(_REPLICAS.__getitem__,
                                                 zip(gpus, tps, zones, m, strict=True)))))
     return PlanSpec(form.mbs, form.schedule, form.recompute, form.zero, tuple(stages))
 

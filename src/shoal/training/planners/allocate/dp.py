@@ -126,6 +126,11 @@ def dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, 
     fewest[:] = big
     fewest[0] = 0
     raw = np.empty(A + 1, dtype=np.int64)
+    # the first-kind counts on the front so far, ascending (the only ones a combo extends):
+    # the front holds at most min(A, B) + 1 pairs, so a pool of many GPUs of one kind costs
+    # what the other kind's count does
+    on = np.zeros(A + 1, dtype=np.int64)
+    n_on = 1
     for s in range(len(of_stage)):
         cls = of_stage[s]
         o0, c0, c1 = opt_start[cls], cstart[cls], cend[cls]
@@ -146,11 +151,11 @@ def dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, 
             a, b = ca[c], cb[c]
             if a > A or b > B:
                 continue
-            for u in range(a, A + 1):
-                f = fewest[u - a]
-                if f >= big:
-                    continue
-                v = f + b
+            for k in range(n_on):
+                u = on[k] + a
+                if u > A:
+                    break
+                v = fewest[on[k]] + b
                 # of equal counts, the combo taking the most of the first kind (the earlier
                 # stages the fewest), then the first
                 if v < raw[u] or (v == raw[u] and a > ca[c0 + pick[s, u]]):
@@ -158,17 +163,18 @@ def dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, 
                     pick[s, u] = c - c0
         # only pairs within the caps that no pair with fewer of the first kind dominates
         least = big
-        kept = False
+        n_on = 0
         for u in range(A + 1):
             v = raw[u]
             if v <= B and v < least:
                 fewest[u] = v
-                kept = True
+                on[n_on] = u
+                n_on += 1
             else:
                 fewest[u] = big
             if v < least:
                 least = v
-        if not kept:
+        if n_on == 0:
             return s
     return len(of_stage)
 

@@ -92,8 +92,14 @@ class Program:
         t = self.tables()
         relax, extra = slots(self.D, self.total)
         A, B = caps(self.avail)
+        ca, cb = t.ca, t.cb
+        if len(self.avail) > 1 and B < A:
+            # whether a bound is met does not depend on which kind the program indexes its
+            # arrays by: the one with fewer GPUs (unlike the allocation traced back, which
+            # depends on how ties are broken, so ``_front`` keeps the order)
+            A, B, ca, cb = B, A, cb, ca
         return int(search_taus(t.of_stage, t.opt_start, t.kinds, t.tps, t.times, t.cstart,
-                                t.cend, t.ia, t.ib, t.na, t.ca, t.cb, t.K,
+                                t.cend, t.ia, t.ib, t.na, ca, cb, t.K,
                                 np.asarray(taus, dtype=np.float64), lo, hi, near, check_hi,
                                 relax, t.D - extra, t.D, A, B))
 

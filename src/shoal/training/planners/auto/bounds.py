@@ -99,7 +99,8 @@ class Bounds(RingBounds, RefinedBounds):
         self._sync: dict[tuple[int, int], np.ndarray] = memo.setdefault("sync", {})
         self._tails: dict[tuple, float] = memo.setdefault("tails", {})
         self._hops: dict[tuple, np.ndarray] = memo.setdefault("hops", {})  # a hop's link ids
-        self._hop_times: dict[tuple, float] = memo.setdefault("hop times", {})  # one degree
+        # per hop, its times at degrees 1..n (``_hop_s``)
+        self._hop_times: dict[tuple, np.ndarray] = memo.setdefault("hop times", {})
         self._hop_terms: dict[tuple, tuple] = memo.setdefault("hop terms", {})  # ring_terms
         self._rings_of: dict[tuple, list] = memo.setdefault("option rings", {})  # _option_hops
         self._refined: dict[tuple, tuple] = memo.setdefault("refined", {})  # _refine_parts

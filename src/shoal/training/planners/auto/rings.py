@@ -68,10 +68,13 @@ class RingBounds:
     def _ring_rows(self, sh: Shape, D: int) -> tuple[np.ndarray, np.ndarray]:
         """Per option of ``sh`` (a row each, padded with its own last link's), the ring terms
         of its stage's gradients that bound a ring of D members (``kernel.ring_bound_at``)."""
+        bounds = self._refine_parts(sh)[5]
+        # the terms depend on D only through whether D members fit one node
+        D = min(D, max((b.per_node for b in bounds), default=0) + 1)
         key = ("rings", id(sh), D)
         got = self._by_shape.get(key)
         if got is None or got[0] is not sh:
-            rows = [ring_bound_at(b, D) for b in self._refine_parts(sh)[5]]
+            rows = [ring_bound_at(b, D) for b in bounds]
             width = max(m.shape[-1] for m, _ in rows)
             got = self._by_shape[key] = (sh, tuple(
                 np.concatenate([pad_last(np.atleast_2d(x[i]), width) for x in rows])
@@ -175,11 +178,13 @@ class RingBounds:
         of its hops goes from a replica of kind ``k`` (TP ``tp``) to one of kind ``k2``, over
         its fastest link between any zones of the two kinds (``kernel.ring_allreduce_s``; D:
         a number, or an array of them)."""
-        if np.ndim(D) == 0:
-            got = self._hop_times.get(one := (a, b, int(D), k, tp, k2))
-            if got is None:
-                got = self._hop_times[one] = self._hop_s(a, b, np.array([D]), k, tp, k2)[0]
-            return float(got)
+        if np.ndim(D) == 0:  # read off the hop's times at degrees 1..n, n doubled as needed
+            d = int(D)
+            got = self._hop_times.get(one := (a, b, k, tp, k2))
+            if got is None or len(got) < d:
+                n = max(d, 64 if got is None else 2 * len(got))
+                got = self._hop_times[one] = self._hop_s(a, b, np.arange(1, n + 1), k, tp, k2)
+            return float(got[d - 1])
         bound = self._hop_terms.get(key := (a, b, k, tp, k2))
         if bound is None:
             tb = self.space.tb
