@@ -97,9 +97,8 @@ def encode_specs(tb: CostTables, specs: list[PlanSpec]) -> Batch:
         rb, rs = np.repeat(wb, wn), np.repeat(ws, wn)
         rr = np.arange(len(reps_all)) - np.repeat(np.cumsum(wn) - wn, wn)
         # plans repeat the same replicas: each distinct one is looked up once
-        seen: dict[tuple, int] = {}
-        which = np.fromiter((seen.setdefault(r, len(seen)) for r in reps_all), np.int64,
-                            len(reps_all))
+        seen = {r: i for i, r in enumerate(dict.fromkeys(reps_all))}
+        which = np.fromiter(map(seen.__getitem__, reps_all), np.int64, len(reps_all))
         rows = np.array([(gi[r.gpu], ti[r.tp], zi[r.zone], r.microbatches) for r in seen],
                         dtype=np.int64).reshape(len(seen), 4)[which]
         g[rb, rs, rr], t[rb, rs, rr], z[rb, rs, rr], m[rb, rs, rr] = rows.T

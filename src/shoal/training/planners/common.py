@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,6 +94,7 @@ class SearchStats:
 
 
 PROGRESS_EVERY_S = 0.25
+_TP = operator.itemgetter(1)  # a ReplicaSpec's TP
 
 
 class Progress(NamedTuple):
@@ -255,7 +257,7 @@ class Evaluator:
                 self.best_oom_margin = min(self.best_oom_margin, ratio_)
                 res.append(None)
                 continue
-            n_gpus = sum(tp for _, _, reps in sp.stages for _, tp, _, _ in reps)
+            n_gpus = sum(sum(map(_TP, reps)) for _, _, reps in sp.stages)
             if self.problem.quotas and not self._within_quotas(sp):
                 self.stats.infeasible += 1
                 res.append(None)

@@ -125,7 +125,7 @@ def dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, 
     keep_options(opt_start, kinds, tps, times, K, tau, tau_relaxed, kept_opt)  # per class
     fewest[:] = big
     fewest[0] = 0
-    raw = np.empty(A + 1, dtype=np.int64)
+    raw = np.full(A + 1, big)  # kept at big outside the counts a stage reaches
     # the first-kind counts on the front so far, ascending (the only ones a combo extends):
     # the front holds at most min(A, B) + 1 pairs, so a pool of many GPUs of one kind costs
     # what the other kind's count does
@@ -134,7 +134,7 @@ def dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, 
     for s in range(len(of_stage)):
         cls = of_stage[s]
         o0, c0, c1 = opt_start[cls], cstart[cls], cend[cls]
-        raw[:] = big
+        lo, hi = A + 1, -1  # the first-kind counts the stage reaches
         for c in range(c0, c1):
             if not kept_opt[o0 + ia[c]] or (ib[c] >= 0 and not kept_opt[o0 + ib[c]]):
                 continue
@@ -161,17 +161,19 @@ def dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, 
                 if v < raw[u] or (v == raw[u] and a > ca[c0 + pick[s, u]]):
                     raw[u] = v
                     pick[s, u] = c - c0
+                    lo, hi = min(lo, u), max(hi, u)
         # only pairs within the caps that no pair with fewer of the first kind dominates
+        for k in range(n_on):
+            fewest[on[k]] = big
         least = big
         n_on = 0
-        for u in range(A + 1):
+        for u in range(lo, hi + 1):
             v = raw[u]
+            raw[u] = big
             if v <= B and v < least:
                 fewest[u] = v
                 on[n_on] = u
                 n_on += 1
-            else:
-                fewest[u] = big
             if v < least:
                 least = v
         if n_on == 0:
