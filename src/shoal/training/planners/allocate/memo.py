@@ -26,6 +26,8 @@ class PoolMemo:
         self.fronts = Fronts()
         # per program (key, degree, microbatches): the bounds ``fastest_of`` searches over
         self.bounds: dict[tuple, tuple[list[float], dict[float, int], float]] = {}
+        # per program (key, degree): ``most_used``, the most GPUs its options can use
+        self.most: dict[tuple, np.ndarray] = {}
 
     def get(self, key: tuple, avail: np.ndarray, at_least: float = 0.0) -> list[Allocation] | None:
         for pool, res in self._d.get(key, ()):

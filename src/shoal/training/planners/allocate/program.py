@@ -254,7 +254,12 @@ def program(stage_opts: list[list[Option]], D: int, pool: Pool, total: int | Non
     pool of 10^5 GPUs then costs what a pool of the job's size costs (the dynamic program's
     states and the memo's keys are GPU counts)."""
     memo_, key = memo or (None, None)
-    most = most_used(stage_opts, D, len(pool.avail))
+    if memo_ is None or key is None:
+        most = most_used(stage_opts, D, len(pool.avail))
+    else:  # the key names the options
+        most = memo_.most.get(k := (key, D))
+        if most is None:
+            most = memo_.most[k] = most_used(stage_opts, D, len(pool.avail))
     avail = np.minimum(pool.avail, most).astype(pool.avail.dtype)
     if not np.array_equal(avail, pool.avail):
         pool = pool._replace(avail=avail)

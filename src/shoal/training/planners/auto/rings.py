@@ -68,13 +68,16 @@ class RingBounds:
     def _ring_rows(self, sh: Shape, D: int) -> tuple[np.ndarray, np.ndarray]:
         """Per option of ``sh`` (a row each, padded with its own last link's), the ring terms
         of its stage's gradients that bound a ring of D members (``kernel.ring_bound_at``)."""
-        bounds = self._refine_parts(sh)[5]
         # the terms depend on D only through whether D members fit one node
-        D = min(D, max((b.per_node for b in bounds), default=0) + 1)
+        fit = self._by_shape.get(key := ("most per node", id(sh)))
+        if fit is None or fit[0] is not sh:
+            fit = self._by_shape[key] = (sh, max(
+                (b.per_node for b in self._refine_parts(sh)[5]), default=0))
+        D = min(D, fit[1] + 1)
         key = ("rings", id(sh), D)
         got = self._by_shape.get(key)
         if got is None or got[0] is not sh:
-            rows = [ring_bound_at(b, D) for b in bounds]
+            rows = [ring_bound_at(b, D) for b in self._refine_parts(sh)[5]]
             width = max(m.shape[-1] for m, _ in rows)
             got = self._by_shape[key] = (sh, tuple(
                 np.concatenate([pad_last(np.atleast_2d(x[i]), width) for x in rows])
