@@ -73,3 +73,26 @@ def test_piped_plan_prints_progress_lines_and_json_prints_none(monkeypatch, tmp_
     assert "completing the throughput-cost front" in r.stderr
     r = CliRunner().invoke(app, [*args, "--json"])
     assert r.exit_code == 0 and "searching plans" not in r.stderr
+
+
+def test_a_search_leaves_the_garbage_collector_as_it_found_it(monkeypatch):
+    import gc
+
+    before = gc.get_threshold()
+    seen = []
+
+    def during(p):
+        seen.append((gc.get_threshold()[0], gc.get_freeze_count() > 0))
+
+    monkeypatch.setattr(planners_common, "PROGRESS_EVERY_S", 0.0)
+    search(problem(), limits=Limits(progress=during))
+    assert seen and all(t >= 50_000 and frozen for t, frozen in seen)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+    def ctrl_c(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(planners_common, "run_specs", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        search(problem())
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -88,10 +89,12 @@ def _fewer_collections(fn):
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        if _GC_DEPTH[0]:  # inside a search already
-            return fn(*args, **kwargs)
+        if _GC_DEPTH[0] or threading.current_thread() is not threading.main_thread():
+            return fn(*args, **kwargs)  # inside a search already, or not the main thread's
         old = gc.get_threshold()
-        gc.freeze()
+        freeze = gc.get_freeze_count() == 0  # a program that froze objects itself keeps them so
+        if freeze:
+            gc.freeze()
         gc.set_threshold(max(old[0], SEARCH_GC_GEN0), *old[1:])
         _GC_DEPTH[0] += 1
         try:
@@ -99,11 +102,12 @@ def _fewer_collections(fn):
         finally:
             _GC_DEPTH[0] -= 1
             gc.set_threshold(*old)
-            gc.unfreeze()
+            if freeze:
+                gc.unfreeze()
     return run
 
 
-_GC_DEPTH = [0]  # searches running in this thread's stack (one thread searches)
+_GC_DEPTH = [0]  # searches running in the main thread's stack (the collector is the process's)
 
 
 @_fewer_collections
