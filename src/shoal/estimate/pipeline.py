@@ -59,13 +59,15 @@ def op_order(n_stages: int, m: int, schedule: str) -> np.ndarray:
     return ops
 
 
-@compiled
+@compiled("i8[:, :, ::1], i8[:, ::1]", hot=True)
 def _merge(orders, ops):
     """``op_order``'s merge of the stages' orders into ``ops``; returns the operations placed
     (fewer than all: a cycle)."""
     S, n_ops = orders.shape[0], orders.shape[1]
-    done = np.zeros((2, S, n_ops // 2), dtype=np.bool_)  # (backward?, stage, microbatch)
-    pos = np.zeros(S, dtype=np.int64)
+    done = np.empty((2, S, n_ops // 2), np.bool_)  # (backward?, stage, microbatch)
+    done[:] = False
+    pos = np.empty(S, np.int64)
+    pos[:] = 0
     placed = 0
     while placed < S * n_ops:
         progressed = False
@@ -101,16 +103,16 @@ def exact_ends(f: np.ndarray, b: np.ndarray, m: int, schedule: str) -> np.ndarra
     return out
 
 
-@compiled
+@compiled("ro(i8[:, ::1]), f8[:, ::1], f8[:, ::1], i8, f8[:, ::1]", hot=True)
 def _recurrence(ops, f, b, m, out):
     """``exact_ends``' recurrence: an operation starts at the later of its stage's last end and
     its input's end. Lanes run LANES at a time."""
     S, N = f.shape
-    ends = np.empty((2, S, m, LANES))  # (backward?, stage, microbatch, lane)
-    free = np.empty((S, LANES))  # each stage's last end so far
-    dur = np.empty((2, S, LANES))
+    ends = np.empty((2, S, m, LANES), np.float64)  # (backward?, stage, microbatch, lane)
+    free = np.empty((S, LANES), np.float64)  # each stage's last end so far
+    dur = np.empty((2, S, LANES), np.float64)
     for j0 in range(0, N, LANES):
-        n = min(LANES, N - j0)
+        n = N - j0 if N - j0 < LANES else LANES
         for s in range(S):
             for j in range(n):
                 free[s, j] = 0.0
@@ -126,7 +128,10 @@ def _recurrence(ops, f, b, m, out):
             else:
                 db, ds = (0, s - 1) if code == 1 else ((1, s + 1) if code == 2 else (0, s))
                 for j in range(n):
-                    e = max(free[s, j], ends[db, ds, k, j]) + dur[bk, s, j]
+                    e = free[s, j]
+                    if ends[db, ds, k, j] > e:
+                        e = ends[db, ds, k, j]
+                    e += dur[bk, s, j]
                     ends[bk, s, k, j] = e
                     free[s, j] = e
         for s in range(S):
@@ -173,7 +178,7 @@ def makespan(f_all: np.ndarray, b_all: np.ndarray, m: np.ndarray, gpipe: np.ndar
     return schedule_times(f_all, b_all, m, gpipe, n_stages)[0]
 
 
-@compiled
+@compiled()
 def stage_span(m, w, f, b, later, one_f1b):
     """The least seconds from a stage's first forward to the end of its last backward in a
     pipeline of m microbatches, as ``schedule_times`` runs it (the planners' bounds): f and b
@@ -187,21 +192,28 @@ def stage_span(m, w, f, b, later, one_f1b):
     wait is exact for equal stages and more microbatches than stages (the bubble of
     (stages - 1) x (f + b)), which ``(m - 1) max_s t_s + sum_s t_s`` would not bound: with
     unequal stages the recurrence can end below it."""
-    span = max(m * (f + b), m * f + later + b)
+    # max and min written out: numba compiles its builtins apart per type, at a first run
+    span = m * (f + b)
+    if m * f + later + b > span:
+        span = m * f + later + b
     if one_f1b:
-        first_b = max(min(w + 1, m) * f, f + later)  # microbatch 0's backward starts
+        first_b = (m if m < w + 1 else w + 1) * f  # microbatch 0's backward starts
+        if f + later > first_b:
+            first_b = f + later
         if m - 1 <= w:
-            span = max(span, first_b + m * b)
+            end = first_b + m * b
         else:
-            span = max(span, first_b + (m - 1 - w) * (f + b) + max(w * b, later) + b)
+            end = first_b + (m - 1 - w) * (f + b) + (later if later > w * b else w * b) + b
+        if end > span:
+            span = end
     return span
 
 
-@compiled
+@compiled("f8[::1], f8[:, ::1], f8[::1], f8[::1], f8[::1], b1", hot=True)
 def stage_spans(m, w, f, b, later, one_f1b):
     """``stage_span`` of every stage (rows: ``w``, ``f``, ``b``, ``later``) at every count of
     microbatches in ``m`` (columns of ``w``): (stages, counts)."""
-    out = np.empty(w.shape)
+    out = np.empty((w.shape[0], w.shape[1]), np.float64)
     for s in range(w.shape[0]):
         for i in range(w.shape[1]):
             out[s, i] = stage_span(m[i], w[s, i], f[s], b[s], later[s], one_f1b)

@@ -122,14 +122,16 @@ def min_cut(W: np.ndarray) -> tuple[float, list[int]]:
     return best, best_side
 
 
-@compiled
+@compiled("f8[:, ::1], f8[::1], i8[::1], i8[::1]", hot=True)
 def _phases(W, cuts, merged_into, merged):
     """``min_cut``'s phases, compiled: per phase its cut and the two vertices merged (the last
     into the one before it). Merges into ``W``."""
     n = W.shape[0]
-    alive = np.arange(n)
-    conn = np.empty(n)
-    added = np.empty(n, dtype=np.bool_)
+    alive = np.empty(n, np.int64)
+    for i in range(n):
+        alive[i] = i
+    conn = np.empty(n, np.float64)
+    added = np.empty(n, np.bool_)
     for phase in range(n - 1):
         m = n - phase
         for i in range(m):

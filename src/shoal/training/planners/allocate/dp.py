@@ -110,7 +110,9 @@ def dp_front(tables: Tables, A: int, B: int, tau: float, relax: float, extra: in
     return at, fewest[at]
 
 
-@compiled
+@compiled("i8[::1], i8[::1], i8[::1], i8[::1], f8[::1], i8[::1], i8[::1], ro(i8[::1]), "
+          "ro(i8[::1]), ro(i8[::1]), ro(i8[::1]), ro(i8[::1]), i8, f8, f8, i8, i8, i8, i8, "
+          "i8[::1], i8[:, ::1]")
 def dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb, K,
                tau, tau_relaxed, slow_cap, D, A, B, fewest, pick):
     """``dp_front``'s program (``Tables``' arrays), compiled. Per class, the options
@@ -121,15 +123,18 @@ def dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, 
     ``fewest`` and each stage's combo per first-kind count in ``pick`` (relative to its
     class's first combo); returns how many stages kept a non-empty front."""
     big = np.int64(1) << np.int64(60)
-    kept_opt = np.zeros(len(kinds), dtype=np.bool_)
+    kept_opt = np.empty(len(kinds), np.bool_)
+    kept_opt[:] = False
     keep_options(opt_start, kinds, tps, times, K, tau, tau_relaxed, kept_opt)  # per class
     fewest[:] = big
     fewest[0] = 0
-    raw = np.full(A + 1, big)  # kept at big outside the counts a stage reaches
+    raw = np.empty(A + 1, np.int64)  # kept at big outside the counts a stage reaches
+    raw[:] = big
     # the first-kind counts on the front so far, ascending (the only ones a combo extends):
     # the front holds at most min(A, B) + 1 pairs, so a pool of many GPUs of one kind costs
     # what the other kind's count does
-    on = np.zeros(A + 1, dtype=np.int64)
+    on = np.empty(A + 1, np.int64)
+    on[0] = 0
     n_on = 1
     for s in range(len(of_stage)):
         cls = of_stage[s]
@@ -161,7 +166,10 @@ def dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, 
                 if v < raw[u] or (v == raw[u] and a > ca[c0 + pick[s, u]]):
                     raw[u] = v
                     pick[s, u] = c - c0
-                    lo, hi = min(lo, u), max(hi, u)
+                    if u < lo:
+                        lo = u
+                    if u > hi:
+                        hi = u
         # only pairs within the caps that no pair with fewer of the first kind dominates
         for k in range(n_on):
             fewest[on[k]] = big
@@ -228,14 +236,16 @@ def trace(back: list[tuple[np.ndarray, Tables]], usage: tuple[int, ...],
     return Allocation(tuple(per_stage), usage, tau)
 
 
-@compiled
+@compiled("i8[::1], i8[::1], i8[::1], i8[::1], f8[::1], i8[::1], i8[::1], ro(i8[::1]), "
+          "ro(i8[::1]), ro(i8[::1]), ro(i8[::1]), ro(i8[::1]), i8, f8[::1], i8, i8, b1, b1, f8, "
+          "i8, i8, i8, i8", hot=True)
 def search_taus(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb, K,
                  taus, lo, hi, near, check_hi, relax, slow_cap, D, A, B):
     """``Program.search``, compiled: the tests of ``fastest_of`` (``dp_stages`` at caps A, B:
     a bound is met when every stage keeps a non-empty front)."""
     S = len(of_stage)
-    fewest = np.empty(A + 1, dtype=np.int64)
-    pick = np.empty((S, A + 1), dtype=np.int64)
+    fewest = np.empty(A + 1, np.int64)
+    pick = np.empty((S, A + 1), np.int64)
     if near and lo < hi and dp_stages(
             of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb, K,
             taus[lo], taus[lo] * relax, slow_cap, D, A, B, fewest, pick) == S:
@@ -246,7 +256,7 @@ def search_taus(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na
         return -1
     step = 1
     while near and lo < hi:
-        probe = min(lo + step, hi)
+        probe = lo + step if lo + step < hi else hi
         if probe == hi or dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia,
                                      ib, na, ca, cb, K, taus[probe], taus[probe] * relax,
                                      slow_cap, D, A, B, fewest, pick) == S:

@@ -49,12 +49,12 @@ def flatten(stage_opts: list[list[Option]]) -> Flat:
                  np.array([o.time_s for o in opts], dtype=np.float64))
 
 
-@compiled
+@compiled("i8[::1], i8[::1], i8[::1], f8[::1], i8, f8, f8, b1[::1]")
 def keep_options(start, kinds, tps, times, K, tau, tau_relaxed, keep):
     """``allowed_options`` for every stage at once, compiled: marks in ``keep`` each stage's options
     it keeps (per kind its smallest TP, then the fastest, within ``tau`` and within
     ``tau_relaxed``); returns whether every stage keeps one within ``tau``."""
-    best = np.empty(K, dtype=np.int64)
+    best = np.empty(K, np.int64)
     every = True
     for s in range(len(start) - 1):
         under = False
@@ -73,7 +73,7 @@ def keep_options(start, kinds, tps, times, K, tau, tau_relaxed, keep):
     return every
 
 
-@compiled
+@compiled("i8[::1], i8[::1], i8[::1], f8[::1], b1[::1], f8[::1], f8[::1, :], f8, i8, i8")
 def gpu_load(start, kinds, tps, times, keep, avail, W, tau, D, extra):
     """Per weighting of the kinds (``kind_weights``, the columns of ``W``), the GPUs the
     stages need at least over those the pool holds, over the options marked in ``keep``
@@ -131,7 +131,8 @@ def each_cheapest(allowed: list[list[Option]], D: int, pool: Pool,
     return Allocation(tuple(per_stage), tuple(int(u) for u in usage), tau)
 
 
-@compiled
+@compiled("i8[::1], i8[::1], i8[::1], f8[::1], b1[::1], i8[::1], i8[::1], f8, i8, i8, f8[::1], "
+          "i8, i8[::1], i8[:, ::1]")
 def greedy(start, kinds, tps, times, keep, region_of, avail, tau, extra, D, weigh, orders,
             left, out):
     """Some allocation under the bound over the options marked in ``keep`` (``keep_options``),
@@ -147,17 +148,25 @@ def greedy(start, kinds, tps, times, keep, region_of, avail, tau, extra, D, weig
     -1: none) in ``out``."""
     S = len(start) - 1
     big = np.int64(1) << np.int64(40)
-    need = np.empty(S, dtype=np.int64)
-    spread = np.empty(S, dtype=np.int64)
-    per_kind = np.empty(len(avail), dtype=np.int64)
+    need = np.empty(S, np.int64)
+    spread = np.empty(S, np.int64)
+    per_kind = np.empty(len(avail), np.int64)
     for s in range(S):
         per_kind[:] = big
         for o in range(start[s], start[s + 1]):
             if keep[o] and times[o] <= tau and tps[o] < per_kind[kinds[o]]:
                 per_kind[kinds[o]] = tps[o]
-        need[s] = min(per_kind.min(), 64)  # none within the bound: ``keep_options`` rules that out
-        spread[s] = np.minimum(per_kind, 64).max() - need[s]  # no option: TP 64
-    key = np.empty(S, dtype=np.int64)
+        # none within the bound: ``keep_options`` rules that out; no option: TP 64
+        least, most = np.int64(64), np.int64(0)
+        for k in range(len(avail)):
+            tp = per_kind[k] if per_kind[k] < 64 else np.int64(64)
+            if tp < least:
+                least = tp
+            if tp > most:
+                most = tp
+        need[s], spread[s] = least, most - least
+    key = np.empty(S, np.int64)
+    order = np.empty(S, np.int64)
     for t in range(2 * orders):
         v = t // 2
         for s in range(S):
@@ -171,14 +180,23 @@ def greedy(start, kinds, tps, times, keep, region_of, avail, tau, extra, D, weig
                 h ^= h >> np.int64(15)
                 tie = (h * np.int64(0x2C1B3C6D)) & np.int64(0xFFFFFFFF)
             key[s] = (np.int64(64) - need[s]) * big + tie
-        left[:] = avail
+        # the stages by key (an insertion sort: numpy's, compiled, costs seconds at a first
+        # run; the keys differ unless two hashes meet)
+        for s in range(S):
+            j = s
+            while j > 0 and key[order[j - 1]] > key[s]:
+                order[j] = order[j - 1]
+                j -= 1
+            order[j] = s
+        for k in range(len(avail)):  # (an array assigned whole compiles its shape check)
+            left[k] = avail[k]
         if fill(start, kinds, tps, times, keep, region_of, left, tau, extra, D, weigh,
-                 t % 2 == 1, np.argsort(key), out):
+                 t % 2 == 1, order, out):
             return True
     return False
 
 
-@compiled
+@compiled()
 def fill(start, kinds, tps, times, keep, region_of, left, tau, extra, D, weigh, weighted,
           order, out):
     """``greedy``'s fill of the stages in ``order``: each given the option, or the pair of

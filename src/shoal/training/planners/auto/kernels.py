@@ -12,26 +12,30 @@ ANY_REGIONS = np.zeros(1, dtype=bool)  # least_level's one-region flags of one r
 NO_FLOOR, NONE_YET = np.full(1, -np.inf), np.full(1, np.inf)  # its floor, best of one degree
 
 
-@compiled
+@compiled("f8[:, ::1], i8, i8[:, ::1]", hot=True)
 def min_max_cuts(cum, L, arg):
     """``linear_partition``'s dynamic program over cuts, compiled: best[i, j], the smallest
     slowest stage placing layers [0, j) on stages 0..i (``cum[i]``: stage i's cumulative layer
     times), and in ``arg[i, j]`` where stage i starts in it (of equal ones, the first)."""
     P = cum.shape[0]
-    best = np.full((P, L + 1), np.inf)
+    best = np.empty((P, L + 1), np.float64)
+    best[:] = np.inf
     for j in range(1, L + 1):
         best[0, j] = cum[0, j] - cum[0, 0]
     for i in range(1, P):
         for j in range(i + 1, L + 1):
             q = i
             for c in range(i, j):
-                v = max(best[i - 1, c], cum[i, j] - cum[i, c])
+                v = best[i - 1, c]
+                if cum[i, j] - cum[i, c] > v:
+                    v = cum[i, j] - cum[i, c]
                 if c == i or v < best[i, j]:
                     best[i, j], q = v, c
             arg[i, j] = q
 
 
-@compiled
+@compiled("f8[:, ::1], f8[:, ::1], f8[:, ::1], f8[:, ::1], f8[::1], f8[:, ::1], f8[:, ::1], "
+          "i8[::1], f8[:, ::1], i8, i8, i8, f8[::1], b1", hot=True)
 def refined_levels(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync, one_f1b):
     """``Bounds.refined``'s levels per option (``_refine_parts``' arrays, one row per set of
     option times: ``fpre``, ``t``, ``f``, ``post`` (rows, options) and ``bsum`` (rows,
@@ -44,31 +48,41 @@ def refined_levels(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync,
     if D > 1:
         # the ring hides behind the backward of the replica that ends its stage last: of
         # any option of the stage (the most time per microbatch bounds it)
-        busy = np.zeros(P)
+        busy = np.empty(P, np.float64)
+        busy[:] = 0.0
         for i in range(len(own)):
-            busy[stage[i]] = max(busy[stage[i]], t[0, i])
+            if t[0, i] > busy[stage[i]]:
+                busy[stage[i]] = t[0, i]
         d = float(D)
         c_move, c_lat = 2.0 * (d - 1) / d, 2.0 * (d - 1)
         for i in range(len(own)):
             best = np.inf
             for j in range(move.shape[1]):
-                best = min(best, (c_move * move[i, j] + c_lat * lat[i, j]) * sync_scale)
-            own[i] += sync_on * max(best - overlap * busy[stage[i]], 0.0)
-    least = np.full(P, np.inf)  # per stage, its least ring and update
+                ring = (c_move * move[i, j] + c_lat * lat[i, j]) * sync_scale
+                if ring < best:
+                    best = ring
+            exposed = best - overlap * busy[stage[i]]
+            own[i] += sync_on * (0.0 if exposed < 0.0 else exposed)
+    least = np.empty(P, np.float64)  # per stage, its least ring and update
+    least[:] = np.inf
     for i in range(len(own)):
-        least[stage[i]] = min(least[stage[i]], own[i])
-    level = np.empty(t.shape)
-    earlier = np.empty(P)
+        if own[i] < least[stage[i]]:
+            least[stage[i]] = own[i]
+    level = np.empty((t.shape[0], t.shape[1]), np.float64)
+    earlier = np.empty(P, np.float64)
     for r in range(t.shape[0]):
         # per stage s, the most max_{s' < s} (bsum[s] - bsum[s'] + least[s']) (none for s = 0)
         most = -np.inf
         for s in range(P):
             earlier[s] = most + bsum[r, s]
-            most = max(most, least[s] - bsum[r, s])
+            if least[s] - bsum[r, s] > most:
+                most = least[s] - bsum[r, s]
         for i in range(len(own)):
-            span = stage_span(n, min(P - 1 - stage[i], n), f[r, i], t[r, i] - f[r, i],
+            after = P - 1 - stage[i]
+            span = stage_span(n, n if n < after else after, f[r, i], t[r, i] - f[r, i],
                               post[r, i], one_f1b)
-            level[r, i] = fpre[r, i] + span + max(own[i], earlier[stage[i]])
+            wait = earlier[stage[i]]
+            level[r, i] = fpre[r, i] + span + (wait if wait > own[i] else own[i])
     return level
 
 
@@ -82,22 +96,26 @@ def least_cost(level, rate, stage, P, least, overhead):
     return _least_cost(level, np.argsort(level), rate, stage, P, least, overhead)
 
 
-@compiled
+@compiled("f8[::1], i8[::1], f8[::1], i8[::1], i8, f8, f8", hot=True)
 def _least_cost(level, order, rate, stage, P, least, overhead):
-    low = np.full(P, np.inf)  # per stage, its least rate so far
+    low = np.empty(P, np.float64)  # per stage, its least rate so far
+    low[:] = np.inf
     best = np.inf
     i = 0
     while i < len(order):
         theta = level[order[i]]
         while i < len(order) and level[order[i]] == theta:  # options at theta join together
             o = order[i]
-            low[stage[o]] = min(low[stage[o]], rate[o])
+            if rate[o] < low[stage[o]]:
+                low[stage[o]] = rate[o]
             i += 1
         total = 0.0
         for s in range(P):
             total += low[s]
         if total < np.inf:
-            best = min(best, (max(theta, least) + overhead) * total)
+            cost = ((least if least > theta else theta) + overhead) * total
+            if cost < best:
+                best = cost
     return best
 
 
@@ -106,7 +124,8 @@ def least_level(levels, one_region, floor, best, *pool):
     return _least_level(levels, np.argsort(levels, axis=1), one_region, floor, best, *pool)
 
 
-@compiled
+@compiled("f8[:, ::1], i8[:, ::1], b1[::1], f8[::1], f8[::1], f8[::1], i8[::1], i8[::1], i8, "
+          "i8[::1], f8[::1], i8[::1], f8[::1], f8[:, ::1]")
 def _least_level(levels, orders, one_region, floor, best, tp, kind, stage, P, Ds, avail,
                  region_of, region_N, W):
     """Per degree D in ``Ds``, ``Bounds.refined``'s level: over the rows of ``levels`` (each
@@ -121,6 +140,9 @@ def _least_level(levels, orders, one_region, floor, best, tp, kind, stage, P, Ds
     starts where that one's answer is in the row."""
     K, R = len(avail), len(region_N)
     out = best.copy()
+    c = np.empty((P, K), np.float64)  # fewest GPUs per replica of stage s from kind k
+    cap = np.empty((P, R), np.float64)  # per stage and region: the replicas it can hold,
+    low = np.empty((P, R), np.float64)  # the fewest GPUs of one
     for v in range(levels.shape[0]):
         level, order = levels[v], orders[v]
         start = 0
@@ -137,28 +159,29 @@ def _least_level(levels, orders, one_region, floor, best, tp, kind, stage, P, Ds
                     a = (a + b) // 2 + 1
                 else:
                     b = (a + b) // 2
-            hi = max(lo, a)
+            hi = a if a > lo else lo
             end = hi
             while lo < hi:
                 mid = (lo + hi) // 2
                 theta = level[order[mid]]
-                c = np.full((P, K), np.inf)  # fewest GPUs per replica of stage s from kind k
+                c[:] = np.inf
                 for o in range(len(level)):
                     if level[o] <= theta and tp[o] < c[stage[o], kind[o]]:
                         c[stage[o], kind[o]] = tp[o]
-                # per stage and region: the replicas it can hold, the fewest GPUs of one
-                cap = np.zeros((P, R))
-                low = np.full((P, R), np.inf)
+                cap[:] = 0.0
+                low[:] = np.inf
                 for s in range(P):
                     for k in range(K):
                         if c[s, k] < np.inf:
                             cap[s, region_of[k]] += np.floor(avail[k] / c[s, k])
-                            low[s, region_of[k]] = min(low[s, region_of[k]], c[s, k])
+                            if c[s, k] < low[s, region_of[k]]:
+                                low[s, region_of[k]] = c[s, k]
                 ok = True
                 for s in range(P):
                     most = 0.0
                     for r in range(R):
-                        most = max(most, cap[s, r])
+                        if cap[s, r] > most:
+                            most = cap[s, r]
                     if most < D:
                         ok = False
                 if ok:
@@ -166,7 +189,8 @@ def _least_level(levels, orders, one_region, floor, best, tp, kind, stage, P, Ds
                     for r in range(R):
                         gmin = np.inf
                         for s in range(P):
-                            gmin = min(gmin, low[s, r])
+                            if low[s, r] < gmin:
+                                gmin = low[s, r]
                         if gmin < np.inf:
                             stages += np.floor(region_N[r] / (gmin * D))
                     ok = stages >= P
@@ -186,8 +210,8 @@ def _least_level(levels, orders, one_region, floor, best, tp, kind, stage, P, Ds
                     for s in range(P):
                         fewest = np.inf  # the stage's fewest weighted GPUs per replica
                         for k in range(K):
-                            if c[s, k] < np.inf:
-                                fewest = min(fewest, W[m, k] * c[s, k])
+                            if c[s, k] < np.inf and W[m, k] * c[s, k] < fewest:
+                                fewest = W[m, k] * c[s, k]
                         den += fewest
                     ok = not (den > 0 and D * den > have)
                     m += 1
@@ -201,22 +225,26 @@ def _least_level(levels, orders, one_region, floor, best, tp, kind, stage, P, Ds
     return out
 
 
-@compiled
+@compiled("f8[:, ::1], f8[:, ::1], f8[::1], b1", hot=True)
 def pipeline_ends(f, b, m, one_f1b):
     """``stage_floors_s``' ends over the pipelines (columns of ``f``, ``b``: forward and
     backward per microbatch per stage; ``m``: their microbatches), compiled."""
     P, D = f.shape
-    out = np.zeros(P)
+    out = np.empty(P, np.float64)
+    out[:] = 0.0
+    before = np.empty(P + 1, np.float64)
     for j in range(D):
         later = 0.0
         end = 0.0
-        before = np.zeros(P + 1)
+        before[0] = 0.0
         for s in range(P):
             before[s + 1] = before[s] + f[s, j]
         for s in range(P - 1, -1, -1):
-            w = min(P - 1 - s, m[j])
+            w = m[j] if m[j] < P - 1 - s else P - 1 - s
             own = before[s] + stage_span(m[j], w, f[s, j], b[s, j], later, one_f1b)
-            end = own if s == P - 1 else max(own, end + b[s, j])
-            out[s] = max(out[s], end)
+            after = end + b[s, j]
+            end = after if s < P - 1 and after > own else own
+            if end > out[s]:
+                out[s] = end
             later += f[s, j] + b[s, j]
     return out
