@@ -58,7 +58,8 @@ def _functions(tree: ast.Module):
 
 def _compiled(fn: ast.FunctionDef) -> bool:
     """A numba kernel (``shoal.jit.compiled``): flat arrays in, by design."""
-    return any(ast.unparse(d) == "compiled" for d in fn.decorator_list)
+    return any(ast.unparse(d.func if isinstance(d, ast.Call) else d) == "compiled"
+               for d in fn.decorator_list)
 
 
 def test_no_import_cycle_among_shoal_modules():

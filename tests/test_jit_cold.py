@@ -104,7 +104,7 @@ def _helpers_of(pid: int) -> list[int]:
             cmd = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"shoal.jit" in cmd and str(pid).encode() in cmd:
+        if any(b"jit._help" in c for c in cmd) and str(pid).encode() in cmd:
             out.append(int(d))
     return out
 

@@ -262,7 +262,8 @@ def _start_helper() -> None:
     folder = Path(tempfile.mkdtemp(prefix="shoal-jit-"))
     try:
         helper = subprocess.Popen(
-            [sys.executable, "-m", "shoal.jit", str(os.getpid()), *modules],
+            [sys.executable, "-c", "import sys; from shoal import jit; "
+             "jit._help(int(sys.argv[1]), sys.argv[2:])", str(os.getpid()), *modules],
             # shoal importable as in this process (a source tree on sys.path, say)
             env={**os.environ, _HELPER_ENV: f"helper:{folder}",
                  "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
@@ -306,9 +307,3 @@ def _help(parent: int, modules: list[str]) -> None:
         for sig in kernel.signatures():
             disp.compile(sig)
         session.mark_done()  # with the kernels it calls, claimed as they were compiled
-
-
-if __name__ == "__main__":  # run as ``python -m shoal.jit``: the kernels register in shoal.jit
-    from shoal import jit
-
-    jit._help(int(sys.argv[1]), sys.argv[2:])
