@@ -54,8 +54,11 @@ class Count(event.Listener):
         pass
 event.register("numba:compile", Count())
 if os.environ.get("WAIT_FOR_HELPER"):
-    import shoal.training.planners, shoal.training.planners.zorse
-    jit.prepare()
+    import numpy as np
+    import shoal.training.planners.zorse
+    from shoal.training.planners.auto import kernels
+    # a first compile starts the helper
+    kernels.min_max_cuts(np.zeros((1, 2)), 1, np.zeros((1, 2), np.int64))
     helper = jit._Session.current.helper
     helper.wait()
     compiles.clear()
@@ -128,9 +131,10 @@ def test_a_cold_plan_leaves_nothing_behind_and_plans_as_a_warm_one(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_helper_ends_when_its_parent_is_killed(tmp_path):
     """A process killed while its helper compiles: the helper ends too."""
-    script = ("import shoal.training.planners, shoal.training.planners.zorse, time\n"
+    script = ("import numpy as np, shoal.training.planners.zorse, time\n"
               "from shoal import jit\n"
-              "jit.prepare()\n"
+              "from shoal.training.planners.auto import kernels\n"
+              "kernels.min_max_cuts(np.zeros((1, 2)), 1, np.zeros((1, 2), np.int64))\n"
               "print(jit._Session.current.helper.pid, flush=True)\n"
               "time.sleep(600)\n")
     env = {**os.environ, "PYTHONPATH": SRC, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}

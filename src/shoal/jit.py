@@ -17,9 +17,8 @@ this process compiles what it needs in its own order: the hot ones (those the de
 needs after its first) first, the largest first. A loop the helper is compiling when this
 process first calls it (or a loop calling it) is waited for and then loaded from the cache.
 Each loop is compiled by whichever process claims it first (a file created exclusively in a
-directory the two share). The helper starts at ``prepare()`` when the cache lacks the largest
-hot loop (``shoal plan`` calls it before searching), else at a process's first compile. It is
-ended when this process ends, and ends itself when its parent is gone.
+directory the two share). The helper starts at a process's first compile. It is ended when
+this process ends, and ends itself when its parent is gone.
 ``SHOAL_JIT_HELPER=0`` turns it off.
 """
 
@@ -216,32 +215,6 @@ def _compiling(kernel: Kernel) -> None:
         session = _Session.current
     if session is not None:
         session.claim(kernel)
-
-
-def prepare() -> None:
-    """Start the helper now if the cache lacks the machine code of the kernels defined so far
-    (the first run after an install), so that it compiles while this process prepares its
-    first call; else nothing. Costs one kernel's look-up in the cache."""
-    with _lock:
-        if _Session.current is not None or not _helper_allowed():
-            return
-    kernels = [k for k in _KERNELS if k.signature]
-    if not kernels:
-        return
-    probe = max(kernels, key=lambda k: (k.hot, k.size()))
-    try:
-        from numba.core.caching import FunctionCache
-        from numba.core.registry import cpu_target
-
-        cached = FunctionCache(probe.py_func).load_overload(probe.signatures()[0],
-                                                            cpu_target.target_context)
-    except (ImportError, AttributeError, TypeError, OSError):  # numba's internals moved
-        return
-    if cached is None:
-        _listen()
-        with _lock:
-            if _Session.current is None:
-                _start_helper()
 
 
 def _helper_allowed() -> bool:

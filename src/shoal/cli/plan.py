@@ -122,10 +122,7 @@ def _search(problem, strategy: str, goal: str | None, cons, top: int, budget: fl
 
 def _searches(problem, strategy: str, goal: str | None, cons, top: int, budget: float,
               on_progress, on_front):
-    from shoal import jit
     from shoal.training.planners import Limits, Reuse, complete_front, search
-
-    jit.prepare()  # a first run after an install: a second process compiles loops meanwhile
 
     reuse = Reuse()
     found = search(problem, strategy=strategy, objective=goal, constraints=cons, top_k=top,
