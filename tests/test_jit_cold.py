@@ -130,21 +130,25 @@ def test_a_cold_plan_leaves_nothing_behind_and_plans_as_a_warm_one(tmp_path):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_helper_ends_when_its_parent_is_killed(tmp_path):
-    """A process killed while its helper compiles: the helper ends too."""
+    """A process killed while its helper compiles: the helper ends too, and removes the
+    folder of claims."""
     script = ("import numpy as np, shoal.training.planners.zorse, time\n"
               "from shoal import jit\n"
               "from shoal.training.planners.auto import kernels\n"
               "kernels.min_max_cuts(np.zeros((1, 2)), 1, np.zeros((1, 2), np.int64))\n"
-              "print(jit._Session.current.helper.pid, flush=True)\n"
+              "print(jit._Session.current.helper.pid, jit._Session.current.folder, flush=True)\n"
               "time.sleep(600)\n")
     env = {**os.environ, "PYTHONPATH": SRC, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
     parent = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE)
     try:
-        helper = int(parent.stdout.readline())
+        pid, folder = parent.stdout.readline().split()
+        helper = int(pid)
         assert helper in descendants(parent.pid) and running(helper)
+        assert Path(folder.decode()).is_dir()
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=patience(60))
         assert left_after([helper], patience(30)) == []
+        assert not Path(folder.decode()).exists()  # the claims' folder: the helper removed it
     finally:
         parent.kill()
         parent.stdout.close()

@@ -248,12 +248,19 @@ def _start_helper() -> None:
     atexit.register(_Session.current.close)
 
 
-def _end_with_parent() -> None:
-    """Linux: be sent SIGTERM when the parent process ends."""
+def _end_with_parent(folder: Path) -> None:
+    """On SIGTERM, remove ``folder`` and end; on Linux, be sent SIGTERM when the parent
+    process ends (killed, its own clean-up does not run)."""
+    import signal
+
+    def end(signum: int, frame: object) -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, end)
     if sys.platform.startswith("linux"):
         try:
             import ctypes
-            import signal
 
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
@@ -263,8 +270,15 @@ def _end_with_parent() -> None:
 def _help(parent: int, modules: list[str]) -> None:
     """The helper: compile every declared kernel of ``modules`` that no process has claimed,
     hot ones first and of those the largest first, until done or the parent is gone."""
-    _end_with_parent()
     folder = Path(os.environ[_HELPER_ENV].removeprefix("helper:"))
+    _end_with_parent(folder)
+    try:
+        _compile_all(parent, folder, modules)
+    finally:  # the claims are done with: the parent waits only while this process runs
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _compile_all(parent: int, folder: Path, modules: list[str]) -> None:
     session = _Session(folder, None)
     _Session.current = session
     for m in modules:
