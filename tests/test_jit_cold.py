@@ -70,7 +70,7 @@ for example, strategy in [("opt350m-two-zones.yaml", "auto"), ("het-a100-v100.ya
         main()
     except SystemExit as e:
         assert not e.code, e.code
-called = {k.name: {"declared": [str(s) for s in k.signatures()],
+called = {k.name: {"declared": [str(k.argtypes())] if k.signature else [],
                    "used": [str(s) for s in k.machine_code().signatures]}
           for k in jit._KERNELS if k.entry.cache_info().currsize}
 json.dump({"called": called, "compiles": compiles,

@@ -97,15 +97,13 @@ class Kernel:
             out += [x for x in k._closure() if x not in out]
         return [*out, self]
 
-    def signatures(self) -> list[tuple[Any, ...]]:
-        """The declared argument types, as numba types."""
-        if not self.signature:
-            return []
+    def argtypes(self) -> tuple[Any, ...]:
+        """The declared argument types, as numba types (the function must declare them)."""
         from numba import types as nt
 
         names = {"i8": nt.int64, "f8": nt.float64, "b1": nt.boolean,
                  "ro": lambda a: a.copy(readonly=True)}
-        return [tuple(eval(f"({self.signature},)", {"__builtins__": {}}, names))]
+        return tuple(eval(f"({self.signature},)", {"__builtins__": {}}, names))
 
 
 def compiled(signature: str | None = None, *,
@@ -290,7 +288,5 @@ def _compile_all(parent: int, folder: Path, modules: list[str]) -> None:
             return
         if not kernel.signature or not session.claim(kernel):
             continue
-        disp = kernel.machine_code()
-        for sig in kernel.signatures():
-            disp.compile(sig)
+        kernel.machine_code().compile(kernel.argtypes())
         session.mark_done()  # with the kernels it calls, claimed as they were compiled
