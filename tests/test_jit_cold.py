@@ -1,8 +1,9 @@
 """The compiled loops' cold start (``shoal.jit``): the declared signatures are the types the
 planners call the loops with, a helper process compiles them into an empty cache so that a
-search then compiles nothing, a cold ``shoal plan`` leaves no helper or folder behind and
-plans as a warm one does, the helper ends with its parent, and the claims make a process wait
-only for a loop the helper is compiling."""
+search then compiles nothing, a search forks the helper only when the cache lacks a loop, a
+cold ``shoal plan`` leaves no helper or folder behind and plans as a warm one does, the helper
+(started or forked) ends with its parent, and the claims make a process wait only for a loop
+the helper is compiling."""
 
 from __future__ import annotations
 
@@ -100,16 +101,37 @@ def test_the_helper_fills_an_empty_cache_so_a_search_compiles_nothing(tmp_path):
     assert got["compiles"] == []
 
 
-def _helpers_of(pid: int) -> list[int]:
+def _processes_with(mark: str) -> list[int]:
+    """The running processes whose environment holds ``mark`` (``NAME=value``): a helper
+    forked or started by a process given it."""
     out = []
     for d in os.listdir("/proc"):
         try:
-            cmd = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+            env = Path(f"/proc/{d}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(b"jit._help" in c for c in cmd) and str(pid).encode() in cmd:
+        if mark.encode() in env and running(int(d)):
             out.append(int(d))
     return out
+
+
+PREPARE = """
+import json, os
+import shoal.training.planners  # noqa: F401  (the loops register)
+from shoal import jit
+jit.prepare()
+s = jit._Session.current
+out = {"helper": None} if s is None else {
+    "forked": isinstance(s.helper, jit._Forked), "exit": s.helper.wait(float(os.environ["T"]))}
+json.dump(out, open(os.environ["OUT"], "w"))
+"""
+
+
+def test_a_search_on_an_empty_cache_forks_the_helper_and_one_on_a_full_cache_does_not(tmp_path):
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache"), "T": str(patience(600))}
+    # the cache lacks the hot loops: forked at once, it compiles every declared loop
+    assert _python(PREPARE, env, tmp_path) == {"forked": True, "exit": 0}
+    assert _python(PREPARE, env, tmp_path) == {"helper": None}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -122,20 +144,25 @@ def test_a_cold_plan_leaves_nothing_behind_and_plans_as_a_warm_one(tmp_path):
                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = p.communicate(timeout=patience(600))
         assert p.returncode == 0, err.decode()
-        assert _helpers_of(p.pid) == []
+        assert _processes_with(f"NUMBA_CACHE_DIR={tmp_path / 'cache'}") == []
         runs.append(json.loads(out)["plans"])
     assert os.listdir(tmp_path / "tmp") == []  # the claims' folder is gone
     assert runs[0] == runs[1]
 
 
+START = {  # a first compile starts a new interpreter; a search on an empty cache forks
+    "started": "kernels.min_max_cuts(np.zeros((1, 2)), 1, np.zeros((1, 2), np.int64))\n",
+    "forked": "jit.prepare()\nassert isinstance(jit._Session.current.helper, jit._Forked)\n"}
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_the_helper_ends_when_its_parent_is_killed(tmp_path):
+@pytest.mark.parametrize("how", sorted(START))
+def test_the_helper_ends_when_its_parent_is_killed(tmp_path, how):
     """A process killed while its helper compiles: the helper ends too, and removes the
     folder of claims."""
-    script = ("import numpy as np, shoal.training.planners.zorse, time\n"
+    script = ("import numpy as np, shoal.training.planners, time\n"
               "from shoal import jit\n"
-              "from shoal.training.planners.auto import kernels\n"
-              "kernels.min_max_cuts(np.zeros((1, 2)), 1, np.zeros((1, 2), np.int64))\n"
+              "from shoal.training.planners.auto import kernels\n" + START[how] +
               "print(jit._Session.current.helper.pid, jit._Session.current.folder, flush=True)\n"
               "time.sleep(600)\n")
     env = {**os.environ, "PYTHONPATH": SRC, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
@@ -144,6 +171,8 @@ def test_the_helper_ends_when_its_parent_is_killed(tmp_path):
         pid, folder = parent.stdout.readline().split()
         helper = int(pid)
         assert helper in descendants(parent.pid) and running(helper)
+        # what the cold plan's test looks for after its run finds a helper while it runs
+        assert helper in _processes_with(f"NUMBA_CACHE_DIR={tmp_path / 'cache'}")
         assert Path(folder.decode()).is_dir()
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=patience(60))

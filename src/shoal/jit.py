@@ -17,14 +17,17 @@ this process compiles what it needs in its own order: the hot ones (those the de
 needs after its first) first, the largest first. A loop the helper is compiling when this
 process first calls it (or a loop calling it) is waited for and then loaded from the cache.
 Each loop is compiled by whichever process claims it first (a file created exclusively in a
-directory the two share). The helper starts at a process's first compile. It is ended when
-this process ends, and ends itself when its parent is gone.
-``SHOAL_JIT_HELPER=0`` turns it off.
+directory the two share). A search starts the helper (``prepare``) when the cache lacks a
+hot loop: forked from this process, with numba and the loops' modules loaded and numba set up,
+so it compiles from the start of the search; otherwise (another thread running, no fork) a
+new interpreter, or the helper starts at a process's first compile. It is ended when this
+process ends, and ends itself when its parent is gone. ``SHOAL_JIT_HELPER=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib
 import os
@@ -215,6 +218,46 @@ def _compiling(kernel: Kernel) -> None:
         session.claim(kernel)
 
 
+def prepare() -> None:
+    """Start the helper now if a hot declared function is not in the cache (the first run
+    after an install), rather than at this process's first compile: forked after numba is set
+    up, it compiles from now on. Reads the cache's index files only (a millisecond)."""
+    global _prepared
+    hot = [k for k in _KERNELS if k.hot and k.signature]  # of the modules imported so far
+    if _prepared or not hot or not _helper_allowed():
+        return
+    _prepared = True
+    if any(_cached(k) is False for k in hot):
+        _set_up_numba()
+        with _lock:
+            if _Session.current is None:
+                _start_helper(fork=True)
+
+
+def _set_up_numba() -> None:
+    """What numba sets up at a process's first compile, done before the helper is forked so
+    that it starts compiling at once (this process would do it at its first compile)."""
+    try:
+        from numba.core.registry import cpu_target
+
+        cpu_target.typing_context.refresh()
+        cpu_target.target_context.refresh()
+    except Exception:  # noqa: BLE001 - numba's internals changed: each process sets up its own
+        pass
+
+
+_prepared = False
+
+
+def _cached(kernel: Kernel) -> bool | None:
+    """Whether numba's cache holds machine code for ``kernel``'s current source; None when
+    numba's cache does not tell (its layout is numba's own, not a public interface)."""
+    try:
+        return bool(kernel.machine_code()._cache._cache_file._load_index())
+    except Exception:  # noqa: BLE001 - any change in numba's internals: no answer
+        return None
+
+
 def _helper_allowed() -> bool:
     """Not turned off, not the helper itself, and on the main thread (the helper ends with
     the thread that started it)."""
@@ -223,27 +266,108 @@ def _helper_allowed() -> bool:
             and threading.current_thread() is threading.main_thread())
 
 
-def _start_helper() -> None:
-    """Start the helper, where allowed (``_helper_allowed``)."""
+def _start_helper(fork: bool = False) -> None:
+    """Start the helper, where allowed (``_helper_allowed``): a new interpreter, or with
+    ``fork`` (on a platform that forks, with no other thread running) a copy of this process,
+    which has numba and the functions' modules loaded already."""
     if not _helper_allowed():
         return
     modules = list(dict.fromkeys(k.py_func.__module__ for k in _KERNELS if k.signature))
     if not modules:
         return
     folder = Path(tempfile.mkdtemp(prefix="shoal-jit-"))
+    helper: subprocess.Popen[bytes] | _Forked
     try:
-        helper = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from shoal import jit; "
-             "jit._help(int(sys.argv[1]), sys.argv[2:])", str(os.getpid()), *modules],
-            # shoal importable as in this process (a source tree on sys.path, say)
-            env={**os.environ, _HELPER_ENV: f"helper:{folder}",
-                 "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if fork and hasattr(os, "fork") and threading.active_count() == 1:
+            helper = _Forked.start(folder, modules)
+        else:
+            helper = subprocess.Popen(
+                [sys.executable, "-c", "import sys; from shoal import jit; "
+                 "jit._help(int(sys.argv[1]), sys.argv[2:])", str(os.getpid()), *modules],
+                # shoal importable as in this process (a source tree on sys.path, say)
+                env={**os.environ, _HELPER_ENV: f"helper:{folder}",
+                     "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError:
         shutil.rmtree(folder, ignore_errors=True)
         return
     _Session.current = _Session(folder, helper)
     atexit.register(_Session.current.close)
+
+
+class _Forked:
+    """A helper forked from this process, with what the session uses of a ``Popen``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    @classmethod
+    def start(cls, folder: Path, modules: list[str]) -> _Forked:
+        parent = os.getpid()
+        pid = os.fork()
+        if pid:
+            return cls(pid)
+        try:  # the helper: nothing of this process's files or locks, its own exit
+            import signal
+
+            global _lock
+            _lock = threading.Lock()  # held by the thread that forked
+
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends it on Ctrl-C
+            if sys.platform.startswith("linux"):  # its name in ps and top
+                with contextlib.suppress(OSError, AttributeError):
+                    import ctypes
+
+                    ctypes.CDLL(None).prctl(15, b"shoal-jit")  # PR_SET_NAME
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.closerange(3, _open_fd_limit())
+            os.environ[_HELPER_ENV] = f"helper:{folder}"
+            _help(parent, modules)
+        finally:
+            os._exit(0)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere
+                self.returncode = 0
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def terminate(self) -> None:
+        self._signal("SIGTERM")
+
+    def kill(self) -> None:
+        self._signal("SIGKILL")
+
+    def _signal(self, name: str) -> None:
+        import signal
+
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, getattr(signal, name))
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(f"helper {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode  # type: ignore[return-value]
+
+
+def _open_fd_limit() -> int:
+    """One more than the highest file descriptor this process has open."""
+    try:
+        return 1 + max(int(n) for n in os.listdir("/proc/self/fd"))
+    except (OSError, ValueError):
+        return 1024
 
 
 def _end_with_parent(folder: Path) -> None:

@@ -64,7 +64,9 @@ def plan(
     Prints the ranked plans, what to rent for the best one and the front (or, with --json, one
     JSON object); -o writes the best plan, a training-plan file that estimate, bubbles and
     train take."""
+    from shoal import jit
     from shoal.problem import load_problem
+    from shoal.training import planners  # noqa: F401 - its compiled loops declared, for jit
 
     check_outputs([(output, "--output"), (figure, "--figure")], [scenario])
     for value, option in ((max_cost_per_iter, "--max-cost-per-iter"),
@@ -76,6 +78,7 @@ def plan(
     cons = problem.constraints.model_copy(update={k: v for k, v in {
         "max_cost_per_iteration_usd": max_cost_per_iter, "min_iters_per_s": min_throughput,
         "max_gpus": max_gpus, "deadline": _deadline(iterations, within)}.items() if v is not None})
+    jit.prepare()  # a first run: the loops' helper, before the progress display's thread
     result = _search(problem, strategy.value, objective.value if objective else None, cons, top,
                      budget, as_json)
     best = result.ranked[0].plan

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from shoal import jit
 from shoal.errors import InfeasibleError, SpecError
 from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
@@ -142,6 +143,7 @@ def search(problem: Problem, *, strategy: str | Strategy = "auto", objective: st
     constraints = constraints or problem.constraints
     problem = _capped(problem, constraints)
     _require_prices(problem, objective, constraints)
+    jit.prepare()  # a first run after an install: the helper compiles alongside from here
     reuse = reuse if reuse is not None else Reuse()
     mbs = mbs_options(problem)
     ev, space = _start(problem, mbs, SearchStats(strategy=name), (objective, constraints),
