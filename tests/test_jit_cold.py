@@ -127,6 +127,7 @@ json.dump(out, open(os.environ["OUT"], "w"))
 """
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the helper is forked on Linux")
 def test_a_search_on_an_empty_cache_forks_the_helper_and_one_on_a_full_cache_does_not(tmp_path):
     env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache"), "T": str(patience(600))}
     # the cache lacks the hot loops: forked at once, it compiles every declared loop

@@ -19,7 +19,7 @@ process first calls it (or a loop calling it) is waited for and then loaded from
 Each loop is compiled by whichever process claims it first (a file created exclusively in a
 directory the two share). A search starts the helper (``prepare``) when the cache lacks a
 hot loop: forked from this process, with numba and the loops' modules loaded and numba set up,
-so it compiles from the start of the search; otherwise (another thread running, no fork) a
+so it compiles from the start of the search; otherwise (another thread running, not Linux) a
 new interpreter, or the helper starts at a process's first compile. It is ended when this
 process ends, and ends itself when its parent is gone. ``SHOAL_JIT_HELPER=0`` turns it off.
 """
@@ -268,8 +268,9 @@ def _helper_allowed() -> bool:
 
 def _start_helper(fork: bool = False) -> None:
     """Start the helper, where allowed (``_helper_allowed``): a new interpreter, or with
-    ``fork`` (on a platform that forks, with no other thread running) a copy of this process,
-    which has numba and the functions' modules loaded already."""
+    ``fork`` (on Linux, with no other thread running) a copy of this process, which has numba
+    and the functions' modules loaded already. (macOS's system libraries are not safe to use
+    in a forked copy, and Windows has no fork.)"""
     if not _helper_allowed():
         return
     modules = list(dict.fromkeys(k.py_func.__module__ for k in _KERNELS if k.signature))
@@ -278,7 +279,7 @@ def _start_helper(fork: bool = False) -> None:
     folder = Path(tempfile.mkdtemp(prefix="shoal-jit-"))
     helper: subprocess.Popen[bytes] | _Forked
     try:
-        if fork and hasattr(os, "fork") and threading.active_count() == 1:
+        if fork and sys.platform.startswith("linux") and threading.active_count() == 1:
             helper = _Forked.start(folder, modules)
         else:
             helper = subprocess.Popen(
