@@ -46,6 +46,7 @@ _KERNELS: list[Kernel] = []  # in the order their modules defined them
 _BY_CODE: dict[Any, Kernel] = {}  # a kernel's code object -> the kernel
 _HELPER_ENV = "SHOAL_JIT_HELPER"  # "0": no helper; "helper:FOLDER": this process is one
 _lock = threading.Lock()
+_prepared = False  # prepare() has looked in the cache
 
 
 class Kernel:
@@ -223,8 +224,10 @@ def prepare() -> None:
     after an install), rather than at this process's first compile: forked after numba is set
     up, it compiles from now on. Reads the cache's index files only (a millisecond)."""
     global _prepared
+    if _prepared:
+        return
     hot = [k for k in _KERNELS if k.hot and k.signature]  # of the modules imported so far
-    if _prepared or not hot or not _helper_allowed():
+    if not hot or not _helper_allowed():
         return
     _prepared = True
     if any(_cached(k) is False for k in hot):
@@ -244,9 +247,6 @@ def _set_up_numba() -> None:
         cpu_target.target_context.refresh()
     except Exception:  # noqa: BLE001 - numba's internals changed: each process sets up its own
         pass
-
-
-_prepared = False
 
 
 def _cached(kernel: Kernel) -> bool | None:
@@ -316,11 +316,7 @@ class _Forked:
             _lock = threading.Lock()  # held by the thread that forked
 
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends it on Ctrl-C
-            if sys.platform.startswith("linux"):  # its name in ps and top
-                with contextlib.suppress(OSError, AttributeError):
-                    import ctypes
-
-                    ctypes.CDLL(None).prctl(15, b"shoal-jit")  # PR_SET_NAME
+            _prctl(15, b"shoal-jit")  # PR_SET_NAME: its name in ps and top
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
@@ -381,13 +377,16 @@ def _end_with_parent(folder: Path) -> None:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, end)
+    _prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
+def _prctl(option: int, value: int | bytes) -> None:
+    """Linux's prctl for this process; nothing elsewhere, or where libc does not have it."""
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             import ctypes
 
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
+            ctypes.CDLL(None).prctl(option, value)
 
 
 def _help(parent: int, modules: list[str]) -> None:
