@@ -165,7 +165,8 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
     (``Bounds.option_levels``, ``Worth.beyond_level``), in time and in cost, and the floor it
     gets as a re-split's
     allocation, which counts each stage's least sync and update on its layers (the last case:
-    two regions, where the allocations whose stages are in both send across them)."""
+    two regions, where the allocations whose stages are in both send across them), and a ring
+    between two zones where a stage holds more replicas of an option than one zone does."""
     pb, res = _exhaustive(case)
     tb = tables_for(pb, mbs_options(pb))
     space = Space(pb, tb)
@@ -183,6 +184,9 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
     worths: dict = {}
     tighter = 0  # allocations whose floor the sends across regions raise
     synced = 0  # allocations whose floor as a re-split's the stages' sync and update raise
+    near = Bounds(space, pool)  # as if every kind's zone held all its GPUs
+    near._most_in_a_zone = lambda k, tp: 10 ** 9
+    apart = 0  # allocations whose floor a ring between two zones of one kind raises
     for sh, D, per_stage in allocs:
         opts = [list(o) for o in sh.opts]
         total = pb.job.global_batch // sh.mbs
@@ -214,6 +218,8 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
         tighter += floors[-1][1][0] > plain[0] * (1 + 1e-6)
         bare = dataclasses.replace(worth, tails=None).plan_floor(a, D, total, other=sh)
         synced += floors[-1][3][0] > bare[0] * (1 + 1e-6)
+        one_zone = dataclasses.replace(worth, tails=functools.partial(near.tails, D=D))
+        apart += floors[-1][1][0] > one_zone.plan_floor(a, D, total)[0] * (1 + 1e-6)
     out = run_specs(pb, tb, specs)
     T, usd = out["iteration_time_s"], out["cost_compute_usd"] + out["cost_egress_usd"]
     for per_stage, plan, program, split_floor, at in floors:
@@ -223,6 +229,9 @@ def test_no_plan_of_an_allocation_beats_its_floors(case):
     assert len(floors) > 10
     assert (tighter > 10) == (case == len(CASES))
     assert synced > 0
+    # where a kind's GPUs are in more than one zone, some allocations hold more replicas of
+    # one option than a zone does: their rings cross zones
+    assert (apart > 0) == any(len(zs) > 1 for zs in space.zones_of.values())
 
 
 @pytest.mark.parametrize("objective", ["max-throughput", "min-cost", "max-throughput-per-dollar"])

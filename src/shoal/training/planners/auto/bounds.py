@@ -93,6 +93,7 @@ class Bounds(RingBounds, RefinedBounds):
                                     for ti in range(T)] for m in range(M)])
         self.region_most = max(per_region.values(), default=0)
         self._option_rings: dict[tuple, np.ndarray] = {}  # these depend on the GPU counts
+        self._in_a_zone: dict[tuple[int, int], int] = {}  # ``_most_in_a_zone``
         # what does not depend on the GPU counts, shared by every pool of the same kinds in
         # the same zones (``Space.bound_memo``)
         memo = self._memo = space.bound_memo

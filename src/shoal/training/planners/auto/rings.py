@@ -143,24 +143,27 @@ class RingBounds:
         its slowest replica's update take, whatever zones the replicas get. The ring joins
         consecutive replicas, each option's together (``build_spec``): a hop from each option
         to another (any, when the stage mixes more than two), and one inside an option of two
-        replicas or more. A hop takes at least its fastest link between any zones of its two kinds,
-        and the ring is as slow as its slowest hop (``kernel.ring_allreduce_s``); it hides
-        behind the backward of the replica that ends the stage last as far as the stack
-        overlaps them (the most compute per microbatch of the stage's options, ``compute``'s
-        (kind, TP) entries, bounds that)."""
+        replicas or more, which crosses zones when its replicas cannot all be in one zone of
+        its kind. A hop takes at least its fastest link between any zones of its two kinds
+        (between two different zones for that one), and the ring is as slow as its slowest
+        hop (``kernel.ring_allreduce_s``); it hides behind the backward of the replica that
+        ends the stage last as far as the stack overlaps them (the most compute per
+        microbatch of the stage's options, ``compute``'s (kind, TP) entries, bounds that)."""
         tb = self.space.tb
         out = np.empty(len(split))
         div = float(D) if self.upd_div_on else 1.0
         for s, ((a, b), st) in enumerate(zip(split, per_stage, strict=True)):
-            key = (a, b, D, st, self.overlap and tuple(compute[s].get((k, tp), 0.0)
-                                                       for k, tp, _ in st))
+            # (which options' replicas cannot all be in one zone: this depends on the counts)
+            apart = tuple(n > self._most_in_a_zone(k, tp) for k, tp, n in st)
+            key = (a, b, D, st, apart, self.overlap and tuple(compute[s].get((k, tp), 0.0)
+                                                              for k, tp, _ in st))
             got = self._tails.get(key)
             if got is None:
                 upd = max(float(tb.cum_u[self.gi[k], tb.ti(tp), b] - tb.cum_u[self.gi[k],
                                                                               tb.ti(tp), a])
                           for k, tp, _ in st) / div
                 ring = 0.0
-                for k, tp, n in st if D > 1 else ():
+                for (k, tp, n), far in zip(st, apart, strict=True) if D > 1 else ():
                     # the hop out of this option's last replica, to another option's, and
                     # between its own replicas
                     out_s = [self._hop_s(a, b, D, k, tp, k2) for k2, tp2, _ in st
@@ -169,6 +172,8 @@ class RingBounds:
                         ring = max(ring, min(out_s))
                     if n > 1 or not out_s:
                         ring = max(ring, self._hop_s(a, b, D, k, tp, k))
+                    if far:  # a hop between two of its zones
+                        ring = max(ring, self._hop_s(a, b, D, k, tp, k, apart=True))
                 # hidden behind the backward of whichever replica ends the stage last
                 busy = max(compute[s].get((k, tp), np.inf) for k, tp, _ in st)
                 sync = float(self._exposed(np.array(ring), np.array(busy)))
@@ -176,24 +181,35 @@ class RingBounds:
             out[s] = got
         return out
 
-    def _hop_s(self, a: int, b: int, D, k: int, tp: int, k2: int):
+    def _most_in_a_zone(self, k: int, tp: int) -> int:
+        """The most replicas at TP ``tp`` that one zone of kind ``k`` holds."""
+        got = self._in_a_zone.get((k, tp))
+        if got is None:
+            sp = self.space
+            got = self._in_a_zone[(k, tp)] = max(n // tp for _, n in sp.zones_of[sp.kinds[k]])
+        return got
+
+    def _hop_s(self, a: int, b: int, D, k: int, tp: int, k2: int, apart: bool = False):
         """The least seconds a ring all-reduce of D members over layers [a, b) takes when one
         of its hops goes from a replica of kind ``k`` (TP ``tp``) to one of kind ``k2``, over
-        its fastest link between any zones of the two kinds (``kernel.ring_allreduce_s``; D:
-        a number, or an array of them)."""
+        its fastest link between any zones of the two kinds, or between two different zones
+        (``apart``; such a hop is inside no node) (``kernel.ring_allreduce_s``; D: a number,
+        or an array of them)."""
         if np.ndim(D) == 0:  # read off the hop's times at degrees 1..n, n doubled as needed
             d = int(D)
-            got = self._hop_times.get(one := (a, b, k, tp, k2))
+            got = self._hop_times.get(one := (a, b, k, tp, k2, apart))
             if got is None or len(got) < d:
                 n = max(d, 64 if got is None else 2 * len(got))
-                got = self._hop_times[one] = self._hop_s(a, b, np.arange(1, n + 1), k, tp, k2)
+                got = self._hop_times[one] = self._hop_s(a, b, np.arange(1, n + 1), k, tp, k2,
+                                                         apart)
             return float(got[d - 1])
-        bound = self._hop_terms.get(key := (a, b, k, tp, k2))
+        bound = self._hop_terms.get(key := (a, b, k, tp, k2, apart))
         if bound is None:
             tb = self.space.tb
             nbytes = self.space.grad_bytes(a, b)
             bound = self._hop_terms[key] = ring_bound_terms(
-                tb, self._links(k, tp, k2), int(self.gi[k]), tp, nbytes, k == k2)
+                tb, self._links(k, tp, k2, apart), int(self.gi[k]), tp, nbytes,
+                k == k2 and not apart)
         d = np.asarray(D, dtype=float)
         sc = self.tc.sync_scale
         own = ring_from_terms(bound.own, d[..., None], sc).min(axis=-1)
@@ -204,14 +220,15 @@ class RingBounds:
         # (``kernel.ring_bound_at``: one node's links while the members fit one)
         return np.minimum(own, np.where(d <= bound.per_node, inside, node))
 
-    def _links(self, k: int, tp: int, k2: int) -> np.ndarray:
+    def _links(self, k: int, tp: int, k2: int, apart: bool = False) -> np.ndarray:
         """Link ids from a replica of kind ``k`` at TP ``tp`` to one of kind ``k2``, between
-        any zones of the two kinds."""
-        rid = self._hops.get((k, tp, k2))
+        any zones of the two kinds (``apart``: two different ones)."""
+        rid = self._hops.get((k, tp, k2, apart))
         if rid is None:
             sp, tb = self.space, self.space.tb
             za = [tb.zones.index(z) for z, _ in sp.zones_of[sp.kinds[k]]]
             zb = [tb.zones.index(z) for z, _ in sp.zones_of[sp.kinds[k2]]]
-            rid = self._hops[(k, tp, k2)] = np.array([
-                tb.link_id(self.gi[k], x, self.gi[k2], y, tb.ti(tp)) for x in za for y in zb])
+            rid = self._hops[(k, tp, k2, apart)] = np.array([
+                tb.link_id(self.gi[k], x, self.gi[k2], y, tb.ti(tp)) for x in za for y in zb
+                if not (apart and x == y)])
         return rid
