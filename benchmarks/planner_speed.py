@@ -11,10 +11,11 @@ from its fitted coefficients; all through `shoal import sailor`. For each scenar
   planner chose for that pool (rebuilt from `reference/sailor/sailor_runs.md`, estimated by
   shoal), the time to the final best plan and the plans costed;
 - `process_s`: the whole `python -m shoal plan SCENARIO --json` process, warm (compiled kernels
-  cached) and, once, cold (an empty kernel cache: the first run after an install);
+  cached) and cold (an empty kernel cache: the first run after an install), once or, with
+  --cold-rounds N, the medians of N rounds;
 - `auto` and `sailor` alone (``planners.search`` without the front), as before.
 
-    python benchmarks/planner_speed.py [--repeats 3] [--only NAME] [--budget 600]
+    python benchmarks/planner_speed.py [--repeats 3] [--only NAME] [--budget 600] [--cold-rounds 1]
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default=None)
     ap.add_argument("--budget", type=float, default=600.0, help="seconds per search")
+    ap.add_argument("--cold-rounds", type=int, default=1,
+                    help="rounds of the process timing (cold, warm, warm), each on a new cache")
     args = ap.parse_args()
     ref = reference_dir()
     if ref is None:
@@ -120,7 +123,8 @@ def main() -> None:
             row = {"objective": objective, "constraints": cons}
             target = sailors_time(s, name, pb)
             row["plan"] = user_path(pb, objective, cons, args.repeats, target)
-            row["process_s"] = process_times(d / "scenario.yaml", objective, cons)
+            row["process_s"] = process_times(d / "scenario.yaml", objective, cons,
+                                             args.cold_rounds)
             if name in SAILORS_SEARCH_S:
                 row["sailors_search_s"] = SAILORS_SEARCH_S[name]
             for strategy in ("sailor", "auto"):
@@ -207,9 +211,20 @@ def user_path(pb, objective: str, cons: dict, repeats: int, target: float | None
     return out
 
 
-def process_times(scenario: Path, objective: str, cons: dict) -> dict:
+def process_times(scenario: Path, objective: str, cons: dict, rounds: int = 1) -> dict:
     """The whole ``python -m shoal plan SCENARIO --json`` process: warm (the compiled kernels
-    cached, second of two runs) and cold (an empty kernel cache)."""
+    cached, second of two runs) and cold (an empty kernel cache); over several ``rounds`` (each
+    on a new cache) the medians, with each round's cold extra."""
+    got = [_process_round(scenario, objective, cons) for _ in range(rounds)]
+    if rounds == 1:
+        return got[0]
+    extra = [r["cold_extra_s"] for r in got]
+    return {"cold": round(float(np.median([r["cold"] for r in got])), 2),
+            "warm": round(float(np.median([r["warm"] for r in got])), 2),
+            "cold_extra_s": round(float(np.median(extra)), 3), "cold_extra_rounds": extra}
+
+
+def _process_round(scenario: Path, objective: str, cons: dict) -> dict:
     args = [sys.executable, "-m", "shoal", "plan", str(scenario), "--json", "--objective",
             objective]
     flags = {"max_cost_per_iteration_usd": "--max-cost-per-iter",
