@@ -118,11 +118,11 @@ def _processes_with(mark: str) -> list[int]:
 PREPARE = """
 import json, os
 import shoal.training.planners  # noqa: F401  (the loops register)
-from shoal import jit
+from shoal import forks, jit
 jit.prepare()
 s = jit._Session.current
 out = {"helper": None} if s is None else {
-    "forked": isinstance(s.helper, jit._Forked), "exit": s.helper.wait(float(os.environ["T"]))}
+    "forked": isinstance(s.helper, forks.Forked), "exit": s.helper.wait(float(os.environ["T"]))}
 json.dump(out, open(os.environ["OUT"], "w"))
 """
 
@@ -153,7 +153,8 @@ def test_a_cold_plan_leaves_nothing_behind_and_plans_as_a_warm_one(tmp_path):
 
 START = {  # a first compile starts a new interpreter; a search on an empty cache forks
     "started": "kernels.min_max_cuts(np.zeros((1, 2)), 1, np.zeros((1, 2), np.int64))\n",
-    "forked": "jit.prepare()\nassert isinstance(jit._Session.current.helper, jit._Forked)\n"}
+    "forked": "from shoal import forks\njit.prepare()\n"
+              "assert isinstance(jit._Session.current.helper, forks.Forked)\n"}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

@@ -42,11 +42,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from shoal import forks
+
 _KERNELS: list[Kernel] = []  # in the order their modules defined them
 _BY_CODE: dict[Any, Kernel] = {}  # a kernel's code object -> the kernel
 _HELPER_ENV = "SHOAL_JIT_HELPER"  # "0": no helper; "helper:FOLDER": this process is one
 _lock = threading.Lock()
 _prepared = False  # prepare() has looked in the cache
+_HOT_DONE = "hot.done"  # in the claims' folder: the helper has compiled the hot functions
+_HOT_ONLY = "hot.only"  # in the claims' folder: the helper compiles the hot functions only
 
 
 class Kernel:
@@ -239,6 +243,29 @@ def prepare() -> None:
                 _start_helper(fork=True)
 
 
+def only_hot() -> None:
+    """The helper, if one runs, compiles the hot declared functions only (a copy of this
+    process computing alongside it needs the other core more than the other functions do)."""
+    session = _Session.current
+    if session is not None and session.helper is not None:
+        with contextlib.suppress(OSError):
+            (session.folder / _HOT_ONLY).touch()
+
+
+def settle() -> None:
+    """In a copy of this process forked to compute alongside it (``forks.Forked``): wait while
+    the helper compiles the hot declared functions (a first run after an install), rather than
+    compile them a second time; then compile what is missing in this copy, with no helper and
+    no claims (the helper and this process's parent keep theirs)."""
+    os.environ[_HELPER_ENV] = "0"
+    session, _Session.current = _Session.current, None
+    if session is None or session.helper is None:
+        return
+    while (session.folder.exists() and not (session.folder / _HOT_DONE).exists()
+           and forks.alive(session.helper.pid)):
+        time.sleep(0.005)
+
+
 def _set_up_numba() -> None:
     """What numba sets up at a process's first compile, done before the helper is forked so
     that it starts compiling at once (this process would do it at its first compile)."""
@@ -279,10 +306,11 @@ def _start_helper(fork: bool = False) -> None:
     if not modules:
         return
     folder = Path(tempfile.mkdtemp(prefix="shoal-jit-"))
-    helper: subprocess.Popen[bytes] | _Forked
+    helper: subprocess.Popen[bytes] | forks.Forked
     try:
-        if fork and sys.platform.startswith("linux") and threading.active_count() == 1:
-            helper = _Forked.start(folder, modules)
+        if fork and forks.can_fork():
+            helper = forks.Forked.start(functools.partial(_forked_help, os.getpid(), folder,
+                                                          modules), name=b"shoal-jit")
         else:
             helper = subprocess.Popen(
                 [sys.executable, "-c", "import sys; from shoal import jit; "
@@ -298,77 +326,6 @@ def _start_helper(fork: bool = False) -> None:
     atexit.register(_Session.current.close)
 
 
-class _Forked:
-    """A helper forked from this process, with what the session uses of a ``Popen``."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    @classmethod
-    def start(cls, folder: Path, modules: list[str]) -> _Forked:
-        parent = os.getpid()
-        pid = os.fork()
-        if pid:
-            return cls(pid)
-        try:  # the helper: nothing of this process's files or locks, its own exit
-            import signal
-
-            global _lock
-            _lock = threading.Lock()  # held by the thread that forked
-
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends it on Ctrl-C
-            _prctl(15, b"shoal-jit")  # PR_SET_NAME: its name in ps and top
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            os.closerange(3, _open_fd_limit())
-            os.environ[_HELPER_ENV] = f"helper:{folder}"
-            _help(parent, modules)
-        finally:
-            os._exit(0)
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped elsewhere
-                self.returncode = 0
-            else:
-                if pid:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def terminate(self) -> None:
-        self._signal("SIGTERM")
-
-    def kill(self) -> None:
-        self._signal("SIGKILL")
-
-    def _signal(self, name: str) -> None:
-        import signal
-
-        if self.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, getattr(signal, name))
-
-    def wait(self, timeout: float | None = None) -> int:
-        end = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if end is not None and time.monotonic() > end:
-                raise subprocess.TimeoutExpired(f"helper {self.pid}", timeout)
-            time.sleep(0.005)
-        return self.returncode  # type: ignore[return-value]
-
-
-def _open_fd_limit() -> int:
-    """One more than the highest file descriptor this process has open."""
-    try:
-        return 1 + max(int(n) for n in os.listdir("/proc/self/fd"))
-    except (OSError, ValueError):
-        return 1024
-
-
 def _end_with_parent(folder: Path) -> None:
     """On SIGTERM, remove ``folder`` and end; on Linux, be sent SIGTERM when the parent
     process ends (killed, its own clean-up does not run)."""
@@ -379,16 +336,16 @@ def _end_with_parent(folder: Path) -> None:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, end)
-    _prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    forks.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
 
 
-def _prctl(option: int, value: int | bytes) -> None:
-    """Linux's prctl for this process; nothing elsewhere, or where libc does not have it."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            import ctypes
-
-            ctypes.CDLL(None).prctl(option, value)
+def _forked_help(parent: int, folder: Path, modules: list[str]) -> None:
+    """The helper, in a copy of the parent (``forks.Forked``): nothing of its locks, then
+    ``_help``."""
+    global _lock
+    _lock = threading.Lock()  # held by the thread that forked
+    os.environ[_HELPER_ENV] = f"helper:{folder}"
+    _help(parent, modules)
 
 
 def _help(parent: int, modules: list[str]) -> None:
@@ -412,6 +369,10 @@ def _compile_all(parent: int, folder: Path, modules: list[str]) -> None:
     for kernel in sorted(_KERNELS, key=lambda k: (k.hot, k.size()), reverse=True):
         if os.getppid() != parent or not folder.exists():
             return
+        if not kernel.hot:
+            (folder / _HOT_DONE).touch()  # ``settle``'s mark
+            if (folder / _HOT_ONLY).exists():
+                return
         if not kernel.signature or not session.claim(kernel):
             continue
         kernel.machine_code().compile(kernel.argtypes())

@@ -3,6 +3,7 @@ front."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Annotated
@@ -104,27 +105,45 @@ FRONT = "completing the throughput-cost front (the other objectives' searches)..
 
 def _search(problem, strategy: str, goal: str | None, cons, top: int, budget: float, quiet: bool):
     """The search, then the other objectives' searches completing the front within the same
-    budget. Progress on stderr unless ``quiet``: the best plan so far, plans costed and time, on
-    a live line in a terminal, a line every ``PIPED_EVERY_S`` seconds otherwise."""
-    args = (problem, strategy, goal, cons, top, budget)
-    if quiet:
-        return _searches(*args, None, None)
-    con = _progress()
-    if con.is_terminal:
-        with con.status(f"searching plans ({strategy})...") as status:
-            return _searches(*args, lambda p: status.update(progress_line(strategy, p, budget)),
-                             lambda: status.update(FRONT))
-    last = [-PIPED_EVERY_S]
+    budget (alongside it where a core is spare). Progress on stderr unless ``quiet``: the best
+    plan so far, plans costed and time, on a live line in a terminal, a line every
+    ``PIPED_EVERY_S`` seconds otherwise."""
+    with _alongside(problem, strategy, goal, cons, budget) as alongside:
+        args = (problem, strategy, goal, cons, top, budget)
+        if quiet:
+            return _searches(*args, None, None, alongside)
+        con = _progress()
+        if con.is_terminal:
+            with con.status(f"searching plans ({strategy})...") as status:
+                return _searches(*args,
+                                 lambda p: status.update(progress_line(strategy, p, budget)),
+                                 lambda: status.update(FRONT), alongside)
+        last = [-PIPED_EVERY_S]
 
-    def line(p) -> None:
-        if p.elapsed_s - last[0] >= PIPED_EVERY_S:
-            last[0] = p.elapsed_s
-            con.print(progress_line(strategy, p, budget), soft_wrap=True)
-    return _searches(*args, line, lambda: con.print(FRONT, soft_wrap=True))
+        def line(p) -> None:
+            if p.elapsed_s - last[0] >= PIPED_EVERY_S:
+                last[0] = p.elapsed_s
+                con.print(progress_line(strategy, p, budget), soft_wrap=True)
+        return _searches(*args, line, lambda: con.print(FRONT, soft_wrap=True), alongside)
+
+
+@contextlib.contextmanager
+def _alongside(problem, strategy: str, goal: str | None, cons, budget: float):
+    """The front's searches in a copy of this process (``planners.Alongside``), started before
+    the progress display's thread and ended on the way out; None where it cannot run."""
+    from shoal.training.planners import Alongside, Limits
+
+    alongside = Alongside.start(problem, goal, strategy=strategy, constraints=cons,
+                                limits=Limits(budget_s=budget))
+    try:
+        yield alongside
+    finally:
+        if alongside is not None:
+            alongside.stop()
 
 
 def _searches(problem, strategy: str, goal: str | None, cons, top: int, budget: float,
-              on_progress, on_front):
+              on_progress, on_front, alongside=None):
     from shoal.training.planners import Limits, Reuse, complete_front, search
 
     reuse = Reuse()
@@ -137,7 +156,8 @@ def _searches(problem, strategy: str, goal: str | None, cons, top: int, budget: 
         on_front()
     try:
         return complete_front(problem, found, strategy=strategy, constraints=cons,
-                              limits=Limits(budget_s=budget, interruptible=True), reuse=reuse)
+                              limits=Limits(budget_s=budget, interruptible=True), reuse=reuse,
+                              alongside=alongside)
     except KeyboardInterrupt:  # between the front's searches: the plans found so far
         found.stats.interrupted = found.stats.truncated = True
         return found

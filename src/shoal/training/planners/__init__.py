@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
+import pickle
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from shoal import jit
+from shoal import forks, jit
 from shoal.errors import InfeasibleError, SpecError
 from shoal.estimate.tables import CostTables
 from shoal.problem import Problem
@@ -55,7 +57,7 @@ STRATEGIES: dict[str, Strategy] = {
     "auto": auto.propose, "sailor": sailor.propose, "espresso": espresso.propose,
     "zorse": zorse.propose, "atlas": atlas.propose, "exhaustive": exhaustive.propose}
 
-__all__ = ["OBJECTIVES", "STRATEGIES", "Candidate", "Context", "Limits", "Reuse", "SearchResult",
+__all__ = ["OBJECTIVES", "STRATEGIES", "Alongside", "Candidate", "Context", "Limits", "Reuse", "SearchResult",
            "SearchState", "Strategy", "complete_front", "drive", "search"]
 
 
@@ -269,7 +271,8 @@ def _capped(problem: Problem, constraints: Constraints) -> Problem:
 
 def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "auto",
                    constraints: Constraints | None = None, limits: Limits = Limits(),
-                   reuse: Reuse | None = None) -> SearchResult:
+                   reuse: Reuse | None = None, alongside: Alongside | None = None
+                   ) -> SearchResult:
     """``result`` (a search under one objective) with its throughput-cost front completed by
     the same strategy's searches under the other objectives. A search passes by what cannot
     beat its own best plan, so the plans one search costs reach only part of the front (the
@@ -278,28 +281,32 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
     ``limits.budget_s`` counts from ``result``'s start, as ``search``'s does; the statistics
     add up all the searches. The ranked plans are ``result``'s, with any plan of the other searches
     (which keep to the same constraints) that ranks above them under ``result``'s objective:
-    a plan on the front never beats the first ranked."""
+    a plan on the front never beats the first ranked. ``alongside``: those searches, started
+    with ``result``'s (``Alongside``); the searches it could not run are run here."""
     st = result.stats
     found = list(result.pareto)
-    for goal in OBJECTIVES if not st.interrupted else ():  # Ctrl-C: the plans found so far
-        if goal == result.objective or (strategy == "espresso" and goal != "min-cost"):
-            continue  # Espresso's walk is bounded by cost alone: other goals run to the budget
-        left = _left(limits, st.started)
-        if left is not None and left < 0.1:
+    goals = () if st.interrupted else _front_goals(strategy, result.objective)  # Ctrl-C: so far
+    there = alongside.goals if alongside is not None else ()
+    for goal in [*(g for g in goals if g not in there), *there]:
+        if goal in there:  # run alongside: waited for once this process has run the others
+            other = alongside.result(goal)
+            if other is _FAILED:
+                other = _front_search(problem, goal, strategy, constraints, limits, st.started,
+                                      reuse)
+        else:
+            try:
+                other = _front_search(problem, goal, strategy, constraints, limits, st.started,
+                                      reuse)
+            except KeyboardInterrupt:  # before any plan of that search
+                if not limits.interruptible:
+                    raise
+                st.interrupted = st.truncated = True
+                break
+        if other == _OUT_OF_TIME:
             st.truncated = st.timed_out = True
             break
-        try:
-            other = search(problem, strategy=strategy, objective=goal, constraints=constraints,
-                           top_k=1, limits=Limits(limits.max_stages, left,
-                                                  interruptible=limits.interruptible),
-                           reuse=reuse)
-        except InfeasibleError:
+        if other is None:  # nothing meets the constraints under that objective's bounds
             continue
-        except KeyboardInterrupt:  # before any plan of that search
-            if not limits.interruptible:
-                raise
-            st.interrupted = st.truncated = True
-            break
         o = other.stats
         st.candidates_costed += o.candidates_costed
         st.oom += o.oom
@@ -313,10 +320,118 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
         if o.interrupted:
             break
     st.search_time_s = time.perf_counter() - st.started
-    ranked = top(list({c.spec: c for c in [*result.ranked, *found]}.values()),
-                 result.objective, len(result.ranked))
+    first: dict = {}  # a plan found by several searches: as the first found it
+    for c in [*result.ranked, *found]:
+        first.setdefault(c.spec, c)
+    ranked = top(list(first.values()), result.objective, len(result.ranked))
     return SearchResult(ranked=ranked, pareto=pareto(found), stats=st,
                         objective=result.objective)
+
+
+_OUT_OF_TIME = "out of time"  # a front search the budget left no time for
+
+
+def _front_goals(strategy: str, objective: str) -> tuple[str, ...]:
+    """The objectives whose searches complete the front of a search under ``objective``."""
+    # Espresso's walk is bounded by cost alone: other goals run to the budget
+    return tuple(g for g in OBJECTIVES
+                 if g != objective and (strategy != "espresso" or g == "min-cost"))
+
+
+def _front_search(problem: Problem, goal: str, strategy: str, constraints: Constraints | None,
+                  limits: Limits, started: float, reuse: Reuse | None
+                  ) -> SearchResult | str | None:
+    """One search completing the front, within what is left of ``limits.budget_s`` from
+    ``started``: its result, None when nothing meets the constraints, ``_OUT_OF_TIME`` when
+    the budget left under 0.1 s."""
+    left = _left(limits, started)
+    if left is not None and left < 0.1:
+        return _OUT_OF_TIME
+    try:
+        return search(problem, strategy=strategy, objective=goal, constraints=constraints,
+                      top_k=1, limits=Limits(limits.max_stages, left,
+                                             interruptible=limits.interruptible),
+                      reuse=reuse)
+    except InfeasibleError:
+        return None
+
+
+_FAILED = "failed"  # a search the copy of ``Alongside`` did not run to its end
+ALONGSIDE_ENV = "SHOAL_ALONGSIDE"  # "0": the front's searches all run in this process
+
+
+class Alongside:
+    """One of the searches that complete the front of a search under ``objective``
+    (``complete_front``), the longest (max-throughput-per-dollar, whose key goes as the square
+    of the time, or else max-throughput), run in a copy of this process (``forks``) while this
+    one runs that search and the others: the front then costs about the longer of the two, not
+    their sum, on a machine with a core to spare. ``start`` before the search (and before any
+    other thread: a progress display's); ``result`` waits for the copy; ``stop`` ends it (a
+    context manager's exit does). Where the copy cannot run (not Linux, one core, another
+    thread, or ``SHOAL_ALONGSIDE=0``) ``start`` gives None, and where it fails
+    ``complete_front`` runs its search itself: the front is the same either way."""
+
+    def __init__(self, child: forks.Forked, fd: int, goals: tuple[str, ...]) -> None:
+        self.child, self.fd, self.goals = child, fd, goals
+        self._results: dict[str, object] | None = None
+
+    @classmethod
+    def start(cls, problem: Problem, objective: str | None = None, *, strategy: str = "auto",
+              constraints: Constraints | None = None, limits: Limits = Limits()
+              ) -> Alongside | None:
+        """The copy, forked now; its budget, ``limits.budget_s``, counts from now."""
+        goals = _front_goals(strategy, objective or problem.objective)
+        if (not goals or os.environ.get(ALONGSIDE_ENV) == "0" or not forks.can_fork()
+                or not forks.spare_core()):
+            return None
+        goal = max(goals, key=lambda g: (g != "min-cost", g == "max-throughput-per-dollar"))
+        started = time.perf_counter()
+        limits = replace(limits, progress=None, interruptible=False)
+        jit.only_hot()
+        read, write = os.pipe()
+
+        def run() -> None:
+            jit.settle()  # a first run: the helper's loops, not compiled twice
+            out = _front_search(problem, goal, strategy, constraints, limits, started, None)
+            with os.fdopen(write, "wb") as f:
+                pickle.dump({goal: out}, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+        try:
+            child = forks.Forked.start(run, name=b"shoal-front", keep=(write,))
+        except OSError:
+            os.close(read)
+            return None
+        finally:
+            os.close(write)
+        return cls(child, read, (goal,))
+
+    def result(self, goal: str) -> SearchResult | str | None:
+        """The copy's result for ``goal`` (as ``_front_search``), once it ends; ``_FAILED``
+        when it failed."""
+        if self._results is None:
+            try:
+                with os.fdopen(self.fd, "rb") as f:
+                    self.fd = None
+                    data = f.read()
+                self._results = pickle.loads(data) if data else {}
+            except (OSError, EOFError, pickle.UnpicklingError):
+                self._results = {}
+            finally:
+                self.stop()
+        return self._results.get(goal, _FAILED)
+
+    def stop(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.child.kill()
+        self.child.wait()
+
+    def __enter__(self) -> Alongside:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def _left(limits: Limits, started: float) -> float | None:
