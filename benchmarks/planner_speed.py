@@ -192,10 +192,8 @@ def user_path(pb, objective: str, cons: dict, repeats: int, target: float | None
         def note(p, seen=seen, t0=t0):
             seen.append((time.perf_counter() - t0, p.best_iteration_time_s))
 
-        # as the command: the front's longest search in a copy of the process, where it runs
-        with plan_cmd._alongside(pb, "auto", objective, Constraints(**cons), budget) as along:
-            res = plan_cmd._searches(pb, "auto", objective, Constraints(**cons), 5, budget,
-                                     note, None, along)
+        res = plan_cmd._searches(pb, "auto", objective, Constraints(**cons), 5, budget, note,
+                                 None)
         total = time.perf_counter() - t0
         best = res.ranked[0].iteration_time_s
         runs.append({
@@ -205,7 +203,6 @@ def user_path(pb, objective: str, cons: dict, repeats: int, target: float | None
             "to_final_best_s": next((t for t, b in seen if b is not None
                                      and b <= best * (1 + 1e-9)), total),
             "costed": res.stats.candidates_costed, "truncated": res.stats.truncated,
-            "front_alongside": along is not None,
             "iters_per_s": 1 / best})
     planners_common.PROGRESS_EVERY_S = 0.25
     out = {k: (round(float(np.median([r[k] for r in runs])), 3)

@@ -32,29 +32,48 @@ def _result(res) -> tuple:
             res.stats.candidates_costed, res.stats.truncated)
 
 
-def _searches(pb, alongside):
-    return plan_cmd._searches(pb, "auto", None, pb.constraints, 5, 600.0, None, None, alongside)
+def _searches(pb):
+    return plan_cmd._searches(pb, "auto", None, pb.constraints, 5, 600.0, None, None)
 
 
-def _start(pb) -> planners.Alongside:
+@pytest.fixture
+def copies(monkeypatch) -> list:
+    """The copies ``shoal plan``'s searches start (None where one could not)."""
     if not forks.can_fork() or not forks.spare_core():
         pytest.skip("a copy needs one thread running and a second core")
-    alongside = planners.Alongside.start(pb, limits=planners.Limits(budget_s=600.0))
-    assert alongside is not None and alongside.goals == ("max-throughput-per-dollar",)
-    return alongside
+    started = []
+    start = planners.Alongside.start.__func__
+
+    def recorded(cls, *args, **kwargs):
+        started.append(start(cls, *args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(planners.Alongside, "start", classmethod(recorded))
+    monkeypatch.setattr(plan_cmd, "ALONE_S", 0.0)  # forked at the first plan, however quick
+    return started
 
 
-def test_the_plans_and_the_front_are_those_of_one_process():
+def _alone(pb, monkeypatch) -> tuple:
+    with monkeypatch.context() as m:
+        m.setenv(planners.ALONGSIDE_ENV, "0")
+        return _result(_searches(pb))
+
+
+def test_the_plans_and_the_front_are_those_of_one_process(copies, monkeypatch):
     pb = load_problem(EX / "het-a100-v100.yaml")
-    alone = _result(_searches(pb, None))
-    with _start(pb) as alongside:
-        assert _result(_searches(pb, alongside)) == alone
-    assert alongside.child.poll() is not None and not forks.alive(alongside.child.pid)
+    alone = _alone(pb, monkeypatch)
+    assert copies == [None]  # asked not to
+    copies.clear()
+    assert _result(_searches(pb)) == alone
+    [alongside] = copies  # started once, after the first plan
+    assert alongside.goals == ("max-throughput-per-dollar",)
+    assert alongside.child.returncode == 0 and not forks.alive(alongside.child.pid)
 
 
-def test_a_copy_that_fails_is_made_up_for(monkeypatch):
+def test_a_copy_that_fails_is_made_up_for(copies, monkeypatch):
     pb = load_problem(EX / "het-a100-v100.yaml")
-    alone = _result(_searches(pb, None))
+    alone = _alone(pb, monkeypatch)
+    copies.clear()
     here = os.getpid()
     front_search = planners._front_search
 
@@ -64,9 +83,9 @@ def test_a_copy_that_fails_is_made_up_for(monkeypatch):
         return front_search(*args, **kwargs)
 
     monkeypatch.setattr(planners, "_front_search", fails_in_the_copy)
-    with _start(pb) as alongside:
-        assert _result(_searches(pb, alongside)) == alone
-        assert alongside.child.returncode == 1  # it did fail, and was waited for
+    assert _result(_searches(pb)) == alone
+    [alongside] = copies
+    assert alongside.child.returncode == 1  # it did fail, and was waited for
 
 
 def test_off_where_asked_or_where_it_cannot_run(monkeypatch):

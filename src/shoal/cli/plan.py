@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -101,66 +102,80 @@ def plan(
 
 PIPED_EVERY_S = 5.0  # a progress line this often when stderr is not a terminal
 FRONT = "completing the throughput-cost front (the other objectives' searches)..."
+# seconds the search runs alone before the front's copy is forked: its first plans come without
+# the fork's cost (copying the process's page tables, then a fault at each page either writes)
+ALONE_S = 0.25
 
 
 def _search(problem, strategy: str, goal: str | None, cons, top: int, budget: float, quiet: bool):
     """The search, then the other objectives' searches completing the front within the same
-    budget (alongside it where a core is spare). Progress on stderr unless ``quiet``: the best
-    plan so far, plans costed and time, on a live line in a terminal, a line every
-    ``PIPED_EVERY_S`` seconds otherwise."""
-    with _alongside(problem, strategy, goal, cons, budget) as alongside:
-        args = (problem, strategy, goal, cons, top, budget)
-        if quiet:
-            return _searches(*args, None, None, alongside)
-        con = _progress()
-        if con.is_terminal:
-            with con.status(f"searching plans ({strategy})...") as status:
-                return _searches(*args,
-                                 lambda p: status.update(progress_line(strategy, p, budget)),
-                                 lambda: status.update(FRONT), alongside)
-        last = [-PIPED_EVERY_S]
+    budget (the longest alongside it where a core is spare). Progress on stderr unless
+    ``quiet``: the best plan so far, plans costed and time, on a live line in a terminal, a
+    line every ``PIPED_EVERY_S`` seconds otherwise."""
+    args = (problem, strategy, goal, cons, top, budget)
+    if quiet:
+        return _searches(*args, None, None)
+    con = _progress()
+    if con.is_terminal:
+        with con.status(f"searching plans ({strategy})...") as status:
 
-        def line(p) -> None:
-            if p.elapsed_s - last[0] >= PIPED_EVERY_S:
-                last[0] = p.elapsed_s
-                con.print(progress_line(strategy, p, budget), soft_wrap=True)
-        return _searches(*args, line, lambda: con.print(FRONT, soft_wrap=True), alongside)
+            @contextlib.contextmanager
+            def paused():  # the live line's thread stopped: a copy may be forked
+                status.stop()
+                try:
+                    yield
+                finally:
+                    status.start()
 
+            return _searches(*args, lambda p: status.update(progress_line(strategy, p, budget)),
+                             lambda: status.update(FRONT), paused)
+    last = [-PIPED_EVERY_S]
 
-@contextlib.contextmanager
-def _alongside(problem, strategy: str, goal: str | None, cons, budget: float):
-    """The front's searches in a copy of this process (``planners.Alongside``), started before
-    the progress display's thread and ended on the way out; None where it cannot run."""
-    from shoal.training.planners import Alongside, Limits
-
-    alongside = Alongside.start(problem, goal, strategy=strategy, constraints=cons,
-                                limits=Limits(budget_s=budget))
-    try:
-        yield alongside
-    finally:
-        if alongside is not None:
-            alongside.stop()
+    def line(p) -> None:
+        if p.elapsed_s - last[0] >= PIPED_EVERY_S:
+            last[0] = p.elapsed_s
+            con.print(progress_line(strategy, p, budget), soft_wrap=True)
+    return _searches(*args, line, lambda: con.print(FRONT, soft_wrap=True))
 
 
 def _searches(problem, strategy: str, goal: str | None, cons, top: int, budget: float,
-              on_progress, on_front, alongside=None):
-    from shoal.training.planners import Limits, Reuse, complete_front, search
+              on_progress, on_front, paused=contextlib.nullcontext):
+    """The search under ``goal`` and the front's searches. Once the search has run for
+    ``ALONE_S`` and shown a plan (``on_progress``), the front's longest search starts in a copy
+    of this process (``planners.Alongside``; ``paused``: a context in which no other thread
+    runs)."""
+    from shoal.training.planners import Alongside, Limits, Reuse, complete_front, search
+
+    alongside: list = []
+
+    def progress(p) -> None:
+        if on_progress is not None:
+            on_progress(p)
+        if not alongside and p.best_iteration_time_s is not None and p.elapsed_s >= ALONE_S:
+            with paused():
+                alongside.append(Alongside.start(
+                    problem, goal, strategy=strategy, constraints=cons,
+                    limits=Limits(budget_s=budget), started=time.perf_counter() - p.elapsed_s))
 
     reuse = Reuse()
-    found = search(problem, strategy=strategy, objective=goal, constraints=cons, top_k=top,
-                   limits=Limits(budget_s=budget, progress=on_progress, interruptible=True),
-                   reuse=reuse)
-    if found.stats.interrupted:
-        return found
-    if on_front is not None:
-        on_front()
     try:
-        return complete_front(problem, found, strategy=strategy, constraints=cons,
-                              limits=Limits(budget_s=budget, interruptible=True), reuse=reuse,
-                              alongside=alongside)
-    except KeyboardInterrupt:  # between the front's searches: the plans found so far
-        found.stats.interrupted = found.stats.truncated = True
-        return found
+        found = search(problem, strategy=strategy, objective=goal, constraints=cons,
+                       top_k=top, limits=Limits(budget_s=budget, progress=progress,
+                                                interruptible=True), reuse=reuse)
+        if found.stats.interrupted:
+            return found
+        if on_front is not None:
+            on_front()
+        try:
+            return complete_front(problem, found, strategy=strategy, constraints=cons,
+                                  limits=Limits(budget_s=budget, interruptible=True),
+                                  reuse=reuse, alongside=alongside[0] if alongside else None)
+        except KeyboardInterrupt:  # between the front's searches: the plans found so far
+            found.stats.interrupted = found.stats.truncated = True
+            return found
+    finally:
+        if alongside and alongside[0] is not None:
+            alongside[0].stop()
 
 
 def _plan_json(problem, result, slo) -> dict:

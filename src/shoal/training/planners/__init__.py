@@ -365,8 +365,9 @@ class Alongside:
     (``complete_front``), the longest (max-throughput-per-dollar, whose key goes as the square
     of the time, or else max-throughput), run in a copy of this process (``forks``) while this
     one runs that search and the others: the front then costs about the longer of the two, not
-    their sum, on a machine with a core to spare. ``start`` before the search (and before any
-    other thread: a progress display's); ``result`` waits for the copy; ``stop`` ends it (a
+    their sum, on a machine with a core to spare. ``start`` while no other thread runs (a
+    progress display's: ``shoal plan`` starts it once the search has shown its first plan);
+    ``result`` waits for the copy; ``stop`` ends it (a
     context manager's exit does). Where the copy cannot run (not Linux, one core, another
     thread, or ``SHOAL_ALONGSIDE=0``) ``start`` gives None, and where it fails
     ``complete_front`` runs its search itself: the front is the same either way."""
@@ -377,15 +378,16 @@ class Alongside:
 
     @classmethod
     def start(cls, problem: Problem, objective: str | None = None, *, strategy: str = "auto",
-              constraints: Constraints | None = None, limits: Limits = Limits()
-              ) -> Alongside | None:
-        """The copy, forked now; its budget, ``limits.budget_s``, counts from now."""
+              constraints: Constraints | None = None, limits: Limits = Limits(),
+              started: float | None = None) -> Alongside | None:
+        """The copy, forked now; its budget, ``limits.budget_s``, counts from ``started`` (a
+        ``time.perf_counter()``; default: now)."""
         goals = _front_goals(strategy, objective or problem.objective)
         if (not goals or os.environ.get(ALONGSIDE_ENV) == "0" or not forks.can_fork()
                 or not forks.spare_core()):
             return None
         goal = max(goals, key=lambda g: (g != "min-cost", g == "max-throughput-per-dollar"))
-        started = time.perf_counter()
+        started = time.perf_counter() if started is None else started
         limits = replace(limits, progress=None, interruptible=False)
         jit.only_hot()
         read, write = os.pipe()
