@@ -192,8 +192,8 @@ def user_path(pb, objective: str, cons: dict, repeats: int, target: float | None
         def note(p, seen=seen, t0=t0):
             seen.append((time.perf_counter() - t0, p.best_iteration_time_s))
 
-        res = plan_cmd._searches(pb, "auto", objective, Constraints(**cons), 5, budget, note,
-                                 None)
+        res = plan_cmd._searches(pb, "auto", objective, Constraints(**cons), 5, budget,
+                                 plan_cmd.Shown(note))
         total = time.perf_counter() - t0
         best = res.ranked[0].iteration_time_s
         runs.append({

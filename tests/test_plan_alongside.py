@@ -33,7 +33,7 @@ def _result(res) -> tuple:
 
 
 def _searches(pb):
-    return plan_cmd._searches(pb, "auto", None, pb.constraints, 5, 600.0, None, None)
+    return plan_cmd._searches(pb, "auto", None, pb.constraints, 5, 600.0)
 
 
 @pytest.fixture

@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import typer
 
@@ -114,7 +115,7 @@ def _search(problem, strategy: str, goal: str | None, cons, top: int, budget: fl
     line every ``PIPED_EVERY_S`` seconds otherwise."""
     args = (problem, strategy, goal, cons, top, budget)
     if quiet:
-        return _searches(*args, None, None)
+        return _searches(*args)
     con = _progress()
     if con.is_terminal:
         with con.status(f"searching plans ({strategy})...") as status:
@@ -127,32 +128,43 @@ def _search(problem, strategy: str, goal: str | None, cons, top: int, budget: fl
                 finally:
                     status.start()
 
-            return _searches(*args, lambda p: status.update(progress_line(strategy, p, budget)),
-                             lambda: status.update(FRONT), paused)
+            return _searches(*args, Shown(
+                lambda p: status.update(progress_line(strategy, p, budget)),
+                lambda: status.update(FRONT), paused))
     last = [-PIPED_EVERY_S]
 
     def line(p) -> None:
         if p.elapsed_s - last[0] >= PIPED_EVERY_S:
             last[0] = p.elapsed_s
             con.print(progress_line(strategy, p, budget), soft_wrap=True)
-    return _searches(*args, line, lambda: con.print(FRONT, soft_wrap=True))
+    return _searches(*args, Shown(line, lambda: con.print(FRONT, soft_wrap=True)))
+
+
+class Shown(NamedTuple):
+    """What ``_searches`` shows while it runs: the search's progress (``planners.Progress``),
+    then that the front is being completed, each where not None; ``paused``, a context in which
+    the display's thread, if any, is stopped."""
+
+    progress: Callable | None = None
+    front: Callable[[], None] | None = None
+    paused: Callable = contextlib.nullcontext
 
 
 def _searches(problem, strategy: str, goal: str | None, cons, top: int, budget: float,
-              on_progress, on_front, paused=contextlib.nullcontext):
+              shown: Shown | None = None):
     """The search under ``goal`` and the front's searches. Once the search has run for
-    ``ALONE_S`` and shown a plan (``on_progress``), the front's longest search starts in a copy
-    of this process (``planners.Alongside``; ``paused``: a context in which no other thread
-    runs)."""
+    ``ALONE_S`` and shown a plan, the front's longest search starts in a copy of this process
+    (``planners.Alongside``), forked while ``shown.paused``."""
     from shoal.training.planners import Alongside, Limits, Reuse, complete_front, search
 
+    shown = shown or Shown()
     alongside: list = []
 
     def progress(p) -> None:
-        if on_progress is not None:
-            on_progress(p)
+        if shown.progress is not None:
+            shown.progress(p)
         if not alongside and p.best_iteration_time_s is not None and p.elapsed_s >= ALONE_S:
-            with paused():
+            with shown.paused():
                 alongside.append(Alongside.start(
                     problem, goal, strategy=strategy, constraints=cons,
                     limits=Limits(budget_s=budget), started=time.perf_counter() - p.elapsed_s))
@@ -164,8 +176,8 @@ def _searches(problem, strategy: str, goal: str | None, cons, top: int, budget: 
                                                 interruptible=True), reuse=reuse)
         if found.stats.interrupted:
             return found
-        if on_front is not None:
-            on_front()
+        if shown.front is not None:
+            shown.front()
         try:
             return complete_front(problem, found, strategy=strategy, constraints=cons,
                                   limits=Limits(budget_s=budget, interruptible=True),
