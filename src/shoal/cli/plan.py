@@ -154,7 +154,8 @@ def _searches(problem, strategy: str, goal: str | None, cons, top: int, budget: 
               shown: Shown | None = None):
     """The search under ``goal`` and the front's searches. Once the search has run for
     ``ALONE_S`` and shown a plan, the front's longest search starts in a copy of this process
-    (``planners.Alongside``), forked while ``shown.paused``."""
+    (``planners.Alongside``), forked while ``shown.paused``, from what the search has built so
+    far (a progress report comes between two of its batches)."""
     from shoal.training.planners import Alongside, Limits, Reuse, complete_front, search
 
     shown = shown or Shown()
@@ -167,7 +168,8 @@ def _searches(problem, strategy: str, goal: str | None, cons, top: int, budget: 
             with shown.paused():
                 alongside.append(Alongside.start(
                     problem, goal, strategy=strategy, constraints=cons,
-                    limits=Limits(budget_s=budget), started=time.perf_counter() - p.elapsed_s))
+                    limits=Limits(budget_s=budget), started=time.perf_counter() - p.elapsed_s,
+                    reuse=reuse))
 
     reuse = Reuse()
     try:

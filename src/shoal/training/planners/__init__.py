@@ -379,9 +379,11 @@ class Alongside:
     @classmethod
     def start(cls, problem: Problem, objective: str | None = None, *, strategy: str = "auto",
               constraints: Constraints | None = None, limits: Limits = Limits(),
-              started: float | None = None) -> Alongside | None:
+              started: float | None = None, reuse: Reuse | None = None) -> Alongside | None:
         """The copy, forked now; its budget, ``limits.budget_s``, counts from ``started`` (a
-        ``time.perf_counter()``; default: now)."""
+        ``time.perf_counter()``; default: now). ``reuse``: what the searches of this process
+        have built so far (``Reuse``), which the copy's search starts from (start the copy
+        between two of their batches, as a progress report is: not while they change it)."""
         goals = _front_goals(strategy, objective or problem.objective)
         if (not goals or os.environ.get(ALONGSIDE_ENV) == "0" or not forks.can_fork()
                 or not forks.spare_core()):
@@ -394,7 +396,7 @@ class Alongside:
 
         def run() -> None:
             jit.settle()  # a first run: the helper's loops, not compiled twice
-            out = _front_search(problem, goal, strategy, constraints, limits, started, None)
+            out = _front_search(problem, goal, strategy, constraints, limits, started, reuse)
             with os.fdopen(write, "wb") as f:
                 pickle.dump({goal: out}, f, protocol=pickle.HIGHEST_PROTOCOL)
 
