@@ -146,3 +146,16 @@ def test_no_copy_outlives_a_plan_ended_by_ctrl_c_or_run_to_its_end():
     out, err = p.communicate(timeout=patience(600))
     assert p.returncode in (0, 130, -signal.SIGINT), err.decode()
     assert left_after(seen, patience(10)) == []
+
+
+def test_an_interrupted_search_does_not_wait_for_its_copy(copies, monkeypatch):
+    from shoal.training.planners import complete_front, search
+
+    pb = load_problem(EX / "het-a100-v100.yaml")
+    res = search(pb)
+    res.stats.interrupted = True
+    alongside = planners.Alongside.start(pb, limits=planners.Limits(budget_s=600.0))
+    monkeypatch.setattr(alongside, "result", lambda goal: pytest.fail("waited for the copy"))
+    with alongside:
+        done = complete_front(pb, res, alongside=alongside)
+    assert done.stats.candidates_costed == res.stats.candidates_costed

@@ -57,8 +57,8 @@ STRATEGIES: dict[str, Strategy] = {
     "auto": auto.propose, "sailor": sailor.propose, "espresso": espresso.propose,
     "zorse": zorse.propose, "atlas": atlas.propose, "exhaustive": exhaustive.propose}
 
-__all__ = ["OBJECTIVES", "STRATEGIES", "Alongside", "Candidate", "Context", "Limits", "Reuse", "SearchResult",
-           "SearchState", "Strategy", "complete_front", "drive", "search"]
+__all__ = ["OBJECTIVES", "STRATEGIES", "Alongside", "Candidate", "Context", "Limits", "Reuse",
+           "SearchResult", "SearchState", "Strategy", "complete_front", "drive", "search"]
 
 
 @dataclass(frozen=True)
@@ -286,7 +286,7 @@ def complete_front(problem: Problem, result: SearchResult, *, strategy: str = "a
     st = result.stats
     found = list(result.pareto)
     goals = () if st.interrupted else _front_goals(strategy, result.objective)  # Ctrl-C: so far
-    there = alongside.goals if alongside is not None else ()
+    there = [g for g in (alongside.goals if alongside is not None else ()) if g in goals]
     for goal in [*(g for g in goals if g not in there), *there]:
         if goal in there:  # run alongside: waited for once this process has run the others
             other = alongside.result(goal)
@@ -366,11 +366,11 @@ class Alongside:
     of the time, or else max-throughput), run in a copy of this process (``forks``) while this
     one runs that search and the others: the front then costs about the longer of the two, not
     their sum, on a machine with a core to spare. ``start`` while no other thread runs (a
-    progress display's: ``shoal plan`` starts it once the search has shown its first plan);
-    ``result`` waits for the copy; ``stop`` ends it (a
-    context manager's exit does). Where the copy cannot run (not Linux, one core, another
-    thread, or ``SHOAL_ALONGSIDE=0``) ``start`` gives None, and where it fails
-    ``complete_front`` runs its search itself: the front is the same either way."""
+    progress display's: ``shoal plan`` pauses it, once its search has run 0.25 s and shown a
+    plan); ``result`` waits for the copy; ``stop`` ends it (a context manager's exit does).
+    Where the copy cannot run (not Linux, one core, another thread, or ``SHOAL_ALONGSIDE=0``)
+    ``start`` gives None, and where it fails ``complete_front`` runs its search itself: the
+    front is the same either way."""
 
     def __init__(self, child: forks.Forked, fd: int, goals: tuple[str, ...]) -> None:
         self.child, self.fd, self.goals = child, fd, goals
