@@ -391,7 +391,6 @@ class Alongside:
         goal = max(goals, key=lambda g: (g != "min-cost", g == "max-throughput-per-dollar"))
         started = time.perf_counter() if started is None else started
         limits = replace(limits, progress=None, interruptible=False)
-        jit.only_hot()
         read, write = os.pipe()
 
         def run() -> None:
@@ -407,6 +406,7 @@ class Alongside:
             return None
         finally:
             os.close(write)
+        jit.only_hot()  # once the copy runs: it needs the second core
         return cls(child, read, (goal,))
 
     def result(self, goal: str) -> SearchResult | str | None:
