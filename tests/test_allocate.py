@@ -247,8 +247,8 @@ def test_the_quick_tests_agree_with_every_combination(K, seed):
         tau = times[int(rng.integers(0, len(times)))] * float(rng.choice([1.0, 1.2]))
         flat = alloc_greedy.flatten(stages)
         keep = np.zeros(len(flat.opts), dtype=bool)
-        if not alloc_greedy.keep_options(flat.start, flat.kinds, flat.tps, flat.times, K, tau, tau * relax,
-                              keep):
+        if not alloc_greedy.keep_options(flat.start, flat.kinds, flat.tps, flat.times, K, tau,
+                                         tau * relax, keep, np.empty(K, np.int64)):
             continue
         assert flat.allowed(keep) == [allowed_options(st, tau, relax) for st in stages]
         want = every_allocation(stages, D, avail, np.ones(K), regions, tau, total)

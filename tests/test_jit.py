@@ -40,7 +40,7 @@ def test_the_allocation_program(seed):
     tau = float(rng.choice(sorted({o.time_s for st in stages for o in st})))
     args = (t.of_stage, t.opt_start, t.kinds, t.tps, t.times, t.cstart, t.cend, t.ia, t.ib, t.na,
             t.ca, t.cb, t.K, tau, tau * 1.2, D - 1, D, A, B, np.empty(A + 1, np.int64),
-            np.zeros((P, A + 1), np.int64))
+            np.zeros((P, A + 1), np.int64), *alloc_dp.scratch(t, A)[2:])
     compiled, python = both(alloc_dp.dp_stages, *args)
     assert_same(compiled, python)
 
@@ -61,13 +61,14 @@ def test_the_search_over_bounds(seed):
 
     def met(x: int) -> bool:
         return alloc_dp.dp_stages(*tables, taus[x], taus[x] * relax, D - 1, D, A, B,
-                                   np.empty(A + 1, np.int64), np.zeros((P, A + 1), np.int64)) == P
+                                   *alloc_dp.scratch(t, A)) == P
 
     least = next((x for x in range(len(taus)) if met(x)), -1)
     for lo in range(len(taus)):
         for near in (False, True):
             args = (*tables, taus, lo, len(taus) - 1, near, True, relax, D - 1, D, A, B)
-            got = [f(*args) for f in (alloc_dp.search_taus, alloc_dp.search_taus.py_func)]
+            got = [f(*args, *alloc_dp.scratch(t, A))
+                   for f in (alloc_dp.search_taus, alloc_dp.search_taus.py_func)]
             assert got[0] == got[1]
             # from lo up: the least met bound at or above lo (none: -1)
             want = -1 if least < 0 else max(least, lo)
@@ -80,7 +81,8 @@ def test_the_pipeline_recurrence(schedule):
     for S, N, m in [(1, 1, 1), (3, 40, 7), (6, 5, 24)]:
         f, b = rng.uniform(0.1, 2.0, (S, N)), rng.uniform(0.1, 4.0, (S, N))
         compiled, python = both(pipeline._recurrence, pipeline.op_order(S, m, schedule), f, b, m,
-                                np.empty((S, N)))
+                                np.empty((S, N)), np.zeros((2, S, m, pipeline.LANES)),
+                                np.zeros((3, S, pipeline.LANES)))
         assert_same(compiled, python)
 
 
@@ -90,22 +92,34 @@ def test_the_layer_split_and_the_min_cut():
         L, P = int(rng.integers(2, 20)), int(rng.integers(1, 6))
         cum = np.concatenate([np.zeros((P, 1)), np.cumsum(rng.choice([1.0, 2.0, 0.5], (P, L)),
                                                            axis=1)], axis=1)
-        compiled, python = both(kernels.min_max_cuts, cum, L, np.zeros((P, L + 1), np.int64))
+        compiled, python = both(kernels.min_max_cuts, cum, L, np.zeros((P, L + 1), np.int64),
+                                np.zeros((P, L + 1)))
         assert_same(compiled, python)
         n = int(rng.integers(2, 9))
         W = np.triu(rng.choice([0.0, 1.0, 3.0, np.inf], (n, n)), 1)
         compiled, python = both(zorse._phases, W + W.T, np.empty(n - 1),
-                                np.empty(n - 1, np.int64), np.empty(n - 1, np.int64))
+                                np.empty(n - 1, np.int64), np.empty(n - 1, np.int64),
+                                np.zeros(n, np.int64), np.zeros(n), np.zeros(n, np.bool_))
         assert_same(compiled, python)
 
 
 def _sorted(levels, *rest):
-    """``least_level``'s and ``least_cost``'s arguments to their compiled loops."""
-    return (levels, np.argsort(levels, axis=-1), *rest)
+    """``least_cost``'s arguments to its compiled loop."""
+    return (levels, np.argsort(levels, axis=-1), *rest, np.zeros(rest[2]))
+
+
+def _least_level_args(levels, one_region, floor, best, tp, kind, stage, P, Ds, avail,
+                      region_of, region_N, W):
+    """``least_level``'s arguments to its compiled loop."""
+    return (levels, np.argsort(levels, axis=-1), one_region, floor,
+            np.array(best, dtype=np.float64), tp, kind, stage, P, Ds, avail, region_of,
+            region_N, W, np.zeros((P, len(avail))), np.zeros((2, P, len(region_N))))
 
 
 def py_least_level(*args):
-    return kernels._least_level.py_func(*_sorted(*args))
+    got = _least_level_args(*args)
+    kernels._least_level.py_func(*got)
+    return got[4]
 
 
 def test_the_least_level():
@@ -129,9 +143,11 @@ def test_the_least_level():
         pool = (2.0 ** rng.integers(0, 4, O), rng.integers(0, K, O), stage, P)
         grid = (avail, region_of, region_N, allocate.kind_weights(K))
         args = (levels, one_region, floor, best, *pool, Ds, *grid)
-        compiled, python = both(kernels._least_level, *_sorted(*args))
-        np.testing.assert_array_equal(compiled[0], kernels.least_level(*args))
-        np.testing.assert_array_equal(compiled[0], python[0])
+        compiled, python = both(kernels._least_level, *_least_level_args(*args))
+        assert_same(compiled, python)
+        got = compiled[1][4]  # the answers, written over best's copy
+        np.testing.assert_array_equal(got, kernels.least_level(*args))
+        compiled = (got,)
         # each degree alone: starting a degree's search where the one before ended is exact
         alone = [py_least_level(levels, one_region, floor[i:i + 1], best[i:i + 1],
                                            *pool, Ds[i:i + 1], *grid)[0]

@@ -59,7 +59,7 @@ if os.environ.get("WAIT_FOR_HELPER"):
     import shoal.training.planners.zorse
     from shoal.training.planners.auto import kernels
     # a first compile starts the helper
-    kernels.min_max_cuts(np.zeros((1, 2)), 1, np.zeros((1, 2), np.int64))
+    kernels.min_max_cuts(np.zeros((1, 2)), 1, np.zeros((1, 2), np.int64), np.zeros((1, 2)))
     helper = jit._Session.current.helper
     helper.wait()
     compiles.clear()
@@ -152,7 +152,7 @@ def test_a_cold_plan_leaves_nothing_behind_and_plans_as_a_warm_one(tmp_path):
 
 
 START = {  # a first compile starts a new interpreter; a search on an empty cache forks
-    "started": "kernels.min_max_cuts(np.zeros((1, 2)), 1, np.zeros((1, 2), np.int64))\n",
+    "started": "kernels.min_max_cuts(np.zeros((1, 2)), 1, np.zeros((1, 2), np.int64), np.zeros((1, 2)))\n",
     "forked": "from shoal import forks\njit.prepare()\n"
               "assert isinstance(jit._Session.current.helper, forks.Forked)\n"}
 

@@ -53,20 +53,22 @@ def op_order(n_stages: int, m: int, schedule: str) -> np.ndarray:
     orders = np.array([[(kind == "B", k) for kind, k in stage_order(schedule, n_stages, s, m)]
                        for s in range(n_stages)], dtype=np.int64).reshape(n_stages, 2 * m, 2)
     ops = np.empty((2 * n_stages * m, 4), dtype=np.int64)
-    if _merge(orders, ops) < len(ops):
+    if _merge(orders, ops, np.empty((2, n_stages, m), np.bool_),
+              np.empty(n_stages, np.int64)) < len(ops):
         raise RuntimeError("schedule has a cycle")
     ops.flags.writeable = False
     return ops
 
 
-@compiled("i8[:, :, ::1], i8[:, ::1]", hot=True)
-def _merge(orders, ops):
+# the compiled loops allocate nothing: numba compiles its array allocation apart for each
+# type and shape, in each process, at a first run (their callers allocate, with numpy)
+@compiled("i8[:, :, ::1], i8[:, ::1], b1[:, :, ::1], i8[::1]", hot=True)
+def _merge(orders, ops, done, pos):
     """``op_order``'s merge of the stages' orders into ``ops``; returns the operations placed
-    (fewer than all: a cycle)."""
+    (fewer than all: a cycle). Scratch: ``done`` (backward?, stage, microbatch), ``pos`` per
+    stage."""
     S, n_ops = orders.shape[0], orders.shape[1]
-    done = np.empty((2, S, n_ops // 2), np.bool_)  # (backward?, stage, microbatch)
     done[:] = False
-    pos = np.empty(S, np.int64)
     pos[:] = 0
     placed = 0
     while placed < S * n_ops:
@@ -99,18 +101,20 @@ def exact_ends(f: np.ndarray, b: np.ndarray, m: int, schedule: str) -> np.ndarra
     S, N = f.shape
     out = np.empty((S, N))
     _recurrence(op_order(S, m, schedule), np.ascontiguousarray(f, dtype=np.float64),
-                np.ascontiguousarray(b, dtype=np.float64), m, out)
+                np.ascontiguousarray(b, dtype=np.float64), m, out,
+                np.empty((2, S, m, LANES)), np.empty((3, S, LANES)))
     return out
 
 
-@compiled("ro(i8[:, ::1]), f8[:, ::1], f8[:, ::1], i8, f8[:, ::1]", hot=True)
-def _recurrence(ops, f, b, m, out):
+@compiled("ro(i8[:, ::1]), f8[:, ::1], f8[:, ::1], i8, f8[:, ::1], f8[:, :, :, ::1], "
+          "f8[:, :, ::1]", hot=True)
+def _recurrence(ops, f, b, m, out, ends, work):
     """``exact_ends``' recurrence: an operation starts at the later of its stage's last end and
-    its input's end. Lanes run LANES at a time."""
+    its input's end. Lanes run LANES at a time. Scratch: ``ends`` (backward?, stage,
+    microbatch, lane) and ``work`` (3, stage, lane): each stage's last end so far, then its
+    forward and backward."""
     S, N = f.shape
-    ends = np.empty((2, S, m, LANES), np.float64)  # (backward?, stage, microbatch, lane)
-    free = np.empty((S, LANES), np.float64)  # each stage's last end so far
-    dur = np.empty((2, S, LANES), np.float64)
+    free, dur = work[0], work[1:]
     for j0 in range(0, N, LANES):
         n = N - j0 if N - j0 < LANES else LANES
         for s in range(S):
@@ -209,12 +213,18 @@ def stage_span(m, w, f, b, later, one_f1b):
     return span
 
 
-@compiled("f8[::1], f8[:, ::1], f8[::1], f8[::1], f8[::1], b1", hot=True)
 def stage_spans(m, w, f, b, later, one_f1b):
     """``stage_span`` of every stage (rows: ``w``, ``f``, ``b``, ``later``) at every count of
     microbatches in ``m`` (columns of ``w``): (stages, counts)."""
-    out = np.empty((w.shape[0], w.shape[1]), np.float64)
+    w = np.ascontiguousarray(w, dtype=np.float64)
+    out = np.empty(w.shape)
+    _stage_spans(np.ascontiguousarray(m, dtype=np.float64), w, f, b, later, one_f1b, out)
+    return out
+
+
+@compiled("f8[::1], f8[:, ::1], f8[::1], f8[::1], f8[::1], b1, f8[:, ::1]", hot=True)
+def _stage_spans(m, w, f, b, later, one_f1b, out):
+    """``stage_spans``, compiled, into ``out``."""
     for s in range(w.shape[0]):
         for i in range(w.shape[1]):
             out[s, i] = stage_span(m[i], w[s, i], f[s], b[s], later[s], one_f1b)
-    return out

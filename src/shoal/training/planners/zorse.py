@@ -112,7 +112,8 @@ def min_cut(W: np.ndarray) -> tuple[float, list[int]]:
     n = len(W)
     cuts = np.empty(n - 1)
     merged_into, merged = np.empty((2, n - 1), dtype=np.int64)
-    _phases(np.array(W, dtype=float), cuts, merged_into, merged)
+    _phases(np.array(W, dtype=float), cuts, merged_into, merged, np.empty(n, np.int64),
+            np.empty(n), np.empty(n, np.bool_))
     members = [[i] for i in range(n)]
     best, best_side = math.inf, [0]
     for cut, s, t in zip(cuts.tolist(), merged_into.tolist(), merged.tolist(), strict=True):
@@ -122,16 +123,15 @@ def min_cut(W: np.ndarray) -> tuple[float, list[int]]:
     return best, best_side
 
 
-@compiled("f8[:, ::1], f8[::1], i8[::1], i8[::1]", hot=True)
-def _phases(W, cuts, merged_into, merged):
+@compiled("f8[:, ::1], f8[::1], i8[::1], i8[::1], i8[::1], f8[::1], b1[::1]", hot=True)
+def _phases(W, cuts, merged_into, merged, alive, conn, added):
     """``min_cut``'s phases, compiled: per phase its cut and the two vertices merged (the last
-    into the one before it). Merges into ``W``."""
+    into the one before it). Merges into ``W``. Scratch of n each: ``alive``, ``conn``,
+    ``added`` (the loop allocates nothing: numba compiles its allocation per type at a first
+    run)."""
     n = W.shape[0]
-    alive = np.empty(n, np.int64)
     for i in range(n):
         alive[i] = i
-    conn = np.empty(n, np.float64)
-    added = np.empty(n, np.bool_)
     for phase in range(n - 1):
         m = n - phase
         for i in range(m):

@@ -97,11 +97,10 @@ def dp_front(tables: Tables, A: int, B: int, tau: float, relax: float, extra: in
         raise OutOfTime
     t = tables
     S = len(t.of_stage)
-    fewest = np.empty(A + 1, dtype=np.int64)
-    pick = np.empty((S, A + 1), dtype=np.int64)
+    fewest, pick, work, kept = scratch(t, A)
     done = dp_stages(t.of_stage, t.opt_start, t.kinds, t.tps, t.times, t.cstart, t.cend, t.ia,
                       t.ib, t.na, t.ca, t.cb, t.K, tau, tau * relax, t.D - extra, t.D, A, B,
-                      fewest, pick)
+                      fewest, pick, work, kept)
     if done < S:
         return None
     if back is not None:
@@ -110,30 +109,39 @@ def dp_front(tables: Tables, A: int, B: int, tau: float, relax: float, extra: in
     return at, fewest[at]
 
 
+def scratch(t: Tables, A: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``dp_stages``' arrays at first-kind cap ``A``: ``fewest``, ``pick``, its ``work`` and
+    ``kept`` (the compiled loops allocate nothing: numba compiles its array allocation apart
+    for each type and shape, in each process, at a first run)."""
+    return (np.empty(A + 1, np.int64), np.empty((len(t.of_stage), A + 1), np.int64),
+            np.empty(2 * (A + 1) + t.K, np.int64), np.empty(len(t.kinds), np.bool_))
+
+
 @compiled("i8[::1], i8[::1], i8[::1], i8[::1], f8[::1], i8[::1], i8[::1], ro(i8[::1]), "
           "ro(i8[::1]), ro(i8[::1]), ro(i8[::1]), ro(i8[::1]), i8, f8, f8, i8, i8, i8, i8, "
-          "i8[::1], i8[:, ::1]")
+          "i8[::1], i8[:, ::1], i8[::1], b1[::1]")
 def dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb, K,
-               tau, tau_relaxed, slow_cap, D, A, B, fewest, pick):
+               tau, tau_relaxed, slow_cap, D, A, B, fewest, pick, work, kept_opt):
     """``dp_front``'s program (``Tables``' arrays), compiled. Per class, the options
     ``allowed_options`` keeps under ``tau`` and ``tau_relaxed``; a stage takes the combos of
     its class's kept options whose faster option is within ``tau`` and whose slower one is
     within ``tau_relaxed`` when at most ``slow_cap`` replicas are on it, else within ``tau``
     (of two equally fast options the first counts as the faster). Leaves the last front in
     ``fewest`` and each stage's combo per first-kind count in ``pick`` (relative to its
-    class's first combo); returns how many stages kept a non-empty front."""
+    class's first combo); returns how many stages kept a non-empty front. Scratch
+    (``scratch``): ``work`` (2 (A + 1) + K) and ``kept_opt`` (per option)."""
     big = np.int64(1) << np.int64(60)
-    kept_opt = np.empty(len(kinds), np.bool_)
     kept_opt[:] = False
-    keep_options(opt_start, kinds, tps, times, K, tau, tau_relaxed, kept_opt)  # per class
+    keep_options(opt_start, kinds, tps, times, K, tau, tau_relaxed, kept_opt,
+                 work[2 * (A + 1):])  # per class
     fewest[:] = big
     fewest[0] = 0
-    raw = np.empty(A + 1, np.int64)  # kept at big outside the counts a stage reaches
+    raw = work[:A + 1]  # kept at big outside the counts a stage reaches
     raw[:] = big
     # the first-kind counts on the front so far, ascending (the only ones a combo extends):
     # the front holds at most min(A, B) + 1 pairs, so a pool of many GPUs of one kind costs
     # what the other kind's count does
-    on = np.empty(A + 1, np.int64)
+    on = work[A + 1:2 * (A + 1)]
     on[0] = 0
     n_on = 1
     for s in range(len(of_stage)):
@@ -238,28 +246,27 @@ def trace(back: list[tuple[np.ndarray, Tables]], usage: tuple[int, ...],
 
 @compiled("i8[::1], i8[::1], i8[::1], i8[::1], f8[::1], i8[::1], i8[::1], ro(i8[::1]), "
           "ro(i8[::1]), ro(i8[::1]), ro(i8[::1]), ro(i8[::1]), i8, f8[::1], i8, i8, b1, b1, f8, "
-          "i8, i8, i8, i8", hot=True)
+          "i8, i8, i8, i8, i8[::1], i8[:, ::1], i8[::1], b1[::1]", hot=True)
 def search_taus(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb, K,
-                 taus, lo, hi, near, check_hi, relax, slow_cap, D, A, B):
+                 taus, lo, hi, near, check_hi, relax, slow_cap, D, A, B, fewest, pick, work,
+                 kept):
     """``Program.search``, compiled: the tests of ``fastest_of`` (``dp_stages`` at caps A, B:
-    a bound is met when every stage keeps a non-empty front)."""
+    a bound is met when every stage keeps a non-empty front; its arrays from ``scratch``)."""
     S = len(of_stage)
-    fewest = np.empty(A + 1, np.int64)
-    pick = np.empty((S, A + 1), np.int64)
     if near and lo < hi and dp_stages(
             of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb, K,
-            taus[lo], taus[lo] * relax, slow_cap, D, A, B, fewest, pick) == S:
+            taus[lo], taus[lo] * relax, slow_cap, D, A, B, fewest, pick, work, kept) == S:
         return lo
     if check_hi and dp_stages(
             of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb, K,
-            taus[hi], taus[hi] * relax, slow_cap, D, A, B, fewest, pick) < S:
+            taus[hi], taus[hi] * relax, slow_cap, D, A, B, fewest, pick, work, kept) < S:
         return -1
     step = 1
     while near and lo < hi:
         probe = lo + step if lo + step < hi else hi
         if probe == hi or dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia,
                                      ib, na, ca, cb, K, taus[probe], taus[probe] * relax,
-                                     slow_cap, D, A, B, fewest, pick) == S:
+                                     slow_cap, D, A, B, fewest, pick, work, kept) == S:
             hi = probe
             break
         lo, step = probe, 2 * step
@@ -268,7 +275,8 @@ def search_taus(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na
     while lo < hi:
         mid = (lo + hi) // 2
         if dp_stages(of_stage, opt_start, kinds, tps, times, cstart, cend, ia, ib, na, ca, cb,
-                      K, taus[mid], taus[mid] * relax, slow_cap, D, A, B, fewest, pick) == S:
+                      K, taus[mid], taus[mid] * relax, slow_cap, D, A, B, fewest, pick, work,
+                      kept) == S:
             hi = mid
         else:
             lo = mid + 1

@@ -17,8 +17,9 @@ def allowed_options(opts: list[Option], tau: float, relax: float) -> list[Option
     more GPUs of that kind (``keep_options``), by kind, then TP."""
     flat = flatten([opts])
     keep = np.zeros(len(flat.opts), dtype=np.bool_)
-    keep_options(flat.start, flat.kinds, flat.tps, flat.times, max(flat.kinds, default=-1) + 1, tau,
-          tau * relax, keep)
+    K = max(flat.kinds, default=-1) + 1
+    keep_options(flat.start, flat.kinds, flat.tps, flat.times, K, tau, tau * relax, keep,
+                 np.empty(K, np.int64))
     return flat.allowed(keep)[0]
 
 
@@ -49,12 +50,13 @@ def flatten(stage_opts: list[list[Option]]) -> Flat:
                  np.array([o.time_s for o in opts], dtype=np.float64))
 
 
-@compiled("i8[::1], i8[::1], i8[::1], f8[::1], i8, f8, f8, b1[::1]")
-def keep_options(start, kinds, tps, times, K, tau, tau_relaxed, keep):
+@compiled("i8[::1], i8[::1], i8[::1], f8[::1], i8, f8, f8, b1[::1], i8[::1]")
+def keep_options(start, kinds, tps, times, K, tau, tau_relaxed, keep, best):
     """``allowed_options`` for every stage at once, compiled: marks in ``keep`` each stage's options
     it keeps (per kind its smallest TP, then the fastest, within ``tau`` and within
-    ``tau_relaxed``); returns whether every stage keeps one within ``tau``."""
-    best = np.empty(K, np.int64)
+    ``tau_relaxed``); returns whether every stage keeps one within ``tau``. ``best``: K
+    scratch (the loop allocates nothing: numba compiles its allocation per type at a first
+    run)."""
     every = True
     for s in range(len(start) - 1):
         under = False

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shoal.training.planners.allocate.base import DP_KINDS, Allocation, Option, OutOfTime, Pool, caps, slots
-from shoal.training.planners.allocate.dp import Tables, dp_front, search_taus, tables_of, trace
+from shoal.training.planners.allocate.dp import (
+    Tables,
+    dp_front,
+    scratch,
+    search_taus,
+    tables_of,
+    trace,
+)
 from shoal.training.planners.allocate.greedy import Flat, flatten
 from shoal.training.planners.allocate.memo import Fronts, Memoised, PoolMemo, memoised
 from shoal.training.planners.allocate.solve import solve_exact
@@ -101,7 +108,7 @@ class Program:
         return int(search_taus(t.of_stage, t.opt_start, t.kinds, t.tps, t.times, t.cstart,
                                 t.cend, t.ia, t.ib, t.na, ca, cb, t.K,
                                 np.asarray(taus, dtype=np.float64), lo, hi, near, check_hi,
-                                relax, t.D - extra, t.D, A, B))
+                                relax, t.D - extra, t.D, A, B, *scratch(t, A)))
 
     def usage(self, tau: float) -> tuple[int, ...] | None:
         """The usage of ``solve_at(tau)`` (under three kinds or more, of any allocation under

@@ -58,7 +58,8 @@ def solve_exact(stage_opts: list[list[Option]], D: int, pool: Pool, tau: float,
     keep = np.zeros(len(flat.opts), dtype=np.bool_)
     K = len(avail)
     # a stage whose every option is over the bound has no replica for the busiest pipelines
-    if not keep_options(flat.start, flat.kinds, flat.tps, flat.times, K, tau, tau * relax, keep):
+    if not keep_options(flat.start, flat.kinds, flat.tps, flat.times, K, tau, tau * relax, keep,
+                        np.empty(K, np.int64)):
         return None, True
     W = kind_weights(K).T
     load, binding = gpu_load(flat.start, flat.kinds, flat.tps, flat.times, keep,

@@ -12,13 +12,13 @@ ANY_REGIONS = np.zeros(1, dtype=bool)  # least_level's one-region flags of one r
 NO_FLOOR, NONE_YET = np.full(1, -np.inf), np.full(1, np.inf)  # its floor, best of one degree
 
 
-@compiled("f8[:, ::1], i8, i8[:, ::1]", hot=True)
-def min_max_cuts(cum, L, arg):
-    """``linear_partition``'s dynamic program over cuts, compiled: best[i, j], the smallest
-    slowest stage placing layers [0, j) on stages 0..i (``cum[i]``: stage i's cumulative layer
-    times), and in ``arg[i, j]`` where stage i starts in it (of equal ones, the first)."""
+@compiled("f8[:, ::1], i8, i8[:, ::1], f8[:, ::1]", hot=True)
+def min_max_cuts(cum, L, arg, best):
+    """``linear_partition``'s dynamic program over cuts, compiled: in ``best[i, j]`` (shape
+    (stages, L + 1)) the smallest slowest stage placing layers [0, j) on stages 0..i
+    (``cum[i]``: stage i's cumulative layer times), and in ``arg[i, j]`` where stage i starts
+    in it (of equal ones, the first)."""
     P = cum.shape[0]
-    best = np.empty((P, L + 1), np.float64)
     best[:] = np.inf
     for j in range(1, L + 1):
         best[0, j] = cum[0, j] - cum[0, 0]
@@ -34,21 +34,34 @@ def min_max_cuts(cum, L, arg):
             arg[i, j] = q
 
 
-@compiled("f8[:, ::1], f8[:, ::1], f8[:, ::1], f8[:, ::1], f8[::1], f8[:, ::1], f8[:, ::1], "
-          "i8[::1], f8[:, ::1], i8, i8, i8, f8[::1], b1", hot=True)
-def refined_levels(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync, one_f1b):
+def refined_levels(rows, upd, ring, stage, *rest):
     """``Bounds.refined``'s levels per option (``_refine_parts``' arrays, one row per set of
-    option times: ``fpre``, ``t``, ``f``, ``post`` (rows, options) and ``bsum`` (rows,
-    stages); ``move``, ``lat``: its ring terms, as ``kernel.ring_from_terms`` combines them;
-    ``sync``: ``Bounds.sync_terms``), compiled: each option's own least exposed ring over D
-    members and update; per row and stage the least of those; and L(s, o) per row
-    (``one_f1b``: the plans run 1F1B, ``stage_span``)."""
-    sync_scale, overlap, sync_on, upd_div = sync[0], sync[1], sync[2], sync[3]
-    own = upd / upd_div
+    option times: ``rows`` is ``fpre``, ``t``, ``f``, ``post`` (rows, options) and ``bsum``
+    (rows, stages); ``ring``: its ring terms (move, latency), as ``kernel.ring_from_terms`` combines
+    them; ``rest``: the stages P, microbatches n per pipeline, the degree D, ``sync``
+    (``Bounds.sync_terms``) and whether the plans run 1F1B): each option's own least exposed
+    ring over D members and update; per row and stage the least of those; and L(s, o) per row
+    (``stage_span``). (rows, options)."""
+    fpre, t, f, post, bsum = rows
+    level = np.empty(t.shape)
+    _refined_levels(fpre, t, f, post, upd / rest[3][3], *ring, stage, bsum, *rest, level,
+                    np.empty((3, rest[0])))
+    return level
+
+
+# the compiled loops allocate nothing: numba compiles its array allocation apart for each
+# type and shape, in each process, at a first run (their callers allocate, with numpy)
+@compiled("f8[:, ::1], f8[:, ::1], f8[:, ::1], f8[:, ::1], f8[::1], f8[:, ::1], f8[:, ::1], "
+          "i8[::1], f8[:, ::1], i8, i8, i8, f8[::1], b1, f8[:, ::1], f8[:, ::1]", hot=True)
+def _refined_levels(fpre, t, f, post, own, move, lat, stage, bsum, P, n, D, sync, one_f1b,
+                    level, work):
+    """``refined_levels``, compiled: ``own`` starts as each option's update and is given its
+    ring; writes ``level``; ``work``: (3, P) scratch."""
+    sync_scale, overlap, sync_on = sync[0], sync[1], sync[2]
+    busy, least, earlier = work[0], work[1], work[2]
     if D > 1:
         # the ring hides behind the backward of the replica that ends its stage last: of
         # any option of the stage (the most time per microbatch bounds it)
-        busy = np.empty(P, np.float64)
         busy[:] = 0.0
         for i in range(len(own)):
             if t[0, i] > busy[stage[i]]:
@@ -63,13 +76,10 @@ def refined_levels(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync,
                     best = ring
             exposed = best - overlap * busy[stage[i]]
             own[i] += sync_on * (0.0 if exposed < 0.0 else exposed)
-    least = np.empty(P, np.float64)  # per stage, its least ring and update
-    least[:] = np.inf
+    least[:] = np.inf  # per stage, its least ring and update
     for i in range(len(own)):
         if own[i] < least[stage[i]]:
             least[stage[i]] = own[i]
-    level = np.empty((t.shape[0], t.shape[1]), np.float64)
-    earlier = np.empty(P, np.float64)
     for r in range(t.shape[0]):
         # per stage s, the most max_{s' < s} (bsum[s] - bsum[s'] + least[s']) (none for s = 0)
         most = -np.inf
@@ -79,11 +89,11 @@ def refined_levels(fpre, t, f, post, upd, move, lat, stage, bsum, P, n, D, sync,
                 most = least[s] - bsum[r, s]
         for i in range(len(own)):
             after = P - 1 - stage[i]
-            span = stage_span(n, n if n < after else after, f[r, i], t[r, i] - f[r, i],
-                              post[r, i], one_f1b)
+            # at floats, as the other loops call it: one compiled signature
+            span = stage_span(float(n), float(n if n < after else after), f[r, i],
+                              t[r, i] - f[r, i], post[r, i], one_f1b)
             wait = earlier[stage[i]]
             level[r, i] = fpre[r, i] + span + (wait if wait > own[i] else own[i])
-    return level
 
 
 def least_cost(level, rate, stage, P, least, overhead):
@@ -93,13 +103,12 @@ def least_cost(level, rate, stage, P, least, overhead):
     of that stage's options at or under theta; the least such cost over theta (inf when no
     theta holds an option of every stage). The options are sorted by numpy, not in the
     compiled loop: a sort compiled costs a second at a first run."""
-    return _least_cost(level, np.argsort(level), rate, stage, P, least, overhead)
+    return _least_cost(level, np.argsort(level), rate, stage, P, least, overhead, np.empty(P))
 
 
-@compiled("f8[::1], i8[::1], f8[::1], i8[::1], i8, f8, f8", hot=True)
-def _least_cost(level, order, rate, stage, P, least, overhead):
-    low = np.empty(P, np.float64)  # per stage, its least rate so far
-    low[:] = np.inf
+@compiled("f8[::1], i8[::1], f8[::1], i8[::1], i8, f8, f8, f8[::1]", hot=True)
+def _least_cost(level, order, rate, stage, P, least, overhead, low):
+    low[:] = np.inf  # per stage, its least rate so far
     best = np.inf
     i = 0
     while i < len(order):
@@ -120,14 +129,20 @@ def _least_cost(level, order, rate, stage, P, least, overhead):
 
 
 def least_level(levels, one_region, floor, best, *pool):
-    """``_least_level`` with each row's order (numpy's sort, as in ``least_cost``)."""
-    return _least_level(levels, np.argsort(levels, axis=1), one_region, floor, best, *pool)
+    """``_least_level`` with each row's order (numpy's sort, as in ``least_cost``), from
+    ``best`` (not changed): per degree, its answer. ``pool``: tp, kind, stage, P, Ds, avail,
+    region_of, region_N, W, as ``_least_level`` takes them."""
+    out = np.array(best, dtype=np.float64)
+    P, avail, region_N = pool[3], pool[5], pool[7]
+    _least_level(levels, np.argsort(levels, axis=1), one_region, floor, out, *pool,
+                 np.empty((P, len(avail))), np.empty((2, P, len(region_N))))
+    return out
 
 
 @compiled("f8[:, ::1], i8[:, ::1], b1[::1], f8[::1], f8[::1], f8[::1], i8[::1], i8[::1], i8, "
-          "i8[::1], f8[::1], i8[::1], f8[::1], f8[:, ::1]")
-def _least_level(levels, orders, one_region, floor, best, tp, kind, stage, P, Ds, avail,
-                 region_of, region_N, W):
+          "i8[::1], f8[::1], i8[::1], f8[::1], f8[:, ::1], f8[:, ::1], f8[:, :, ::1]")
+def _least_level(levels, orders, one_region, floor, out, tp, kind, stage, P, Ds, avail,
+                 region_of, region_N, W, c, work):
     """Per degree D in ``Ds``, ``Bounds.refined``'s level: over the rows of ``levels`` (each
     a level per option), the smallest level at which the pool holds D replicas of each of
     the P stages among the options at or under it in that row, by the conditions of
@@ -137,12 +152,12 @@ def _least_level(levels, orders, one_region, floor, best, tp, kind, stage, P, Ds
     answer so far; inf: none). Once a degree's answer is down to its ``floor`` the later rows
     are not searched. Feasibility only grows with the level, so a bisection over a row's
     sorted levels finds it; it only shrinks as D grows, so a degree at least the one before
-    starts where that one's answer is in the row."""
+    starts where that one's answer is in the row. ``out`` holds a degree's answer so far and
+    is lowered in place; ``c`` (P, kinds) and ``work`` (2, P, regions) are scratch."""
     K, R = len(avail), len(region_N)
-    out = best.copy()
-    c = np.empty((P, K), np.float64)  # fewest GPUs per replica of stage s from kind k
-    cap = np.empty((P, R), np.float64)  # per stage and region: the replicas it can hold,
-    low = np.empty((P, R), np.float64)  # the fewest GPUs of one
+    # c: fewest GPUs per replica of stage s from kind k; per stage and region, the replicas
+    # it can hold (cap) and the fewest GPUs of one (low)
+    cap, low = work[0], work[1]
     for v in range(levels.shape[0]):
         level, order = levels[v], orders[v]
         start = 0
@@ -222,17 +237,21 @@ def _least_level(levels, orders, one_region, floor, best, tp, kind, stage, P, Ds
             if lo < end:
                 out[i] = level[order[lo]]
             start = lo
+
+
+def pipeline_ends(f, b, m, one_f1b):
+    """``stage_floors_s``' ends over the pipelines (columns of ``f``, ``b``: forward and
+    backward per microbatch per stage; ``m``: their microbatches): per stage."""
+    out = np.empty(f.shape[0])
+    _pipeline_ends(f, b, m, one_f1b, out, np.empty(f.shape[0] + 1))
     return out
 
 
-@compiled("f8[:, ::1], f8[:, ::1], f8[::1], b1", hot=True)
-def pipeline_ends(f, b, m, one_f1b):
-    """``stage_floors_s``' ends over the pipelines (columns of ``f``, ``b``: forward and
-    backward per microbatch per stage; ``m``: their microbatches), compiled."""
+@compiled("f8[:, ::1], f8[:, ::1], f8[::1], b1, f8[::1], f8[::1]", hot=True)
+def _pipeline_ends(f, b, m, one_f1b, out, before):
+    """``pipeline_ends``, compiled, into ``out`` (``before``: P + 1 scratch)."""
     P, D = f.shape
-    out = np.empty(P, np.float64)
     out[:] = 0.0
-    before = np.empty(P + 1, np.float64)
     for j in range(D):
         later = 0.0
         end = 0.0
@@ -247,4 +266,3 @@ def pipeline_ends(f, b, m, one_f1b):
             if end > out[s]:
                 out[s] = end
             later += f[s, j] + b[s, j]
-    return out

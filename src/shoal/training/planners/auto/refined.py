@@ -69,8 +69,8 @@ class RefinedBounds:
         rest = (P, total // D, D, self._sync_at(D), self.one_f1b)
         pool = (tp, kind, stage, P, np.array([D], dtype=np.int64), self.avail, self.region_of,
                 self.region_N, self._weights_grid)
-        base = refined_levels(fpre[None, :], t[None, :], f[None, :], post[None, :], upd,
-                              ring[0], ring[1], stage, bsum[None, :], *rest)
+        base = refined_levels((fpre[None, :], t[None, :], f[None, :], post[None, :],
+                               bsum[None, :]), upd, ring, stage, *rest)
         T = least_level(base, ANY_REGIONS, NO_FLOOR, NONE_YET, *pool)
         any_region = float(T[0])
         if self.cross is not None and P > 1:
@@ -78,7 +78,7 @@ class RefinedBounds:
             # regions between some stages b and b + 1, on every pipeline: the least level
             # over the plans in one region and, for each b, those crossing there
             fp, tb_, fb_, po, bs = self._crossing_rows(sh)
-            rows = refined_levels(fp, tb_, fb_, po, upd, ring[0], ring[1], stage, bs, *rest)
+            rows = refined_levels((fp, tb_, fb_, po, bs), upd, ring, stage, *rest)
             T = least_level(np.concatenate([base, rows]),
                              np.arange(P) == 0, T, NONE_YET, *pool)
         least = float(T[0])
@@ -102,8 +102,8 @@ class RefinedBounds:
             fpre, t, f, post, upd, _, tp, kind, stage, bsum = self._refine_parts(sh)
             ring = self._ring_rows(sh, D)
             P = len(sh.split)
-            level = refined_levels(fpre[None, :], t[None, :], f[None, :], post[None, :], upd,
-                                   ring[0], ring[1], stage, bsum[None, :], P, total // D, D,
+            level = refined_levels((fpre[None, :], t[None, :], f[None, :], post[None, :],
+                                    bsum[None, :]), upd, ring, stage, P, total // D, D,
                                    self._sync_at(D), self.one_f1b)[0]
             per: list[list[Option]] = [[] for _ in range(P)]
             for s, k, g, lv in zip(stage.tolist(), kind.tolist(), tp.tolist(), level.tolist(),

@@ -60,7 +60,7 @@ def linear_partition(space: Space, slow: list[tuple[str, int]], L: int, mbs: int
     P = len(slow)
     cum = np.array([space.tb.cum_step(g, tp, mbs, recompute) for g, tp in slow], dtype=float)
     arg = np.zeros((P, L + 1), dtype=np.int64)
-    min_max_cuts(cum, L, arg)
+    min_max_cuts(cum, L, arg, np.empty((P, L + 1)))
     edges = [L]
     for i in range(P - 1, 0, -1):
         edges.append(int(arg[i, edges[-1]]))
