@@ -4,10 +4,15 @@ Stoer-Wagner's phases and the bounds' least level and least cost."""
 
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
+
 import numpy as np
 import pytest
 from tests.test_allocate import random_stages
 
+from shoal import jit
 from shoal.estimate import pipeline
 from shoal.training.planners import allocate, zorse
 from shoal.training.planners.allocate import dp as alloc_dp
@@ -184,3 +189,21 @@ def test_the_least_cost():
                                           for s_ in range(P)))
         assert compiled[0] == pytest.approx(want)
 
+
+
+def test_the_hot_loops_allocate_no_arrays():
+    """The loops a default search compiles on a first run, and those they call, take every
+    array from their callers: numba compiles its array allocation apart for each type and
+    shape, in each process."""
+    allocating = {"empty", "zeros", "ones", "full", "array", "empty_like", "zeros_like",
+                  "ones_like", "full_like", "copy", "arange"}
+    hot = {k for h in jit._KERNELS if h.hot for k in h._closure()}
+    assert len(hot) >= 10
+    found = []
+    for k in hot:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(k.py_func)))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in allocating):
+                found.append(f"{k.name}: {ast.unparse(node)}")
+    assert not found

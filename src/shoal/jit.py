@@ -5,6 +5,10 @@ then, not when shoal is) and keeps the machine code on disk, so later processes 
 function itself stays plain Python (``.py_func``), for tests and reading; a compiled function
 may call another by name.
 
+A loop allocates no array: its caller passes numpy's, as output or scratch. numba compiles its
+own array allocation (and an array expression such as ``a / x``) apart for each type and
+shape, in each process, at a first run: 0.02-0.08 s each (benchmarks/NOTES.md).
+
 The signature declares the argument types the function is called with from Python, in numba's
 notation with abbreviations: ``i8``, ``f8``, ``b1`` (int64, float64, bool), ``f8[:, ::1]`` a
 C-ordered 2-d array, ``f8[::1, :]`` a Fortran-ordered one, ``ro(...)`` a read-only array. A
