@@ -5,10 +5,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
 import pickle
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -358,6 +360,7 @@ def _front_search(problem: Problem, goal: str, strategy: str, constraints: Const
 
 _FAILED = "failed"  # a search the copy of ``Alongside`` did not run to its end
 ALONGSIDE_ENV = "SHOAL_ALONGSIDE"  # "0": the front's searches all run in this process
+EXIT_S = 1.0  # seconds a copy that has sent its result is given to end before it is killed
 
 
 class Alongside:
@@ -421,6 +424,9 @@ class Alongside:
             except (OSError, EOFError, pickle.UnpicklingError):
                 self._results = {}
             finally:
+                # it has written all it will: let it end on its own (a moment), then stop it
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.child.wait(timeout=EXIT_S)
                 self.stop()
         return self._results.get(goal, _FAILED)
 
