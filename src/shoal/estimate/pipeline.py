@@ -60,8 +60,6 @@ def op_order(n_stages: int, m: int, schedule: str) -> np.ndarray:
     return ops
 
 
-# the compiled loops allocate nothing: numba compiles its array allocation apart for each
-# type and shape, in each process, at a first run (their callers allocate, with numpy)
 @compiled("i8[:, :, ::1], i8[:, ::1], b1[:, :, ::1], i8[::1]", hot=True)
 def _merge(orders, ops, done, pos):
     """``op_order``'s merge of the stages' orders into ``ops``; returns the operations placed

@@ -127,8 +127,7 @@ def min_cut(W: np.ndarray) -> tuple[float, list[int]]:
 def _phases(W, cuts, merged_into, merged, alive, conn, added):
     """``min_cut``'s phases, compiled: per phase its cut and the two vertices merged (the last
     into the one before it). Merges into ``W``. Scratch of n each: ``alive``, ``conn``,
-    ``added`` (the loop allocates nothing: numba compiles its allocation per type at a first
-    run)."""
+    ``added`` (``shoal.jit``: a loop allocates no array)."""
     n = W.shape[0]
     for i in range(n):
         alive[i] = i

@@ -111,8 +111,7 @@ def dp_front(tables: Tables, A: int, B: int, tau: float, relax: float, extra: in
 
 def scratch(t: Tables, A: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``dp_stages``' arrays at first-kind cap ``A``: ``fewest``, ``pick``, its ``work`` and
-    ``kept`` (the compiled loops allocate nothing: numba compiles its array allocation apart
-    for each type and shape, in each process, at a first run)."""
+    ``kept`` (``shoal.jit``: a loop allocates no array)."""
     return (np.empty(A + 1, np.int64), np.empty((len(t.of_stage), A + 1), np.int64),
             np.empty(2 * (A + 1) + t.K, np.int64), np.empty(len(t.kinds), np.bool_))
 

@@ -55,8 +55,7 @@ def keep_options(start, kinds, tps, times, K, tau, tau_relaxed, keep, best):
     """``allowed_options`` for every stage at once, compiled: marks in ``keep`` each stage's options
     it keeps (per kind its smallest TP, then the fastest, within ``tau`` and within
     ``tau_relaxed``); returns whether every stage keeps one within ``tau``. ``best``: K
-    scratch (the loop allocates nothing: numba compiles its allocation per type at a first
-    run)."""
+    scratch (``shoal.jit``: a loop allocates no array)."""
     every = True
     for s in range(len(start) - 1):
         under = False

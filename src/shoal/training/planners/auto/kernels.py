@@ -43,14 +43,13 @@ def refined_levels(rows, upd, ring, stage, *rest):
     ring over D members and update; per row and stage the least of those; and L(s, o) per row
     (``stage_span``). (rows, options)."""
     fpre, t, f, post, bsum = rows
+    P, _, _, sync, _ = rest
     level = np.empty(t.shape)
-    _refined_levels(fpre, t, f, post, upd / rest[3][3], *ring, stage, bsum, *rest, level,
-                    np.empty((3, rest[0])))
+    _refined_levels(fpre, t, f, post, upd / sync[3], *ring, stage, bsum, *rest, level,
+                    np.empty((3, P)))
     return level
 
 
-# the compiled loops allocate nothing: numba compiles its array allocation apart for each
-# type and shape, in each process, at a first run (their callers allocate, with numpy)
 @compiled("f8[:, ::1], f8[:, ::1], f8[:, ::1], f8[:, ::1], f8[::1], f8[:, ::1], f8[:, ::1], "
           "i8[::1], f8[:, ::1], i8, i8, i8, f8[::1], b1, f8[:, ::1], f8[:, ::1]", hot=True)
 def _refined_levels(fpre, t, f, post, own, move, lat, stage, bsum, P, n, D, sync, one_f1b,
