@@ -110,17 +110,11 @@ def main() -> None:
     s = ref / "sailor"
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (cfg, prof, trace, step, (objective, cons), change) in SCENARIOS.items():
+        for name, (*_, (objective, cons), _) in SCENARIOS.items():
             if args.only and args.only != name:
                 continue
             d = Path(tmp) / name
-            import_sailor(SailorFiles(training_config=s / "configs" / cfg,
-                                      cluster_config=s / "configs" / "basic_cluster_config.json",
-                                      profiles=s / "profiles" / prof, network=s / "network",
-                                      trace=s / "traces" / trace, step=step), d)
-            if change == "three_types":
-                three_types(d / "scenario.yaml")
-            pb = load_problem(d / "scenario.yaml")
+            pb = load_problem(scenario(s, name, d))
             row = {"objective": objective, "constraints": cons}
             target = sailors_time(s, name, pb)
             row["plan"] = user_path(pb, objective, cons, args.repeats, target)
@@ -163,6 +157,19 @@ def main() -> None:
             out[name] = row
             print(json.dumps({name: row}), file=sys.stderr)
     print(json.dumps(out, indent=1))
+
+
+def scenario(s: Path, name: str, d: Path) -> Path:
+    """Scenario ``name`` of ``SCENARIOS`` imported from Sailor's files (``s``: the reference's
+    ``sailor`` folder) into folder ``d``: its scenario file."""
+    cfg, prof, trace, step, _, change = SCENARIOS[name]
+    import_sailor(SailorFiles(training_config=s / "configs" / cfg,
+                              cluster_config=s / "configs" / "basic_cluster_config.json",
+                              profiles=s / "profiles" / prof, network=s / "network",
+                              trace=s / "traces" / trace, step=step), d)
+    if change == "three_types":
+        three_types(d / "scenario.yaml")
+    return d / "scenario.yaml"
 
 
 def sailors_time(s: Path, name: str, pb) -> float | None:
